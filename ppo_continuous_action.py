@@ -1,0 +1,701 @@
+"""PPO for continuous (Box) actions on MuJoCo (Hopper-v4, HalfCheetah-v4, Walker2d-v4, ...).
+
+Run:
+    python ppo_continuous_action.py --env-id Hopper-v4
+    tensorboard --logdir runs
+
+What this file shows: PPO (Schulman et al., 2017) with the 13 core implementation details of "The 37
+Implementation Details of PPO" (Huang et al., ICLR blog track 2022) and the continuous-control ones:
+a Gaussian policy with a state-independent log standard deviation, independent action dimensions
+(log-probabilities summed), actions clipped to the valid range while the unclipped sample is
+stored, observation normalisation and clipping, reward scaling and clipping.
+
+What is special in this file (the places where PPO scripts usually go wrong):
+- Gymnasium 1.x vector environments reset a finished episode on the *next* step by default; that step
+  would be a fake transition. We ask for same-step autoreset instead: the step that ends an episode
+  returns the first observation of the next one, and the last observation of the old one arrives in
+  `info["final_obs"]`. Every stored transition is therefore real experience.
+- A time-limit truncation (MuJoCo tasks stop at 1000 steps) is not a termination: the value of the
+  final observation is bootstrapped. `--no-bootstrap-truncation` restores the classic behaviour.
+- Observation and reward normalisation are done here, not by Gymnasium wrappers: the final observation
+  of a truncated episode (which no wrapper sees) is normalised with the same statistics before its
+  value is taken, the statistics are saved in every checkpoint, and evaluation restores and freezes
+  them, so a saved model scores as it did in training.
+- Checkpoints hold everything needed to resume (weights, optimizer, normalisation statistics, step,
+  RNG states, args); `--resume` continues a killed run and `--evaluate` scores a saved model.
+- Videos (`--capture-video`) render MuJoCo off-screen with EGL (`MUJOCO_GL=egl`), which works without
+  a display; set MUJOCO_GL yourself to choose another backend.
+"""
+
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions.normal import Normal
+
+
+@dataclass
+class Args:
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    torch_threads: int = 1
+    """CPU threads for PyTorch; 1 is fastest for these small networks, 0 keeps PyTorch's default"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """if toggled, videos of environment 0 are saved to `runs/<run>/videos`"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (its saved arguments are used)"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_episodes: int = 10
+    """number of episodes of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the mean action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "Hopper-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total timesteps of the experiment"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    num_steps: int = 2048
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stops the epochs of an update early)"""
+    bootstrap_truncation: bool = True
+    """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
+    obs_clip: float = 10.0
+    """normalised observations are clipped to [-obs_clip, obs_clip]"""
+    reward_clip: float = 10.0
+    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+
+    @property
+    def batch_size(self) -> int:
+        """transitions per update: num_envs * num_steps"""
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        """updates in the whole run: total_timesteps // batch_size"""
+        return self.total_timesteps // self.batch_size
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_args(args: Args):
+    """Reject arguments that would crash or silently misbehave later."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.obs_clip <= 0 or args.reward_clip <= 0:
+        fail("--obs-clip and --reward-clip must be positive")
+    if args.checkpoint_every < 0 or args.torch_threads < 0:
+        fail("--checkpoint-every and --torch-threads must not be negative")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    try:
+        gym.spec(args.env_id)
+    except gym.error.Error:
+        fail(f"unknown environment id '{args.env_id}' (gymnasium.pprint_registry() lists the valid ids)")
+
+
+# ENVIRONMENTS ------------------------------------------------------------------------------------
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
+    """A thunk that builds one environment; only environment 0 records videos."""
+
+    def thunk():
+        if capture_video and idx == 0:
+            os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+        else:
+            env = gym.make(env_id)
+        return env
+
+    return thunk
+
+
+def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
+    """The vector environment, with same-step autoreset (see the docstring at the top).
+
+    No normalisation wrappers: observations and rewards are normalised in the training loop
+    (`ObsNormalizer`, `RewardScaler`), actions clipped there too, so the raw values stay visible.
+
+    RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
+    `info["_episode"]` at the step an episode ends, so every finished episode is logged.
+    """
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_action_space.shape) != 1:
+        envs.close()
+        fail(f"{args.env_id} has action space {envs.single_action_space}; ppo_continuous_action.py supports "
+             "one-dimensional Box actions only (use ppo.py for Discrete actions)")
+    if not isinstance(envs.single_observation_space, gym.spaces.Box):
+        envs.close()
+        fail(f"{args.env_id} has observation space {envs.single_observation_space}; a Box is needed")
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+class RunningMeanStd:
+    """Running mean and variance of a stream of batches (the parallel algorithm of Chan et al.)."""
+
+    def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = epsilon
+
+    def update(self, x: np.ndarray):
+        """Adds a batch x of shape (B,) + shape."""
+        batch_mean, batch_var, batch_count = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, state: dict):
+        self.mean, self.var, self.count = state["mean"].copy(), state["var"].copy(), state["count"]
+
+
+class ObsNormalizer:
+    """Observation normalisation and clipping (detail 5 of the continuous-control ones).
+
+    `update=True` adds the observations to the statistics first (what the agent sees during training);
+    `update=False` uses frozen statistics (final observations, evaluation).
+    """
+
+    def __init__(self, shape: tuple, clip: float):
+        self.rms, self.clip = RunningMeanStd(shape), clip
+
+    def __call__(self, obs: np.ndarray, update: bool) -> np.ndarray:
+        if update:
+            self.rms.update(obs)
+        return np.clip((obs - self.rms.mean) / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
+
+
+class RewardScaler:
+    """Reward scaling and clipping (details 7 and 8): rewards are divided by the running standard
+    deviation of each environment's discounted return, which restarts at every episode end."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float):
+        self.rms, self.gamma, self.clip = RunningMeanStd(), gamma, clip
+        self.returns = np.zeros(num_envs)
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.gamma + reward
+        self.rms.update(self.returns)
+        self.returns[done] = 0.0
+        return np.clip(reward / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip)
+
+
+# THE NETWORK -------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    """Orthogonal weights with gain `std` and constant biases (detail 2 of the 37)."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Separate actor and critic MLPs (64-64, tanh) and a Gaussian policy whose log standard deviation
+    is a learned parameter independent of the state; action dimensions are independent."""
+
+    def __init__(self, obs_dim: int, act_dim: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, act_dim), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x).squeeze(-1)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+        """Samples an action (or scores the given one): returns action, log-prob, entropy, value.
+        The log-probability and entropy of independent dimensions are sums over the dimensions."""
+        action_mean = self.actor_mean(x)
+        dist = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.get_value(x)
+
+    @torch.no_grad()
+    def act(self, x: torch.Tensor):
+        """The rollout's policy step: action, log-prob and value, without the entropy and the autograd
+        bookkeeping that only the update needs (on these tiny batches that overhead is most of the time).
+
+        action = mean + std * eps with eps ~ N(0, 1), so (action - mean) / std is eps itself and the
+        Gaussian log-density needs no division: sum over dimensions of -eps^2/2 - log std - log(2 pi)/2.
+        """
+        action_mean = self.actor_mean(x)
+        eps = torch.randn_like(action_mean)
+        action = action_mean + self.actor_logstd.exp() * eps
+        logprob = (-0.5 * eps.square() - self.actor_logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return action, logprob, self.get_value(x)
+
+
+# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    final_values: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
+
+    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
+
+    | tensor         | meaning at step t                                                        |
+    |----------------|--------------------------------------------------------------------------|
+    | rewards[t]     | reward of the transition taken at step t                                  |
+    | values[t]      | V(obs[t]), the critic's value of the observation the action was taken in |
+    | dones[t]       | 1 if the episode ended at step t (terminated or truncated), else 0        |
+    | final_values[t]| where dones[t]: the value of the state the episode ended in: 0 after a    |
+    |                | termination, V(final observation) after a truncation (0 when truncation   |
+    |                | is treated as termination); ignored where not done                        |
+    | last_value     | V(observation after the last step), to bootstrap the unfinished episodes  |
+
+    With same-step autoreset obs[t+1] is the *next* episode's first observation where dones[t], so
+    the next state's value is final_values[t] there and values[t+1] elsewhere:
+
+        delta[t] = rewards[t] + gamma * next_value[t] - values[t]
+        adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
+
+    The trace is cut at every episode end; a truncated episode still sees the value of where it
+    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N).
+    """
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values)
+    deltas = rewards + gamma * next_values - values
+    not_done = 1.0 - dones
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + gamma * gae_lambda * not_done[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    entropy: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    oldvalues: torch.Tensor,
+    args: Args,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
+
+    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+    """
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss, optionally clipped around the values predicted during the rollout
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+    return loss, stats
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, obs_normalizer: ObsNormalizer,
+                    reward_scaler: RewardScaler, args: Args, iteration: int, global_step: int):
+    """Everything needed to continue or evaluate: weights, optimizer, normalisation statistics,
+    progress, RNG states, args.
+
+    Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
+    """
+    checkpoint = {
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "obs_rms": obs_normalizer.rms.state_dict(),
+        "reward_rms": reward_scaler.rms.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "args": asdict(args),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Reads a checkpoint written by `save_checkpoint` (a one-line error if it is not one)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say so in one line
+        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {e}")
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
+        fail(f"{path} is not a checkpoint written by {Path(__file__).name}")
+    return checkpoint
+
+
+def evaluate(agent: Agent, obs_normalizer: ObsNormalizer, env_id: str, episodes: int, deterministic: bool,
+             seed: int, device: torch.device) -> list[float]:
+    """Plays `episodes` whole episodes with the given policy and returns their undiscounted returns.
+
+    Observations are normalised with the training statistics, frozen. The action sampling uses its own
+    seeded RNG stream, so the same model and seed score the same right after training and later.
+    """
+    env = gym.make(env_id)
+    low, high = env.action_space.low, env.action_space.high
+    returns = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            done, episodic_return = False, 0.0
+            while not done:
+                x = torch.as_tensor(obs_normalizer(obs[None], update=False), device=device)
+                with torch.no_grad():
+                    action = agent.actor_mean(x) if deterministic else agent.get_action_and_value(x)[0]
+                obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].cpu().numpy(), low, high))
+                episodic_return += float(reward)
+                done = terminated or truncated
+            returns.append(episodic_return)
+    env.close()
+    return returns
+
+
+def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
+    """A saved model or checkpoint as the policy it was in training: weights and frozen statistics."""
+    checkpoint = load_checkpoint(path)
+    saved = Args(**checkpoint["args"])
+    env = gym.make(saved.env_id)
+    obs_shape, act_dim = env.observation_space.shape, int(np.prod(env.action_space.shape))
+    env.close()
+    agent = Agent(int(np.prod(obs_shape)), act_dim)
+    agent.load_state_dict(checkpoint["model"])
+    obs_normalizer = ObsNormalizer(obs_shape, saved.obs_clip)
+    obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
+    return saved, agent, obs_normalizer
+
+
+def run_evaluation(path: str, args: Args) -> list[float]:
+    """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
+    saved, agent, obs_normalizer = load_for_evaluation(path)
+    returns = evaluate(agent, obs_normalizer, saved.env_id, args.eval_episodes, args.eval_deterministic,
+                       args.seed + 100_000, torch.device("cpu"))
+    print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
+          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    return returns
+
+
+# TRAINING ----------------------------------------------------------------------------------------
+
+
+def main(args: Args):
+    check_args(args)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args)
+
+    checkpoint = None
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        resume_path = args.resume
+        args = Args(**checkpoint["args"])
+        args.resume = resume_path
+        run_dir = str(Path(resume_path).parent)
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"{args.runs_dir}/{run_name}"
+
+    # Seeding: same seed, same machine, same thread count -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # Distribution argument checks cost more than the sampling itself on these tiny batches
+    torch.distributions.Distribution.set_default_validate_args(False)
+
+    envs = make_envs(args, run_dir)
+    obs_shape = envs.single_observation_space.shape
+    act_dim = envs.single_action_space.shape[0]
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    agent = Agent(int(np.prod(obs_shape)), act_dim).to(device)
+    obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    start_iteration, global_step = 1, 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
+        reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        random.setstate(checkpoint["rng"]["python"])
+        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
+
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb  # imported only when used
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=Path(run_dir).name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+
+    # Rollout storage lives on the CPU as torch tensors whose memory NumPy shares: the environments'
+    # arrays are copied in without conversions, and the batch moves to the device once per update.
+    T, N = args.num_steps, args.num_envs
+    obs = torch.zeros((T, N) + obs_shape)
+    actions = torch.zeros((T, N, act_dim))  # the unclipped samples: their log-probs are the ones stored
+    logprobs = torch.zeros((T, N))
+    rewards = torch.zeros((T, N))
+    dones = torch.zeros((T, N))
+    values = torch.zeros((T, N))
+    final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
+    obs_np, actions_np, logprobs_np, rewards_np, dones_np, values_np = (
+        x.numpy() for x in (obs, actions, logprobs, rewards, dones, values))
+
+    # A resumed run reseeds its environments differently, so it does not replay the first episodes
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_obs = obs_normalizer(next_obs, update=True)
+    start_time, start_step = time.time(), global_step
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # COLLECT TRAJECTORIES ------------------------------------------------------------------
+        rollout_start = time.perf_counter()
+        final_values.zero_()
+        episode_returns = []
+        for step in range(T):
+            global_step += N
+            obs_np[step] = next_obs
+            action, logprob, value = agent.act(obs[step].to(device))
+            actions_np[step] = action.cpu().numpy()
+            logprobs_np[step] = logprob.cpu().numpy()
+            values_np[step] = value.cpu().numpy()
+
+            # the environment gets the action clipped to its bounds; the buffer keeps the sample
+            next_obs, reward, terminated, truncated, infos = envs.step(np.clip(actions_np[step], action_low, action_high))
+            done = terminated | truncated
+            rewards_np[step] = reward_scaler(reward, done)  # the logged returns stay the raw ones
+            dones_np[step] = done
+            next_obs = obs_normalizer(next_obs, update=True)
+            # next_obs is already the next episode's first observation where an episode ended; the
+            # value of where a truncated episode stopped is computed from info["final_obs"]
+            if args.bootstrap_truncation and truncated.any():
+                idx = np.flatnonzero(truncated)
+                final_obs = torch.as_tensor(obs_normalizer(np.stack(infos["final_obs"][idx]), update=False))
+                with torch.no_grad():
+                    final_values[step, idx] = agent.get_value(final_obs.to(device)).cpu()
+
+            if "_episode" in infos:
+                for i in np.flatnonzero(infos["_episode"]):
+                    episodic_return, episodic_length = float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])
+                    episode_step = global_step - N + i + 1  # the step this episode ended at
+                    writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
+                    writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
+                    episode_returns.append(episodic_return)
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        with torch.no_grad():
+            last_value = agent.get_value(torch.as_tensor(next_obs, device=device)).cpu()
+        advantages, returns = compute_gae(rewards, values, dones, final_values, last_value, args.gamma, args.gae_lambda)
+        rollout_time = time.perf_counter() - rollout_start
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        update_start = time.perf_counter()
+        b_obs = obs.reshape((-1,) + obs_shape).to(device)
+        b_actions = actions.reshape(-1, act_dim).to(device)
+        b_logprobs = logprobs.reshape(-1).to(device)
+        b_advantages = advantages.reshape(-1).to(device)
+        b_returns = returns.reshape(-1).to(device)
+        b_values = values.reshape(-1).to(device)
+
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb_inds], mb_advantages,
+                                       b_returns[mb_inds], b_values[mb_inds], args)
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+        update_time = time.perf_counter() - update_start
+
+        # LOGGING -------------------------------------------------------------------------------
+        stats = {k: v.item() for k, v in stats.items()}
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        writer.add_scalar("perf/update_time", update_time, global_step)
+        if episode_returns:
+            print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
+                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
+                  f"(rollout {rollout_time:.3f}s, update {update_time:.3f}s)")
+
+        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, obs_normalizer, reward_scaler, args,
+                            iteration, global_step)
+
+    envs.close()
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        save_checkpoint(model_path, agent, optimizer, obs_normalizer, reward_scaler, args, args.num_iterations,
+                        global_step)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, obs_normalizer, args.env_id, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"))
+        for i, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return run_dir
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
