@@ -549,6 +549,10 @@ def main(args: Args):
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
                 loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb_inds], mb_advantages,
                                        b_returns[mb_inds], b_values[mb_inds], args)
+                if epoch == 0 and start == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the stored log-probs do not belong to the stored observations
+                    first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -565,6 +569,7 @@ def main(args: Args):
             writer.add_scalar(f"losses/{name}", value, global_step)
         writer.add_scalar("losses/explained_variance", explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
         writer.add_scalar("perf/rollout_time", rollout_time, global_step)
         writer.add_scalar("perf/update_time", update_time, global_step)
         if episode_returns:

@@ -1,0 +1,22 @@
+import importlib
+
+import gymnasium as gym
+import pytest
+import torch
+
+from fake_envs import ConstantEnv, FixedLengthEnv
+from helpers import FIXED_LENGTH, MODULES, TIME_LIMIT
+
+torch.set_num_threads(1)
+
+for suffix, continuous in (("", False), ("Box", True)):
+    gym.register(f"FixedLength{suffix}-v0", entry_point=FixedLengthEnv,
+                 kwargs=dict(length=FIXED_LENGTH, continuous=continuous))
+    gym.register(f"Constant{suffix}-v0", entry_point=ConstantEnv, kwargs=dict(continuous=continuous),
+                 max_episode_steps=TIME_LIMIT)
+
+
+@pytest.fixture(params=MODULES)
+def script(request):
+    """The module under test: ppo or ppo_continuous_action."""
+    return importlib.import_module(request.param)

@@ -1,0 +1,66 @@
+"""Shared test helpers: the modules under test, fast Args, TensorBoard reading, running a script."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+REPO = Path(__file__).resolve().parent.parent
+MODULES = ["ppo", "ppo_continuous_action"]
+REAL_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4"}
+
+# fake environments (tests/fake_envs.py), registered in conftest.py
+FIXED_LENGTH = 3  # FixedLength*: terminates after exactly this many steps
+TIME_LIMIT = 10  # Constant*: truncated by a TimeLimit after this many steps
+FIXED_ENV = {"ppo": "FixedLength-v0", "ppo_continuous_action": "FixedLengthBox-v0"}
+CONSTANT_ENV = {"ppo": "Constant-v0", "ppo_continuous_action": "ConstantBox-v0"}
+
+METRICS = [
+    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+    "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
+    "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+    "debug/first_minibatch_ratio_deviation", "perf/rollout_time", "perf/update_time",
+]
+
+
+def tiny_args(script, runs_dir, **overrides):
+    """Args for a run of a few seconds: 2 envs x 16 steps, 3 iterations, small update."""
+    fields = dict(runs_dir=str(runs_dir), num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2,
+                  total_timesteps=2 * 16 * 3, eval_episodes=2, env_id=REAL_ENV[script.__name__])
+    fields.update(overrides)
+    return script.Args(**fields)
+
+
+def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of every events file in run_dir, as {tag: [(step, value), ...]}, nothing dropped."""
+    acc = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0}, purge_orphaned_data=False)
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()[SCALARS]}
+
+
+def run_script(name: str, *argv, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python <repo>/<name>.py argv...` as a user runs it, with one thread, output captured."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, str(REPO / f"{name}.py"), *map(str, argv)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_script(name: str, *argv, cwd) -> subprocess.Popen:
+    """Like run_script, but returns the running process."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, str(REPO / f"{name}.py"), *map(str, argv)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def only_run_dir(runs_dir) -> Path:
+    """The single run folder a script created under runs_dir."""
+    runs = [p for p in Path(runs_dir).iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def load(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
