@@ -215,13 +215,15 @@ class RunningMeanStd:
         self.count = epsilon
 
     def update(self, x: np.ndarray):
-        """Adds a batch x of shape (B,) + shape."""
-        batch_mean, batch_var, batch_count = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        """Adds a batch x of shape (B,) + shape. It runs at every environment step, so it avoids
+        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers."""
+        n = x.shape[0]
+        batch_mean = np.add.reduce(x, axis=0) / n
+        batch_var = np.add.reduce(np.square(x - batch_mean), axis=0) / n
         delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean = self.mean + delta * batch_count / total
-        m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
-        self.var = m2 / total
+        total = self.count + n
+        self.mean = self.mean + delta * (n / total)
+        self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
         self.count = total
 
     def state_dict(self) -> dict:
