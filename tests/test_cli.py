@@ -1,0 +1,42 @@
+"""Bad input as a user hits it: exit code 2 and one line on stderr naming the problem, no traceback,
+nothing written."""
+
+import pytest
+import torch
+
+from helpers import MODULES, REAL_ENV, run_script
+
+WRONG_ACTION_SPACE = {"ppo": "Pendulum-v1", "ppo_continuous_action": "CartPole-v1"}
+
+
+def bad_inputs(name, tmp_path):
+    """(case, argv, words the error line must contain)"""
+    text_file, foreign = tmp_path / "notes.txt", tmp_path / "foreign.pt"
+    text_file.write_text("not a checkpoint\n")
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    return {
+        "unknown_env": (["--env-id", "NoSuchEnv-v9"], ["NoSuchEnv-v9"]),
+        "wrong_action_space": (["--env-id", WRONG_ACTION_SPACE[name]], [WRONG_ACTION_SPACE[name], "action space"]),
+        "minibatches": (["--env-id", REAL_ENV[name], "--num-envs", 2, "--num-steps", 5, "--num-minibatches", 4],
+                        ["--num-minibatches", "10"]),
+        "nonpositive": (["--num-steps", 0], ["--num-steps", "positive"]),
+        "missing_resume": (["--resume", tmp_path / "gone.pt"], ["--resume", "gone.pt"]),
+        "not_a_checkpoint": (["--evaluate", text_file], ["notes.txt"]),
+        "foreign_checkpoint": (["--evaluate", foreign], ["foreign.pt", "not a checkpoint"]),
+    }
+
+
+@pytest.mark.parametrize("case", ["unknown_env", "wrong_action_space", "minibatches", "nonpositive", "missing_resume",
+                                  "not_a_checkpoint", "foreign_checkpoint"])
+@pytest.mark.parametrize("name", MODULES)
+def test_bad_input_gets_one_line_and_exit_code_2(name, case, tmp_path):
+    argv, words = bad_inputs(name, tmp_path)[case]
+    result = run_script(name, *argv, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{name}.py: error: ")
+    for word in words:
+        assert word in lines[0]
+    assert not (tmp_path / "runs").exists()
