@@ -408,7 +408,8 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent = Agent(int(np.prod(env.observation_space.shape)), int(env.action_space.n))
     env.close()
     agent.load_state_dict(checkpoint["model"])
-    returns = evaluate(agent, saved.env_id, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+    # the trained run's seed: the same episodes as the evaluation reported right after training
+    returns = evaluate(agent, saved.env_id, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
                        torch.device("cpu"))
     print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
@@ -435,6 +436,9 @@ def main(args: Args):
     else:
         run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_dir = f"{args.runs_dir}/{run_name}"
+        if os.path.exists(run_dir):
+            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+                 "pass another --exp-name")
 
     # Seeding: same seed, same machine, same thread count -> same numbers
     random.seed(args.seed)

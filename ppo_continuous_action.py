@@ -504,7 +504,7 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
     saved, agent, obs_normalizer = load_for_evaluation(path)
     returns = evaluate(agent, obs_normalizer, saved.env_id, args.eval_episodes, args.eval_deterministic,
-                       args.seed + 100_000, torch.device("cpu"))
+                       saved.seed + 100_000, torch.device("cpu"))  # the episodes played after training
     print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns
@@ -530,6 +530,9 @@ def main(args: Args):
     else:
         run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_dir = f"{args.runs_dir}/{run_name}"
+        if os.path.exists(run_dir):
+            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+                 "pass another --exp-name")
 
     # Seeding: same seed, same machine, same thread count -> same numbers
     random.seed(args.seed)

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import torch
-from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+from benchmark.events import read_scalars  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parent.parent
 MODULES = ["ppo", "ppo_continuous_action"]
@@ -32,13 +33,6 @@ def tiny_args(script, runs_dir, **overrides):
                   total_timesteps=2 * 16 * 3, eval_episodes=2, env_id=REAL_ENV[script.__name__])
     fields.update(overrides)
     return script.Args(**fields)
-
-
-def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar of every events file in run_dir, as {tag: [(step, value), ...]}, nothing dropped."""
-    acc = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0}, purge_orphaned_data=False)
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()[SCALARS]}
 
 
 def run_script(name: str, *argv, cwd, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -80,8 +80,9 @@ def test_saved_model_evaluates_as_after_training(e2e):
 
 def test_evaluate_flag_prints_the_training_evaluation(e2e):
     trained = re.search(r"^evaluation: 3 episodes, mean return (-?[\d.]+)", e2e["result"].stdout, re.M)
+    # another --seed on the command line: the evaluation still plays the trained run's episodes
     result = run_script(e2e["name"], "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", EVAL_EPISODES,
-                        cwd=e2e["cwd"])
+                        "--seed", 7, cwd=e2e["cwd"])
     assert result.returncode == 0, result.stderr
     evaluated = re.search(r"^evaluation of .*model\.pt on \S+: 3 episodes, mean return (-?[\d.]+)", result.stdout, re.M)
     assert trained and evaluated and evaluated[1] == trained[1]
