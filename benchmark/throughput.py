@@ -9,6 +9,8 @@ For each script, in fresh processes with OMP_NUM_THREADS=1:
 - training SPS: the script's own `charts/SPS` at the end of a run of `--steps` steps at its default
   hyperparameters, and the split of that time between rollout and update (`perf/` scalars);
 - their ratio, training / env-only.
+`--baseline REV` also measures each script as it was at git revision REV (for example the first,
+straightforward version), side by side, and reports the speedup of the current one.
 `--busy` repeats the training measurement while a busy-loop process occupies one core (as when
 several runs share a machine), once with the script's thread default and once with PyTorch's own
 default thread count (`--torch-threads 0`), to show why the scripts choose their thread count.
@@ -53,13 +55,19 @@ def env_only_sps(script: str, env_id: str, steps: int) -> float:
     return len(actions) * args.num_envs / elapsed
 
 
-def training_sps(script: str, env_id: str, steps: int, extra: list[str]) -> dict[str, float]:
-    """Runs the script for `steps` steps and reads its SPS and time split from its event file."""
+def training_sps(script: str, env_id: str, steps: int, extra: list[str], revision: str | None = None) -> dict[str, float]:
+    """Runs the script (as it is, or as it was at git `revision`) for `steps` steps and reads its SPS
+    and time split from its event file."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, str(ROOT / f"{script}.py"), "--env-id", env_id, "--total-timesteps", str(steps),
-                   "--runs-dir", tmp, *extra]
+        path = ROOT / f"{script}.py"
+        if revision is not None:
+            path = Path(tmp) / f"{script}.py"
+            path.write_text(subprocess.run(["git", "show", f"{revision}:{script}.py"], cwd=ROOT, check=True,
+                                           capture_output=True, text=True).stdout)
+        command = [sys.executable, str(path), "--env-id", env_id, "--total-timesteps", str(steps),
+                   "--runs-dir", f"{tmp}/runs", *extra]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=child_env())
-        (run_dir,) = Path(tmp).iterdir()
+        (run_dir,) = Path(f"{tmp}/runs").iterdir()
         scalars = read_scalars(run_dir)
     rollout = sum(v for _, v in scalars["perf/rollout_time"])
     update = sum(v for _, v in scalars["perf/update_time"])
@@ -83,6 +91,8 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="steps per measurement (default: per script)")
     parser.add_argument("--repeats", type=int, default=1, help="measurements per row; the table shows the median")
     parser.add_argument("--busy", action="store_true", help="also measure with a busy process on another core")
+    parser.add_argument("--baseline", type=str, default=None, metavar="REV",
+                        help="also measure the scripts as they were at this git revision")
     parser.add_argument("--out", type=str, default=None, help="also write the markdown table to this file")
     parser.add_argument("--env-only", nargs=3, metavar=("SCRIPT", "ENV_ID", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -93,19 +103,24 @@ def main():
     rows = ["| script | env | steps | env-only SPS | training SPS | training / env-only | rollout share | setting |",
             "|---|---|---|---|---|---|---|---|"]
 
-    def add_row(script, env_id, steps, env_sps, setting, extra):
-        runs = [training_sps(script, env_id, steps, extra) for _ in range(args.repeats)]
+    def add_row(script, env_id, steps, env_sps, setting, extra, revision=None):
+        runs = [training_sps(script, env_id, steps, extra, revision) for _ in range(args.repeats)]
         sps = float(np.median([r["sps"] for r in runs]))
         rollout = float(np.median([r["rollout"] for r in runs]))
         rows.append(f"| {script}.py | {env_id} | {steps} | {env_sps:,.0f} | {sps:,.0f} | {sps / env_sps:.2f} "
                     f"| {rollout:.0%} | {setting} |")
         print(rows[-1], flush=True)
+        return sps
 
+    speedups = []
     for script in args.scripts:
         env_id, default_steps = SCRIPTS[script]
         steps = args.steps or default_steps
         env_sps = float(np.median([measure_in_child(script, env_id, steps) for _ in range(args.repeats)]))
-        add_row(script, env_id, steps, env_sps, "default", [])
+        sps = add_row(script, env_id, steps, env_sps, "default", [])
+        if args.baseline:
+            baseline = add_row(script, env_id, steps, env_sps, f"as at {args.baseline}", [], args.baseline)
+            speedups.append(f"{script}.py: {sps / baseline:.2f}x the training SPS of {args.baseline}")
         if args.busy:
             busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
             try:
@@ -116,7 +131,7 @@ def main():
                 busy.kill()
                 busy.wait()
 
-    table = "\n".join(rows)
+    table = "\n".join(rows + [""] + speedups)
     print(f"\n{table}")
     if args.out:
         Path(args.out).write_text(table + "\n")
