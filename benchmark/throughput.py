@@ -13,11 +13,12 @@ For each script, in fresh processes with OMP_NUM_THREADS=1:
 sampled through the distribution objects (`get_action_and_value` under no_grad instead of `act`),
 PyTorch's argument validation of distributions left on, Adam's per-parameter loop instead of the fused
 kernel, and NumPy's mean/var in the running statistics; the algorithm and its numbers are the same.
-`--baseline REV` also measures each script as it was at git revision REV (for example the first,
-straightforward version), side by side, and reports the speedup of the current one.
 `--busy` repeats the training measurement while a busy-loop process occupies one core (as when
 several runs share a machine), once with the script's thread default and once with PyTorch's own
-default thread count (`--torch-threads 0`), to show why the scripts choose their thread count.
+default thread count (`--torch-threads 0` and OMP_NUM_THREADS unset), to show why the scripts
+choose their thread count.
+With `--repeats R` the variants are measured in turn, R rounds, and the table shows medians, so that
+a slow spell of the machine does not fall on one variant alone.
 """
 
 import argparse
@@ -36,8 +37,8 @@ from benchmark.events import read_scalars
 ROOT = Path(__file__).resolve().parent.parent
 # script -> (environment, default number of steps to measure over)
 SCRIPTS = {
-    "ppo": ("CartPole-v1", 100_000),
-    "ppo_continuous_action": ("Hopper-v4", 30_720),
+    "ppo": ("CartPole-v1", 50_000),
+    "ppo_continuous_action": ("Hopper-v4", 20_480),
 }
 
 
@@ -59,27 +60,39 @@ def env_only_sps(script: str, env_id: str, steps: int) -> float:
     return len(actions) * args.num_envs / elapsed
 
 
-def training_sps(script: str, env_id: str, steps: int, extra: list[str], revision: str | None = None,
-                 straightforward: bool = False) -> dict[str, float]:
-    """Runs the script (as it is, as it was at git `revision`, or with its speed levers undone) for
-    `steps` steps and reads its SPS and time split from its event file."""
+def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str, float]:
+    """Runs the script in a fresh process for `steps` steps, as VARIANTS[variant] says, and reads its
+    SPS and time split from its event file."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = ROOT / f"{script}.py"
-        if revision is not None:
-            path = Path(tmp) / f"{script}.py"
-            path.write_text(subprocess.run(["git", "show", f"{revision}:{script}.py"], cwd=ROOT, check=True,
-                                           capture_output=True, text=True).stdout)
-        command = [sys.executable, str(path), "--env-id", env_id, "--total-timesteps", str(steps),
-                   "--runs-dir", f"{tmp}/runs", *extra]
-        if straightforward:
+        command = [sys.executable, str(ROOT / f"{script}.py"), "--env-id", env_id, "--total-timesteps", str(steps),
+                   "--runs-dir", f"{tmp}/runs"]
+        if variant == "straightforward":
             command = [sys.executable, "-m", "benchmark.throughput", "--run-straightforward", script, env_id,
                        str(steps), f"{tmp}/runs"]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=child_env(), cwd=ROOT)
+        env = child_env()
+        if variant == "pytorch threads, busy":
+            command += ["--torch-threads", "0"]
+            del env["OMP_NUM_THREADS"]
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "busy" in variant else None
+        try:
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
         (run_dir,) = Path(f"{tmp}/runs").iterdir()
         scalars = read_scalars(run_dir)
     rollout = sum(v for _, v in scalars["perf/rollout_time"])
     update = sum(v for _, v in scalars["perf/update_time"])
     return {"sps": scalars["charts/SPS"][-1][1], "rollout": rollout / (rollout + update)}
+
+
+VARIANTS = {  # name -> the setting column of the table
+    "default": "default",
+    "straightforward": "speed levers undone",
+    "default, busy": "default, +1 busy process",
+    "pytorch threads, busy": "--torch-threads 0, OMP_NUM_THREADS unset, +1 busy process",
+}
 
 
 def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
@@ -131,12 +144,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS))
     parser.add_argument("--steps", type=int, default=None, help="steps per measurement (default: per script)")
-    parser.add_argument("--repeats", type=int, default=1, help="measurements per row; the table shows the median")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of measurements; the table shows medians")
     parser.add_argument("--busy", action="store_true", help="also measure with a busy process on another core")
     parser.add_argument("--straightforward", action="store_true",
                         help="also measure the scripts with their speed levers undone")
-    parser.add_argument("--baseline", type=str, default=None, metavar="REV",
-                        help="also measure the scripts as they were at this git revision")
     parser.add_argument("--out", type=str, default=None, help="also write the markdown table to this file")
     parser.add_argument("--env-only", nargs=3, metavar=("SCRIPT", "ENV_ID", "STEPS"), help=argparse.SUPPRESS)
     parser.add_argument("--run-straightforward", nargs=4, help=argparse.SUPPRESS)
@@ -149,39 +160,29 @@ def main():
         run_straightforward(script, env_id, int(steps), runs_dir)
         return
 
+    variants = ["default"] + ["straightforward"] * args.straightforward + ["default, busy", "pytorch threads, busy"] * args.busy
     rows = ["| script | env | steps | env-only SPS | training SPS | training / env-only | rollout share | setting |",
             "|---|---|---|---|---|---|---|---|"]
-
-    def add_row(script, env_id, steps, env_sps, setting, extra, revision=None, straightforward=False):
-        runs = [training_sps(script, env_id, steps, extra, revision, straightforward) for _ in range(args.repeats)]
-        sps = float(np.median([r["sps"] for r in runs]))
-        rollout = float(np.median([r["rollout"] for r in runs]))
-        rows.append(f"| {script}.py | {env_id} | {steps} | {env_sps:,.0f} | {sps:,.0f} | {sps / env_sps:.2f} "
-                    f"| {rollout:.0%} | {setting} |")
-        print(rows[-1], flush=True)
-        return sps
-
     speedups = []
     for script in args.scripts:
         env_id, default_steps = SCRIPTS[script]
         steps = args.steps or default_steps
-        env_sps = float(np.median([measure_in_child(script, env_id, steps) for _ in range(args.repeats)]))
-        sps = add_row(script, env_id, steps, env_sps, "default", [])
+        env_sps, runs = [], {variant: [] for variant in variants}
+        for _ in range(args.repeats):
+            env_sps.append(measure_in_child(script, env_id, steps))
+            for variant in variants:
+                runs[variant].append(training_sps(script, env_id, steps, variant))
+        env_sps = float(np.median(env_sps))
+        sps = {}
+        for variant in variants:
+            sps[variant] = float(np.median([r["sps"] for r in runs[variant]]))
+            rollout = float(np.median([r["rollout"] for r in runs[variant]]))
+            rows.append(f"| {script}.py | {env_id} | {steps} | {env_sps:,.0f} | {sps[variant]:,.0f} "
+                        f"| {sps[variant] / env_sps:.2f} | {rollout:.0%} | {VARIANTS[variant]} |")
+            print(rows[-1], flush=True)
         if args.straightforward:
-            baseline = add_row(script, env_id, steps, env_sps, "speed levers undone", [], straightforward=True)
-            speedups.append(f"{script}.py: {sps / baseline:.2f}x the training SPS with its speed levers undone")
-        if args.baseline:
-            baseline = add_row(script, env_id, steps, env_sps, f"as at {args.baseline}", [], args.baseline)
-            speedups.append(f"{script}.py: {sps / baseline:.2f}x the training SPS of {args.baseline}")
-        if args.busy:
-            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            try:
-                add_row(script, env_id, steps, env_sps, "default, +1 busy process", [])
-                add_row(script, env_id, steps, env_sps, "--torch-threads 0 (PyTorch default), +1 busy process",
-                        ["--torch-threads", "0"])
-            finally:
-                busy.kill()
-                busy.wait()
+            speedups.append(f"{script}.py: {sps['default'] / sps['straightforward']:.2f}x the training SPS with "
+                            "its speed levers undone")
 
     table = "\n".join(rows + [""] + speedups)
     print(f"\n{table}")
