@@ -42,10 +42,15 @@ SCRIPTS = {
 }
 
 
+def import_script(script: str):
+    """The training script as a module (its functions and Args, without running it)."""
+    sys.path.insert(0, str(ROOT))
+    return importlib.import_module(script)
+
+
 def env_only_sps(script: str, env_id: str, steps: int) -> float:
     """Steps per second of the script's vector environment under pre-drawn random actions."""
-    sys.path.insert(0, str(ROOT))
-    module = importlib.import_module(script)
+    module = import_script(script)
     with tempfile.TemporaryDirectory() as tmp:
         args = module.Args(env_id=env_id, runs_dir=tmp)
         envs = module.make_envs(args, tmp)
@@ -99,8 +104,7 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
     """Trains with the script's speed levers undone (see the module docstring), in this process."""
     import torch
 
-    sys.path.insert(0, str(ROOT))
-    module = importlib.import_module(script)
+    module = import_script(script)
 
     @torch.no_grad()
     def act(agent, x):
