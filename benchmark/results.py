@@ -1,20 +1,56 @@
-"""Result tables from run folders: per seed the mean return of the last 100 episodes, then the mean
-and standard deviation over seeds, with steps, runtime and SPS.
+"""Result tables and learning curves from run folders.
 
-    python -m benchmark.results runs/            # every run folder below runs/
-    python -m benchmark.results runs/ --last 100 --out results.md
+    python -m benchmark.results runs/                     # the table of every run folder below runs/
+    python -m benchmark.results runs/ --last 100 --out results.md --plots plots/
+
+The table: per seed the mean return of the last `--last` episodes, then the mean and standard
+deviation over seeds, with steps, runtime and SPS, and the published reference beside ours where
+benchmark/reference.json has one (with its step budget; its sources are listed under the table).
+
+The plots (`--plots DIR`), for each (env, script): `DIR/<env>__<exp_name>.png`, the episodic return
+against the global step, and `DIR/<env>__<exp_name>-time.png`, against the wall time since each run's
+first event: the mean over seeds as a line and the min-max range over seeds as a shaded band, with
+the published reference as a dashed line where there is one. See `curves` for how seeds whose
+episodes end at different steps are averaged.
 
 Run folders are named `<env>__<exp_name>__<seed>__<time>` by the training scripts; runs of the same
-env and exp_name are the seeds of one row.
+env and exp_name are the seeds of one row (and of one plot).
 """
 
 import argparse
+import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from benchmark.events import read_scalars
+from benchmark.events import read_scalars, read_timed_scalars
+
+REFERENCES = Path(__file__).with_name("reference.json")
+
+
+def group_runs(root: Path) -> dict[tuple[str, str], list[tuple[Path, str]]]:
+    """{(env_id, exp_name): [(run_dir, seed), ...]} for every run folder with event files below root."""
+    groups = defaultdict(list)
+    for run_dir in sorted({events.parent for events in root.rglob("events.out.tfevents.*")}):
+        parts = run_dir.name.split("__")
+        if len(parts) == 4:
+            groups[(parts[0], parts[1])].append((run_dir, parts[2]))
+    return dict(sorted(groups.items()))
+
+
+def load_references(path: Path = REFERENCES) -> dict[tuple[str, str], dict]:
+    """{(script, env_id): entry} for every env id an entry of the reference file names."""
+    entries = json.loads(Path(path).read_text())["references"]
+    return {(entry["script"], env_id): entry for entry in entries for env_id in entry["env_ids"]}
+
+
+def short_steps(steps: int) -> str:
+    """500000 -> 500k, 10000000 -> 10M."""
+    for unit, size in (("M", 1_000_000), ("k", 1_000)):
+        if steps >= size and steps % size == 0:
+            return f"{steps // size}{unit}"
+    return f"{steps:,}"
 
 
 def summarize_run(run_dir: Path, last: int) -> dict:
@@ -32,23 +68,98 @@ def summarize_run(run_dir: Path, last: int) -> dict:
     }
 
 
-def table(root: Path, last: int) -> str:
-    groups = defaultdict(list)
-    for run_dir in sorted({events.parent for events in root.rglob("events.out.tfevents.*")}):
-        parts = run_dir.name.split("__")
-        if len(parts) == 4:
-            groups[(parts[0], parts[1])].append((run_dir, parts[2]))
-    lines = [f"| script | env | seeds | per seed (mean of last {last} episodes) | mean ± std | steps | runtime (s) | SPS |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (env_id, exp_name), runs in sorted(groups.items()):
+def table(root: Path, last: int, references: dict[tuple[str, str], dict] | None = None) -> str:
+    references = load_references() if references is None else references
+    lines = [f"| script | env | seeds | per seed (mean of last {last} episodes) | mean ± std | steps | runtime (s) "
+             "| SPS | published reference |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    sources = []
+    for (env_id, exp_name), runs in group_runs(root).items():
         summaries = [summarize_run(run_dir, last) for run_dir, _ in runs]
         per_seed = ", ".join(f"{s['return']:.2f}" for s in summaries)
         means = np.array([s["return"] for s in summaries])
+        reference = references.get((f"{exp_name}.py", env_id))
+        published = "—"
+        if reference:
+            published = f"{reference['mean']:.2f} ± {reference['std']:.2f} ({short_steps(reference['steps'])} steps)"
+            sources += [reference["source"]] * (reference["source"] not in sources)
         lines.append(
             f"| {exp_name}.py | {env_id} | {', '.join(seed for _, seed in runs)} | {per_seed} "
             f"| {means.mean():.2f} ± {means.std():.2f} | {int(np.mean([s['steps'] for s in summaries])):,} "
-            f"| {np.mean([s['runtime'] for s in summaries]):.0f} | {np.mean([s['sps'] for s in summaries]):.0f} |")
+            f"| {np.mean([s['runtime'] for s in summaries]):.0f} | {np.mean([s['sps'] for s in summaries]):.0f} "
+            f"| {published} |")
+    if sources:
+        lines += ["", "Published references (CleanRL): " + "; ".join(sources) + "."]
     return "\n".join(lines)
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Each value replaced by the mean of itself and the `window - 1` values before it (fewer at the
+    start); window 1 leaves the values as they are."""
+    sums = np.cumsum(np.concatenate([[0.0], values]))
+    ends = np.arange(1, len(values) + 1)
+    starts = np.maximum(ends - window, 0)
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
+def curves(run_dirs: list[Path], axis: str = "step", window: int = 1, points: int = 200):
+    """The episodic-return curves of the seeds of one group on a common grid: (grid, values) with
+    values of shape (seeds, points); values.mean(0) is the mean curve, values.min(0) and values.max(0)
+    the band.
+
+    `axis` is "step" (the global step each episode ended at) or "time" (the wall time of that episode's
+    event, in seconds since the run's first event). Each seed's returns, smoothed over `window`
+    episodes (`smooth`), are linearly interpolated (np.interp) onto `points` evenly spaced grid points
+    from the latest first episode to the earliest last episode over the seeds: the range that every
+    seed covers, so that no seed is extrapolated and every grid point averages all seeds. Seeds
+    without any episode are left out; returns None when no seed has one or the seeds' ranges do not
+    overlap."""
+    xs, ys = [], []
+    for run_dir in run_dirs:
+        start, scalars = read_timed_scalars(run_dir)
+        episodes = scalars.get("charts/episodic_return", [])
+        if episodes:
+            step, wall_time, value = map(np.array, zip(*episodes))
+            xs.append(step.astype(float) if axis == "step" else wall_time - start)
+            ys.append(smooth(value, window))
+    if not xs or max(x[0] for x in xs) > min(x[-1] for x in xs):
+        return None
+    grid = np.linspace(max(x[0] for x in xs), min(x[-1] for x in xs), points)
+    return grid, np.stack([np.interp(grid, x, y) for x, y in zip(xs, ys)])
+
+
+def plot(root: Path, out_dir: Path, window: int = 1, references: dict[tuple[str, str], dict] | None = None) -> list[Path]:
+    """Writes the learning-curve PNGs of every group below root into out_dir; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    references = load_references() if references is None else references
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for (env_id, exp_name), runs in group_runs(root).items():
+        reference = references.get((f"{exp_name}.py", env_id))
+        for axis, suffix, xlabel in (("step", "", "global step"), ("time", "-time", "wall time (s)")):
+            curve = curves([run_dir for run_dir, _ in runs], axis, window)
+            if curve is None:
+                print(f"no curve for {exp_name}.py on {env_id}: no episodes, or the seeds' episodes do not overlap")
+                break
+            grid, values = curve
+            fig, ax = plt.subplots(figsize=(6, 4))
+            ax.plot(grid, values.mean(0), label=f"{exp_name}.py, mean of {len(values)} seed{'s' * (len(values) > 1)}")
+            ax.fill_between(grid, values.min(0), values.max(0), alpha=0.25, label="min-max over seeds")
+            if reference:
+                ax.axhline(reference["mean"], color="grey", linestyle="--",
+                           label=f"CleanRL at {short_steps(reference['steps'])} steps")
+            ax.set(title=f"{exp_name}.py on {env_id}", xlabel=xlabel, ylabel="episodic return")
+            ax.legend(loc="best", fontsize="small")
+            fig.tight_layout()
+            path = out_dir / f"{env_id.replace('/', '_')}__{exp_name}{suffix}.png"
+            fig.savefig(path, dpi=100)
+            plt.close(fig)
+            written.append(path)
+    return written
 
 
 def main():
@@ -56,11 +167,19 @@ def main():
     parser.add_argument("root", type=Path, help="folder holding run folders")
     parser.add_argument("--last", type=int, default=100, help="episodes averaged per seed")
     parser.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    parser.add_argument("--plots", type=Path, default=None, help="write learning-curve PNGs into this folder")
+    parser.add_argument("--window", type=int, default=10, help="episodes each point of a plotted curve averages")
+    parser.add_argument("--references", type=Path, default=REFERENCES, help="published numbers (JSON)")
     args = parser.parse_args()
-    text = table(args.root, args.last)
+    references = load_references(args.references)
+    text = table(args.root, args.last, references)
     print(text)
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+    if args.plots:
+        for path in plot(args.root, args.plots, args.window, references):
+            print(f"wrote {path}")
 
 
 if __name__ == "__main__":

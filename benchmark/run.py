@@ -1,0 +1,163 @@
+"""Run one command for every (environment, seed) pair, in parallel on this machine.
+
+    python -m benchmark.run --command "python ppo.py --total-timesteps 500000" \\
+        --env-ids CartPole-v1 Acrobot-v1 --seeds 1 2 3 --workers 2 --logs benchmark/logs
+
+Each job runs `<command> --env-id ENV --seed SEED` (the command is split like a shell would split it,
+but no shell runs it). At most `--workers` jobs run at once (default: the number of CPUs). Every job
+gets OMP_NUM_THREADS=1 in its environment, always, whatever the caller's environment says: jobs
+share the machine, and one thread per job is the setting that does not collapse when they do (a job
+that wants more threads says so in its own command). Each job's stdout and stderr go to one log file,
+`<logs>/<env>__<seed>.log`, which starts with the command line.
+
+One line is printed per finished job (done or failed, its time, the counts so far); at the end a
+summary lists every failed job with its exit code, its log file and the last line of that log. The
+exit code is 0 only if every job succeeded. Ctrl-C (or SIGTERM) kills every running job with its
+whole process group (a job's own children, e.g. torchrun's workers, too) and exits non-zero.
+"""
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Job:
+    env_id: str
+    seed: int
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    elapsed: float = 0.0
+    returncode: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.env_id} seed {self.seed}"
+
+
+def make_jobs(command: str, env_ids: list[str], seeds: list[int], logs: Path) -> list[Job]:
+    base = shlex.split(command)
+    return [Job(env_id, seed, base + ["--env-id", env_id, "--seed", str(seed)],
+                logs / f"{env_id.replace('/', '_')}__{seed}.log")
+            for env_id in env_ids for seed in seeds]
+
+
+def start(job: Job):
+    """Starts the job in a new process group (a new session: Ctrl-C at the terminal reaches only the
+    runner, which then stops the jobs itself). A command that cannot start fails the job at once."""
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    job.started = time.monotonic()
+    with open(job.log, "w") as log:
+        log.write(f"$ {shlex.join(job.argv)}\n")
+        log.flush()
+        try:
+            job.process = subprocess.Popen(job.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+        except OSError as error:
+            log.write(f"cannot start the command: {error}\n")
+            job.returncode = 127
+
+
+def kill(job: Job):
+    """SIGTERM to the job's process group; up to 5 s for the job to end; then SIGKILL to what is left
+    of the group (children that outlived their parent)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(job.process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            job.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def last_line(path: Path) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+        lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def run_jobs(jobs: list[Job], workers: int) -> list[Job]:
+    """Runs the jobs, `workers` at a time, printing a line as each one finishes; returns them finished."""
+    pending, running, finished = list(jobs), [], []
+    width = len(str(len(jobs)))
+
+    def finish(job: Job):
+        job.elapsed = time.monotonic() - job.started
+        finished.append(job)
+        failed = sum(j.returncode != 0 for j in finished)
+        status = "done  " if job.returncode == 0 else f"FAILED (exit {job.returncode})"
+        print(f"[{len(finished):{width}}/{len(jobs)}] {status:<16} {job.name:<28} {job.elapsed:8.1f}s   "
+              f"running {len(running)}, pending {len(pending)}, failed {failed}", flush=True)
+
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                job = pending.pop(0)
+                start(job)
+                if job.process is None:
+                    finish(job)
+                else:
+                    running.append(job)
+            for job in [job for job in running if job.process.poll() is not None]:
+                running.remove(job)
+                job.returncode = job.process.returncode
+                finish(job)
+            time.sleep(0.05)
+    finally:  # Ctrl-C, SIGTERM or any error: no job outlives the runner
+        for job in running:
+            kill(job)
+    return finished
+
+
+def summary(jobs: list[Job], elapsed: float) -> str:
+    failed = [job for job in jobs if job.returncode != 0]
+    lines = [f"{len(jobs)} jobs in {elapsed:.1f}s: {len(jobs) - len(failed)} done, {len(failed)} failed"]
+    for job in failed:
+        lines += [f"FAILED {job.name} (exit {job.returncode}): {job.log}", f"    last line: {last_line(job.log)}"]
+    return "\n".join(lines)
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--command", required=True, help="the command; --env-id ENV --seed SEED are appended")
+    parser.add_argument("--env-ids", nargs="+", required=True)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="jobs at once (default: CPU count)")
+    parser.add_argument("--logs", type=Path, default=Path("benchmark/logs"), help="folder of the log files")
+    args = parser.parse_args()
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+
+    jobs = make_jobs(args.command, args.env_ids, args.seeds, args.logs)
+    print(f"{len(jobs)} jobs, {args.workers} at a time, logs in {args.logs}/: {args.command}", flush=True)
+    signal.signal(signal.SIGTERM, interrupt)
+    began = time.monotonic()
+    try:
+        finished = run_jobs(jobs, args.workers)
+    except KeyboardInterrupt:
+        print("interrupted: running jobs killed", file=sys.stderr, flush=True)
+        # die of SIGINT, as a shell running this as one command of a script expects
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        sys.exit(130)  # not reached where SIGINT ends the process
+    print(summary(finished, time.monotonic() - began), flush=True)
+    sys.exit(0 if all(job.returncode == 0 for job in finished) else 1)
+
+
+if __name__ == "__main__":
+    main()
