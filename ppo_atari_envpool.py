@@ -1,0 +1,673 @@
+"""PPO on Atari with envpool's C++ vector environment (Breakout-v5 by default).
+
+Run:
+    python ppo_atari_envpool.py --env-id Breakout        # or Breakout-v5, Pong-v5, BeamRider-v5, ...
+    tensorboard --logdir runs
+
+What this file shows: PPO with the 9 Atari details of "The 37 Implementation Details of PPO" (Huang
+et al. 2022): no-op reset (up to 30), max-and-skip 4, episodic life, fire on reset, 84x84 grayscale,
+reward clipping to the sign, frame stack 4, a Nature CNN shared by actor and critic, pixels scaled to
+[0, 1]. envpool applies the first seven inside its C++ threads; the last two are in `Agent`.
+
+What is special in this file (the places where envpool scripts usually go wrong):
+- envpool resets a finished episode on the *next* step: the step after `terminated` or `truncated`
+  ignores the action, returns reward 0 and the first observation of the next episode. That "reset
+  row" is not experience. We keep it in the rollout (it computes the value of the final observation,
+  which a truncation needs), but mask it out of the advantages and the loss.
+- With episodic life, `terminated` is set at every life loss (the learning episode ends) while the
+  game goes on. The score we log is the real game: the unclipped reward `info["reward"]` summed over
+  all lives, ended at game over (`info["terminated"]`) or at the time limit (`truncated`, 27,000
+  agent steps), so truncated games are logged too and a return never leaks into the next game.
+- A time-limit truncation bootstraps the value of the final observation (`--no-bootstrap-truncation`
+  treats it as a termination, as older scripts did).
+- Observations stay uint8 (4x84x84 per step, a quarter of float32) in a channels-last buffer; they are
+  scaled to [0, 1] on the fly, and the CNN runs channels-last, the layout oneDNN's CPU convolutions
+  are fastest in (`benchmark/throughput.py` measures it).
+- Checkpoints hold everything needed to resume; `--resume` continues a killed run and `--evaluate`
+  scores a saved model with the same preprocessing.
+"""
+
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions.categorical import Categorical
+
+
+@dataclass
+class Args:
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    torch_threads: int = 2
+    """CPU threads for PyTorch (0 keeps PyTorch's default); the CNN update is most of the time here"""
+    envpool_threads: int = 0
+    """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """envpool cannot render the game: this saves the agent's own 84x84 grayscale frames of env 0 as
+    videos in `runs/<run>/videos` (games 0, 1, 8, 27, ... of env 0)"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (its saved arguments are used)"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_episodes: int = 10
+    """number of games of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the most probable action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "Breakout-v5"
+    """the envpool id of the game (`Breakout` is read as `Breakout-v5`)"""
+    total_timesteps: int = 10_000_000
+    """total timesteps of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stops the epochs of an update early)"""
+    bootstrap_truncation: bool = True
+    """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
+    max_episode_steps: int = 27_000
+    """agent steps after which a game is truncated (27,000 = 108,000 frames, the usual limit)"""
+
+    @property
+    def batch_size(self) -> int:
+        """transitions per update: num_envs * num_steps (reset rows included, see the docstring)"""
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        """updates in the whole run: total_timesteps // batch_size"""
+        return self.total_timesteps // self.batch_size
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def envpool_id(env_id: str) -> str:
+    """`Breakout` -> `Breakout-v5`; other ids as given."""
+    return env_id if "-v" in env_id else f"{env_id}-v5"
+
+
+def check_args(args: Args):
+    """Reject arguments that would crash or silently misbehave later."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
+                 "max_episode_steps"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if min(args.checkpoint_every, args.torch_threads, args.envpool_threads) < 0:
+        fail("--checkpoint-every, --torch-threads and --envpool-threads must not be negative")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    env_id = envpool_id(args.env_id)
+    if env_id not in envpool.list_all_envs():
+        fail(f"unknown envpool id '{env_id}' (python -c 'import envpool; print(envpool.list_all_envs())' lists them)")
+    if "episodic_life" not in envpool.make_spec(env_id).config._fields:
+        fail(f"{env_id} is not an Atari game; ppo_atari_envpool.py trains Atari games only")
+
+
+# ENVIRONMENTS ------------------------------------------------------------------------------------
+
+
+def make_envs(args: Args, num_envs: int, seed: int, episodic_life: bool = True):
+    """envpool's Atari vector environment with the standard preprocessing, all of it in C++:
+
+    noop_max=30 (no-op reset), frame_skip=4 with the max over the last two frames, episodic_life
+    (life loss = terminated), use_fire_reset (FIRE after reset in games that need it), 84x84
+    grayscale, reward_clip (sign), stack_num=4. Sticky actions are off (repeat_action_probability=0),
+    as in the published v4 results. Env i is seeded with seed + i.
+    """
+    return envpool.make(
+        envpool_id(args.env_id),
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=args.envpool_threads,
+        episodic_life=episodic_life,
+        reward_clip=True,
+        noop_max=30,
+        frame_skip=4,
+        stack_num=4,
+        img_height=84,
+        img_width=84,
+        gray_scale=True,
+        use_fire_reset=True,
+        repeat_action_probability=0.0,
+        max_episode_steps=args.max_episode_steps,
+    )
+
+
+class GameStatistics:
+    """The real game score per environment: the unclipped reward (`info["reward"]`) summed over all
+    lives, reported when the game ends, at game over (`info["terminated"]`) or at the time limit.
+    `terminated` alone would end a "game" at every life loss under episodic life."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs)
+
+    def step(self, truncated: np.ndarray, info: dict) -> list[tuple[int, float, int]]:
+        """Adds one step; returns (env index, game score, game length in agent steps) per finished game."""
+        self.returns += info["reward"]
+        finished = []
+        for i in np.flatnonzero((info["terminated"] != 0) | truncated):
+            finished.append((int(i), float(self.returns[i]), int(info["elapsed_step"][i])))
+            self.returns[i] = 0.0
+        return finished
+
+
+class VideoRecorder:
+    """`--capture-video` for envpool, which has no renderer: the last 84x84 frame of env 0's stacked
+    observation, saved as an mp4 per recorded game (games 0, 1, 8, 27, ... as Gymnasium records)."""
+
+    def __init__(self, folder: str):
+        self.folder, self.game, self.frames = folder, 0, []
+        os.makedirs(folder, exist_ok=True)
+
+    def recording(self) -> bool:
+        return round(self.game ** (1 / 3)) ** 3 == self.game
+
+    def add(self, obs: np.ndarray, game_over: bool):
+        if self.recording():
+            self.frames.append(np.repeat(obs[-1][:, :, None], 3, axis=2))
+        if game_over:
+            if self.frames:
+                from moviepy import ImageSequenceClip  # imported only when used
+
+                ImageSequenceClip(self.frames, fps=15).write_videofile(
+                    f"{self.folder}/game-{self.game}.mp4", logger=None)
+            self.game, self.frames = self.game + 1, []
+
+
+# THE NETWORK -------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std` and constant biases (detail 2 of the 37)."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature CNN (Mnih et al. 2015) shared by a policy head (std 0.01) and a value head (std 1).
+
+    Input: uint8 frames (B, 4, 84, 84), scaled to [0, 1] here. Weights are kept channels-last; the
+    result is the same network, computed in the layout oneDNN's CPU convolutions prefer.
+    """
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+        self.to(memory_format=torch.channels_last)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
+        return self.network(x.float().mul_(1.0 / 255.0))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.features(x)).squeeze(-1)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+        """Samples an action (or scores the given one): returns action, log-prob, entropy, value."""
+        hidden = self.features(x)
+        dist = Categorical(logits=self.actor(hidden))
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.critic(hidden).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, x: torch.Tensor):
+        """The rollout's policy step: action, log-prob and value without autograd and entropy.
+
+        Gumbel-max sampling: argmax(log p + g) with g = -log(Exponential(1)) noise is a sample of the
+        categorical distribution p, as `Categorical(logits).sample()` would draw.
+        """
+        hidden = self.features(x)
+        logprobs = self.actor(hidden).log_softmax(-1)
+        action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
+        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
+
+
+# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminations: torch.Tensor,
+    dones: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over a rollout stored with envpool's next-step reset.
+
+    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
+
+    | tensor          | meaning at step t                                                        |
+    |-----------------|--------------------------------------------------------------------------|
+    | rewards[t]      | reward of the transition taken at step t                                  |
+    | values[t]       | V(obs[t]), the critic's value of the observation the action was taken in |
+    | terminations[t] | 1 if the episode terminated at step t: the next state is worth 0          |
+    | dones[t]        | 1 if the episode ended at step t, terminated or truncated                 |
+    | last_value      | V(observation after the last step)                                       |
+
+    With next-step reset obs[t+1] is the *final* observation where dones[t]: values[t+1] is the
+    value of where the episode stopped, which a truncation bootstraps and a termination zeroes:
+
+        delta[t] = rewards[t] + gamma * (1 - terminations[t]) * values[t+1] - values[t]
+        adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
+
+    Step t+1 after an episode end is the reset row (action ignored, reward 0): the trace is cut
+    before it, and its own advantage is meaningless; the caller masks it out of the loss.
+    Returns (advantages, returns = advantages + values), both (T, N).
+    """
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    deltas = rewards + gamma * (1.0 - terminations) * next_values - values
+    not_done = 1.0 - dones
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + gamma * gae_lambda * not_done[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    entropy: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    oldvalues: torch.Tensor,
+    args: Args,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
+
+    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+    """
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss, optionally clipped around the values predicted during the rollout
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+    return loss, stats
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
+                    iteration: int, global_step: int):
+    """Everything needed to continue or evaluate: weights, optimizer, progress, RNG states, args.
+
+    Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
+    """
+    checkpoint = {
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "args": asdict(args),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Reads a checkpoint written by `save_checkpoint` (a one-line error if it is not one)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say so in one line
+        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {e}")
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
+        fail(f"{path} is not a checkpoint written by {Path(__file__).name}")
+    return checkpoint
+
+
+def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
+             device: torch.device) -> list[float]:
+    """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
+    and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
+    same model and seed score the same right after training and later from the saved file."""
+    envs = make_envs(args, episodes, seed)
+    games = GameStatistics(episodes)
+    scores = np.full(episodes, np.nan)
+    obs, _ = envs.reset()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        while np.isnan(scores).any():
+            with torch.no_grad():
+                logits = agent.actor(agent.features(torch.as_tensor(obs, device=device)))
+                action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+            obs, _, _, truncated, info = envs.step(action.cpu().numpy())
+            for i, score, _ in games.step(truncated, info):
+                if np.isnan(scores[i]):
+                    scores[i] = score
+    envs.close()
+    return scores.tolist()
+
+
+def run_evaluation(path: str, args: Args) -> list[float]:
+    """`--evaluate PATH`: scores a saved model or checkpoint on the game it was trained on."""
+    checkpoint = load_checkpoint(path)
+    saved = Args(**checkpoint["args"])
+    agent = Agent(make_envs(saved, 1, 0).action_space.n)
+    agent.load_state_dict(checkpoint["model"])
+    # the trained run's seed: the same games as the evaluation reported right after training
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
+                       torch.device("cpu"))
+    print(f"evaluation of {path} on {envpool_id(saved.env_id)}: {len(returns)} games, "
+          f"mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    return returns
+
+
+# TRAINING ----------------------------------------------------------------------------------------
+
+
+def main(args: Args):
+    check_args(args)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args)
+
+    checkpoint = None
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        resume_path = args.resume
+        args = Args(**checkpoint["args"])
+        args.resume = resume_path
+        run_dir = str(Path(resume_path).parent)
+    else:
+        run_name = f"{envpool_id(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"{args.runs_dir}/{run_name}"
+        if os.path.exists(run_dir):
+            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+                 "pass another --exp-name")
+
+    # Seeding: same seed, same machine, same thread count -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # Distribution argument checks are pure overhead in the rollout's many small calls
+    torch.distributions.Distribution.set_default_validate_args(False)
+
+    # A resumed run reseeds its environments differently, so it does not replay the first games
+    envs = make_envs(args, args.num_envs, args.seed + checkpoint["global_step"] if checkpoint else args.seed)
+    agent = Agent(envs.action_space.n).to(device)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    start_iteration, global_step = 1, 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        random.setstate(checkpoint["rng"]["python"])
+        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
+
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb  # imported only when used
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=Path(run_dir).name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    video = VideoRecorder(f"{run_dir}/videos") if args.capture_video else None
+
+    # Rollout storage on the CPU, shared with NumPy. Observations are uint8 and channels-last: the
+    # buffer is allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84), so writing a step
+    # transposes 8 small frames once, and every minibatch is already in the CNN's layout.
+    T, N = args.num_steps, args.num_envs
+    obs_shape = envs.observation_space.shape  # (4, 84, 84)
+    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8).permute(0, 1, 4, 2, 3)
+    actions = torch.zeros((T, N), dtype=torch.long)
+    logprobs = torch.zeros((T, N))
+    rewards = torch.zeros((T, N))
+    terminations = torch.zeros((T, N))
+    dones = torch.zeros((T, N))
+    values = torch.zeros((T, N))
+    valid = torch.zeros((T, N), dtype=torch.bool)  # False on envpool's reset rows
+    actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
+        x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
+
+    games = GameStatistics(N)
+    next_obs, _ = envs.reset()
+    next_done = np.zeros(N, dtype=bool)  # did the previous step end an episode (then this one is a reset row)
+    start_time, start_step = time.time(), global_step
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # COLLECT TRAJECTORIES ------------------------------------------------------------------
+        rollout_start = time.perf_counter()
+        act_time = env_time = 0.0
+        episode_returns = []
+        for step in range(T):
+            global_step += N
+            obs[step] = torch.from_numpy(next_obs)
+            valid_np[step] = ~next_done
+            tick = time.perf_counter()
+            action, logprob, value = agent.act(obs[step].to(device))
+            actions_np[step] = action.cpu().numpy()
+            logprobs_np[step] = logprob.cpu().numpy()
+            values_np[step] = value.cpu().numpy()
+            tock = time.perf_counter()
+            next_obs, reward, terminated, truncated, info = envs.step(actions_np[step])
+            env_time += time.perf_counter() - tock
+            act_time += tock - tick
+
+            rewards_np[step] = reward  # clipped to the sign by envpool
+            next_done = terminated | truncated
+            dones_np[step] = next_done
+            terminations_np[step] = terminated if args.bootstrap_truncation else next_done
+            if video is not None:
+                video.add(next_obs[0], bool(info["terminated"][0] or truncated[0]))
+            for i, score, length in games.step(truncated, info):
+                episode_step = global_step - N + i + 1  # the step this game ended at
+                writer.add_scalar("charts/episodic_return", score, episode_step)
+                writer.add_scalar("charts/episodic_length", length, episode_step)
+                episode_returns.append(score)
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        with torch.no_grad():
+            last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
+        advantages, returns = compute_gae(rewards, values, terminations, dones, last_value, args.gamma,
+                                          args.gae_lambda)
+        rollout_time = time.perf_counter() - rollout_start
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        update_start = time.perf_counter()
+        # only real transitions enter the loss: the reset rows are dropped from the batch
+        b_inds_valid = torch.nonzero(valid.reshape(-1)).squeeze(1).to(device)
+        b_obs = obs.reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
+        b_actions = actions.reshape(-1).to(device)
+        b_logprobs = logprobs.reshape(-1).to(device)
+        b_advantages = advantages.reshape(-1).to(device)
+        b_returns = returns.reshape(-1).to(device)
+        b_values = values.reshape(-1).to(device)
+
+        for epoch in range(args.update_epochs):
+            b_inds = b_inds_valid[torch.randperm(len(b_inds_valid), device=device)]
+            for minibatch, mb_inds in enumerate(b_inds.tensor_split(args.num_minibatches)):
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb_inds], mb_advantages,
+                                       b_returns[mb_inds], b_values[mb_inds], args)
+                if epoch == 0 and minibatch == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the stored log-probs do not belong to the stored observations
+                    first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+        update_time = time.perf_counter() - update_start
+
+        # LOGGING -------------------------------------------------------------------------------
+        stats = {k: v.item() for k, v in stats.items()}
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        b_valid = b_inds_valid.cpu()
+        writer.add_scalar("losses/explained_variance",
+                          explained_variance(values.reshape(-1)[b_valid].numpy(), returns.reshape(-1)[b_valid].numpy()),
+                          global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        writer.add_scalar("debug/reset_rows", args.batch_size - len(b_valid), global_step)
+        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        writer.add_scalar("perf/act_time", act_time, global_step)
+        writer.add_scalar("perf/env_time", env_time, global_step)
+        writer.add_scalar("perf/update_time", update_time, global_step)
+        if episode_returns:
+            print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
+                  f"games={len(episode_returns)} mean_score={np.mean(episode_returns):.2f} SPS={sps} "
+                  f"(act {act_time:.2f}s, env {env_time:.2f}s, update {update_time:.2f}s)")
+
+        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
+
+    envs.close()
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"))
+        for i, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        print(f"evaluation: {len(returns)} games, mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return run_dir
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
