@@ -143,8 +143,8 @@ def plot(root: Path, out_dir: Path, window: int = 1, references: dict[tuple[str,
         for axis, suffix, xlabel in (("step", "", "global step"), ("time", "-time", "wall time (s)")):
             curve = curves([run_dir for run_dir, _ in runs], axis, window)
             if curve is None:
-                print(f"no curve for {exp_name}.py on {env_id}: no episodes, or the seeds' episodes do not overlap")
-                break
+                print(f"no {axis} curve for {exp_name}.py on {env_id}: no episodes, or no {axis} range that all seeds cover")
+                continue
             grid, values = curve
             fig, ax = plt.subplots(figsize=(6, 4))
             ax.plot(grid, values.mean(0), label=f"{exp_name}.py, mean of {len(values)} seed{'s' * (len(values) > 1)}")

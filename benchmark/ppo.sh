@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The published benchmark recipe: every script on its standard environments, SEEDS seeds each, run on
+# this machine by benchmark.run (a worker pool, OMP_NUM_THREADS=1 per job), then a table and
+# learning curves per block by benchmark.results.
+#
+#   bash benchmark/ppo.sh                           # every block at the full step budgets
+#   BLOCKS="classic mujoco" bash benchmark/ppo.sh   # some blocks (or: bash benchmark/ppo.sh classic mujoco)
+#   QUICK=1 BLOCKS=classic bash benchmark/ppo.sh    # a check of the recipe: every run a few thousand steps
+#
+# Blocks and step budgets (the published ones):
+#   classic   ppo.py on CartPole-v1 Acrobot-v1 MountainCar-v0, 500k steps
+#   mujoco    ppo_continuous_action.py on HalfCheetah-v4 Walker2d-v4 Hopper-v4 InvertedPendulum-v4
+#             Humanoid-v4 Pusher-v4, 1M steps
+#   atari     ppo_atari.py and ppo_atari_lstm.py on Pong BeamRider Breakout, ppo_atari_envpool.py on
+#             Pong-v5 BeamRider-v5 Breakout-v5, 10M steps
+#   procgen   ppo_procgen.py on starpilot bossfight bigfish, 25M steps
+#   multigpu  ppo_atari_multigpu.py on Breakout through `torchrun --standalone --nproc_per_node=2`, 10M steps
+#
+# Variables (default):
+#   BLOCKS       the blocks to run, in this order (all of them)
+#   SEEDS        the seeds of every script and env ("1 2 3")
+#   WORKERS      jobs at once (CPU count); the multigpu block runs half as many, each of 2 processes
+#   RUNS_DIR     run folders go to RUNS_DIR/<block>/, one log per job to RUNS_DIR/<block>/logs/
+#                (runs/benchmark; with QUICK=1 runs/benchmark-quick)
+#   RESULTS_DIR  the table of a block goes to RESULTS_DIR/<block>.md, its plots to RESULTS_DIR/<block>/
+#                (benchmark/results; with QUICK=1 RUNS_DIR/results)
+#   QUICK        1: tiny step budgets, for checking that the recipe runs, not for numbers (0)
+#   PYTHON       the Python interpreter (python); TORCHRUN, the multigpu launcher (torchrun)
+#
+# It installs nothing; each block prints what it needs. A script that is not in the repository yet is
+# skipped with a message. The tables read every run under RUNS_DIR/<block>: give a new benchmark a
+# fresh RUNS_DIR. Exit code 0 only if every job of every block succeeded; Ctrl-C stops the running
+# jobs and the script.
+set -uo pipefail
+
+ALL_BLOCKS="classic mujoco atari procgen multigpu"
+here=$PWD
+absolute() { if [[ $1 = /* ]]; then echo "$1"; else echo "$here/$1"; fi; }
+[[ -n ${RUNS_DIR:-} ]] && RUNS_DIR=$(absolute "$RUNS_DIR")
+[[ -n ${RESULTS_DIR:-} ]] && RESULTS_DIR=$(absolute "$RESULTS_DIR")
+cd "$(dirname "$0")/.."
+
+BLOCKS=${*:-${BLOCKS:-$ALL_BLOCKS}}
+SEEDS=${SEEDS:-1 2 3}
+QUICK=${QUICK:-0}
+WORKERS=${WORKERS:-$(getconf _NPROCESSORS_ONLN)}  # not nproc, which obeys OMP_NUM_THREADS
+PYTHON=${PYTHON:-python}
+TORCHRUN=${TORCHRUN:-torchrun}
+if [[ $QUICK == 1 ]]; then
+    RUNS_DIR=${RUNS_DIR:-runs/benchmark-quick}
+    RESULTS_DIR=${RESULTS_DIR:-$RUNS_DIR/results}
+else
+    RUNS_DIR=${RUNS_DIR:-runs/benchmark}
+    RESULTS_DIR=${RESULTS_DIR:-benchmark/results}
+fi
+for block in $BLOCKS; do
+    [[ " $ALL_BLOCKS " == *" $block "* ]] || { echo "unknown block '$block' (blocks: $ALL_BLOCKS)" >&2; exit 2; }
+done
+trap 'echo "ppo.sh: interrupted" >&2; exit 130' INT
+status=0
+
+# bench BLOCK SCRIPT STEPS QUICK_ARGS ENV_ID...: the script on every env id and seed, through benchmark.run
+bench() {
+    local block=$1 script=$2 steps=$3 quick_args=$4
+    shift 4
+    if [[ ! -f $script ]]; then
+        echo "== $block: skipping $script, which is not in this repository yet"
+        return
+    fi
+    local args="--total-timesteps $steps" launch=$PYTHON workers=$WORKERS
+    [[ $QUICK == 1 ]] && args=$quick_args
+    if [[ $block == multigpu ]]; then
+        launch="$TORCHRUN --standalone --nproc_per_node=2"
+        workers=$(( WORKERS > 1 ? WORKERS / 2 : 1 ))
+    fi
+    echo "== $block: $script on $* (seeds $SEEDS) $args"
+    "$PYTHON" -m benchmark.run --command "$launch $script $args --runs-dir $RUNS_DIR/$block" --env-ids "$@" \
+        --seeds $SEEDS --workers "$workers" --logs "$RUNS_DIR/$block/logs/${script%.py}" || status=1
+}
+
+# results BLOCK: the block's table and learning curves, from every run under RUNS_DIR/BLOCK
+results() {
+    [[ -d $RUNS_DIR/$1 ]] || return 0
+    "$PYTHON" -m benchmark.results "$RUNS_DIR/$1" --out "$RESULTS_DIR/$1.md" --plots "$RESULTS_DIR/$1" || status=1
+}
+
+for block in $BLOCKS; do
+    case $block in
+    classic)
+        echo "== classic needs: gymnasium[classic-control] (requirements.txt)"
+        bench classic ppo.py 500000 "--total-timesteps 2048" CartPole-v1 Acrobot-v1 MountainCar-v0
+        ;;
+    mujoco)
+        echo "== mujoco needs: mujoco>=3 and gymnasium[mujoco] (requirements.txt)"
+        bench mujoco ppo_continuous_action.py 1000000 "--total-timesteps 4096" \
+            HalfCheetah-v4 Walker2d-v4 Hopper-v4 InvertedPendulum-v4 Humanoid-v4 Pusher-v4
+        ;;
+    atari)
+        echo "== atari needs: ale-py (ROMs bundled), envpool, opencv-python-headless (requirements.txt)"
+        bench atari ppo_atari.py 10000000 "--total-timesteps 2048" Pong BeamRider Breakout
+        bench atari ppo_atari_lstm.py 10000000 "--total-timesteps 2048" Pong BeamRider Breakout
+        bench atari ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Pong-v5 BeamRider-v5 Breakout-v5
+        ;;
+    procgen)
+        echo "== procgen needs: envpool (requirements.txt), whose Procgen needs the Qt 5 runtime" \
+             "(system package libqt5gui5 on Debian/Ubuntu)"
+        bench procgen ppo_procgen.py 25000000 "--total-timesteps 1024 --num-envs 8 --num-steps 64" \
+            starpilot bossfight bigfish
+        ;;
+    multigpu)
+        echo "== multigpu needs: torchrun (installed with torch), ale-py (requirements.txt);" \
+             "one GPU per process for the published setting"
+        bench multigpu ppo_atari_multigpu.py 10000000 "--total-timesteps 2048" Breakout
+        ;;
+    esac
+    results "$block"
+done
+exit $status

@@ -1,0 +1,55 @@
+"""benchmark/ppo.sh: the classic-control block in quick mode end to end (runs, logs, table, plots),
+block selection, and skipping a script that is not in the repository."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+from helpers import REPO
+
+CLASSIC = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"]
+
+
+def ppo_sh(script, tmp_path, **variables) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable, RUNS_DIR=str(tmp_path / "runs"),
+               RESULTS_DIR=str(tmp_path / "results"), **variables)
+    return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_quick_classic_block_runs_every_env_and_writes_the_table_and_plots(tmp_path):
+    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, QUICK="1", BLOCKS="classic", SEEDS="1", WORKERS="2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "classic needs: gymnasium[classic-control]" in result.stdout
+    runs = sorted(p.name.split("__")[0] for p in (tmp_path / "runs" / "classic").iterdir() if p.name != "logs")
+    assert runs == sorted(CLASSIC)
+    assert all((tmp_path / "runs" / "classic" / "logs" / "ppo" / f"{env_id}__1.log").exists() for env_id in CLASSIC)
+    rows = {}
+    for line in (tmp_path / "results" / "classic.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells[0] == "ppo.py":
+            rows[cells[1]] = cells
+    assert sorted(rows) == sorted(CLASSIC)
+    for env_id, cells in rows.items():
+        assert cells[2] == "1" and cells[5] == "2,048"  # one seed, the quick step budget
+    assert rows["CartPole-v1"][8] == "490.04 ± 6.12 (500k steps)"
+    png = tmp_path / "results" / "classic" / "CartPole-v1__ppo.png"
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_an_unknown_block_fails_before_anything_runs(tmp_path):
+    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, BLOCKS="classic nonsense")
+    assert result.returncode == 2 and "unknown block 'nonsense'" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_script_not_in_the_repository_is_skipped_with_a_message(tmp_path):
+    # ppo.sh in a repository that holds none of the scripts
+    (tmp_path / "repo" / "benchmark").mkdir(parents=True)
+    script = shutil.copy(REPO / "benchmark" / "ppo.sh", tmp_path / "repo" / "benchmark" / "ppo.sh")
+    result = ppo_sh(script, tmp_path, BLOCKS="procgen multigpu")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "procgen needs: envpool" in result.stdout and "libqt5gui5" in result.stdout
+    assert "skipping ppo_procgen.py, which is not in this repository yet" in result.stdout
+    assert "skipping ppo_atari_multigpu.py, which is not in this repository yet" in result.stdout
+    assert not (tmp_path / "runs").exists()
