@@ -399,6 +399,13 @@ def ppo_loss(
     return loss, stats
 
 
+def minibatch_indices(valid: torch.Tensor, num_minibatches: int) -> tuple[torch.Tensor, ...]:
+    """One epoch's shuffled minibatches of flat batch indices, over the real transitions only: the
+    reset rows (`valid` False) never enter the loss. Minibatches differ in size by at most one."""
+    real = torch.nonzero(valid.reshape(-1)).squeeze(1)
+    return real[torch.randperm(len(real), device=real.device)].tensor_split(num_minibatches)
+
+
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
     var_y = np.var(y_true)
@@ -597,8 +604,7 @@ def main(args: Args):
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
         update_start = time.perf_counter()
-        # only real transitions enter the loss: the reset rows are dropped from the batch
-        b_inds_valid = torch.nonzero(valid.reshape(-1)).squeeze(1).to(device)
+        b_valid = valid.reshape(-1).to(device)
         b_obs = obs.reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
         b_actions = actions.reshape(-1).to(device)
         b_logprobs = logprobs.reshape(-1).to(device)
@@ -607,8 +613,7 @@ def main(args: Args):
         b_values = values.reshape(-1).to(device)
 
         for epoch in range(args.update_epochs):
-            b_inds = b_inds_valid[torch.randperm(len(b_inds_valid), device=device)]
-            for minibatch, mb_inds in enumerate(b_inds.tensor_split(args.num_minibatches)):
+            for minibatch, mb_inds in enumerate(minibatch_indices(b_valid, args.num_minibatches)):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 mb_advantages = b_advantages[mb_inds]
                 if args.norm_adv:
@@ -633,13 +638,13 @@ def main(args: Args):
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
-        b_valid = b_inds_valid.cpu()
+        real = valid.reshape(-1)
         writer.add_scalar("losses/explained_variance",
-                          explained_variance(values.reshape(-1)[b_valid].numpy(), returns.reshape(-1)[b_valid].numpy()),
+                          explained_variance(values.reshape(-1)[real].numpy(), returns.reshape(-1)[real].numpy()),
                           global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-        writer.add_scalar("debug/reset_rows", args.batch_size - len(b_valid), global_step)
+        writer.add_scalar("debug/reset_rows", args.batch_size - int(real.sum()), global_step)
         writer.add_scalar("perf/rollout_time", rollout_time, global_step)
         writer.add_scalar("perf/act_time", act_time, global_step)
         writer.add_scalar("perf/env_time", env_time, global_step)

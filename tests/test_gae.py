@@ -1,7 +1,12 @@
-"""compute_gae against a slow reference written as forward sums over each episode segment."""
+"""compute_gae against a slow reference written as forward sums over each episode segment, for the
+same-step autoreset scripts and for the envpool scripts with their reset rows."""
+
+import importlib
 
 import pytest
 import torch
+
+from helpers import NEXT_STEP_MODULES
 
 GAMMA, LAMBDA = 0.9, 0.8
 
@@ -82,3 +87,38 @@ def test_gae_zero_final_values_is_truncation_as_termination(script):
     bootstrapped = reference_gae(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_obs_values"],
                                  r["last_value"], GAMMA, LAMBDA)
     assert not torch.allclose(advantages, bootstrapped)
+
+
+def next_step_rollout(seed):
+    """A rollout as envpool stores it: after every episode end comes one reset row (never itself an
+    end), and values[t + 1] is the value of the final observation of an episode that ended at t."""
+    r = random_rollout(seed)
+    ended = r["terminated"] | r["truncated"]
+    reset_row = torch.zeros_like(ended)
+    reset_row[1:] = ended[:-1]
+    for key in ("terminated", "truncated"):
+        r[key] = r[key] & ~reset_row
+    # a reset row's reward is 0 and its action ignored
+    r["rewards"] = torch.where(reset_row, torch.zeros_like(r["rewards"]), r["rewards"])
+    r["final_obs_values"] = torch.cat([r["values"][1:], r["last_value"].unsqueeze(0)])
+    r["reset_row"] = reset_row
+    return r
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", NEXT_STEP_MODULES)
+def test_next_step_reset_gae_matches_reference_on_real_rows(name, seed):
+    script = importlib.import_module(name)
+    r = next_step_rollout(seed)
+    assert r["reset_row"].any() and r["truncated"].any()
+    dones = (r["terminated"] | r["truncated"]).double()
+    advantages, returns = script.compute_gae(r["rewards"], r["values"], r["terminated"].double(), dones,
+                                             r["last_value"], GAMMA, LAMBDA)
+    expected = reference_gae(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_obs_values"],
+                             r["last_value"], GAMMA, LAMBDA)
+    real = ~r["reset_row"]
+    torch.testing.assert_close(advantages[real], expected[real], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(returns[real], (expected + r["values"])[real], rtol=1e-10, atol=1e-10)
+    # treating truncation as termination (--no-bootstrap-truncation) changes the truncated rows
+    cut, _ = script.compute_gae(r["rewards"], r["values"], dones, dones, r["last_value"], GAMMA, LAMBDA)
+    assert not torch.allclose(cut[real & r["truncated"]], advantages[real & r["truncated"]])
