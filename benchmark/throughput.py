@@ -12,7 +12,9 @@ For each script, in fresh processes with OMP_NUM_THREADS=1:
 `--straightforward` also measures each script with its speed levers undone, side by side: actions
 sampled through the distribution objects (`get_action_and_value` under no_grad instead of `act`),
 PyTorch's argument validation of distributions left on, Adam's per-parameter loop instead of the fused
-kernel, and NumPy's mean/var in the running statistics; the algorithm and its numbers are the same.
+kernel, NumPy's mean/var in the running statistics, and for the pixel scripts the CNN in PyTorch's
+default memory layout fed `frames.float() / 255` on one thread (the usual eager script under
+OMP_NUM_THREADS=1); the algorithm and its numbers are the same.
 `--busy` repeats the training measurement while a busy-loop process occupies one core (as when
 several runs share a machine), once with the script's thread default and once with PyTorch's own
 default thread count (`--torch-threads 0` and OMP_NUM_THREADS unset), to show why the scripts
@@ -23,6 +25,7 @@ a slow spell of the machine does not fall on one variant alone.
 
 import argparse
 import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -39,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {
     "ppo": ("CartPole-v1", 50_000),
     "ppo_continuous_action": ("Hopper-v4", 20_480),
+    "ppo_atari_envpool": ("Breakout-v5", 10_240),
 }
 
 
@@ -53,10 +57,15 @@ def env_only_sps(script: str, env_id: str, steps: int) -> float:
     module = import_script(script)
     with tempfile.TemporaryDirectory() as tmp:
         args = module.Args(env_id=env_id, runs_dir=tmp)
-        envs = module.make_envs(args, tmp)
-        envs.action_space.seed(0)
-        actions = [envs.action_space.sample() for _ in range(steps // args.num_envs)]
-        envs.reset(seed=0)
+        if "run_dir" in inspect.signature(module.make_envs).parameters:  # Gymnasium vector envs
+            envs = module.make_envs(args, tmp)
+            envs.reset(seed=0)
+        else:  # envpool: make_envs(args, num_envs, seed)
+            envs = module.make_envs(args, args.num_envs, 0)
+            envs.reset()
+        space = getattr(envs, "single_action_space", envs.action_space)
+        space.seed(0)
+        actions = [np.array([space.sample() for _ in range(args.num_envs)]) for _ in range(steps // args.num_envs)]
         start = time.perf_counter()
         for action in actions:
             envs.step(action)
@@ -130,7 +139,18 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
     torch.distributions.Distribution.set_default_validate_args = staticmethod(lambda value: None)
     if hasattr(module, "RunningMeanStd"):
         module.RunningMeanStd.update = update
-    module.main(module.Args(env_id=env_id, total_timesteps=steps, runs_dir=runs_dir))
+    overrides = {}
+    if hasattr(module.Agent, "features"):  # the pixel scripts
+        agent_init = module.Agent.__init__
+
+        def default_layout_init(self, *args, **kwargs):
+            agent_init(self, *args, **kwargs)
+            self.to(memory_format=torch.contiguous_format)
+
+        module.Agent.__init__ = default_layout_init
+        module.Agent.features = lambda self, x: self.network(x.contiguous().float() / 255.0)
+        overrides["torch_threads"] = 1
+    module.main(module.Args(env_id=env_id, total_timesteps=steps, runs_dir=runs_dir, **overrides))
 
 
 def child_env() -> dict[str, str]:
