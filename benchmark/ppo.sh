@@ -67,15 +67,17 @@ bench() {
         echo "== $block: skipping $script, which is not in this repository yet"
         return
     fi
-    local args="--total-timesteps $steps" launch=$PYTHON workers=$WORKERS
+    local args="--total-timesteps $steps" launch workers=$WORKERS
+    launch=$(printf %q "$PYTHON")
     [[ $QUICK == 1 ]] && args=$quick_args
     if [[ $block == multigpu ]]; then
         launch="$TORCHRUN --standalone --nproc_per_node=2"
         workers=$(( WORKERS > 1 ? WORKERS / 2 : 1 ))
     fi
     echo "== $block: $script on $* (seeds $SEEDS) $args"
-    "$PYTHON" -m benchmark.run --command "$launch $script $args --runs-dir $RUNS_DIR/$block" --env-ids "$@" \
-        --seeds $SEEDS --workers "$workers" --logs "$RUNS_DIR/$block/logs/${script%.py}" || status=1
+    local command="$launch $script $args --runs-dir $(printf %q "$RUNS_DIR/$block")"
+    "$PYTHON" -m benchmark.run --command "$command" --env-ids "$@" --seeds $SEEDS --workers "$workers" \
+        --logs "$RUNS_DIR/$block/logs/${script%.py}" || status=1
 }
 
 # results BLOCK: the block's table and learning curves, from every run under RUNS_DIR/BLOCK

@@ -122,14 +122,19 @@ def curves(run_dirs: list[Path], axis: str = "step", window: int = 1, points: in
             step, wall_time, value = map(np.array, zip(*episodes))
             xs.append(step.astype(float) if axis == "step" else wall_time - start)
             ys.append(smooth(value, window))
-    if not xs or max(x[0] for x in xs) > min(x[-1] for x in xs):
+    if not xs:
         return None
-    grid = np.linspace(max(x[0] for x in xs), min(x[-1] for x in xs), points)
+    first, last = max(x[0] for x in xs), min(x[-1] for x in xs)
+    if first > last:
+        return None
+    grid = np.linspace(first, last, points)
     return grid, np.stack([np.interp(grid, x, y) for x, y in zip(xs, ys)])
 
 
-def plot(root: Path, out_dir: Path, window: int = 1, references: dict[tuple[str, str], dict] | None = None) -> list[Path]:
-    """Writes the learning-curve PNGs of every group below root into out_dir; returns their paths."""
+def plot(root: Path, out_dir: Path, window: int = 10,
+         references: dict[tuple[str, str], dict] | None = None) -> list[Path]:
+    """Writes the learning-curve PNGs of every group below root into out_dir (curves smoothed over
+    `window` episodes); returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,7 +148,8 @@ def plot(root: Path, out_dir: Path, window: int = 1, references: dict[tuple[str,
         for axis, suffix, xlabel in (("step", "", "global step"), ("time", "-time", "wall time (s)")):
             curve = curves([run_dir for run_dir, _ in runs], axis, window)
             if curve is None:
-                print(f"no {axis} curve for {exp_name}.py on {env_id}: no episodes, or no {axis} range that all seeds cover")
+                print(f"no {axis} curve for {exp_name}.py on {env_id}: "
+                      f"no episodes, or no {axis} range that all seeds cover")
                 continue
             grid, values = curve
             fig, ax = plt.subplots(figsize=(6, 4))

@@ -20,7 +20,8 @@ def write_events(run_dir, start, points):
     with open(run_dir / f"events.out.tfevents.{int(start)}.test", "wb") as f:
         writer = RecordWriter(f)
         writer.write(event_pb2.Event(wall_time=start, file_version="brain.Event:2").SerializeToString())
-        scalars = [("charts/episodic_return", p) for p in points] + [("charts/SPS", (points[-1][0], points[-1][1], 100.0))]
+        final_step, final_time, _ = points[-1]
+        scalars = [("charts/episodic_return", p) for p in points] + [("charts/SPS", (final_step, final_time, 100.0))]
         for tag, (step, wall_time, value) in scalars:
             summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
             writer.write(event_pb2.Event(wall_time=wall_time, step=step, summary=summary).SerializeToString())
