@@ -1,0 +1,771 @@
+"""PPO on Procgen (Cobbe et al. 2020) through envpool's C++ vector environment, IMPALA CNN.
+
+Run:
+    python ppo_procgen.py --env-id starpilot      # or bossfight, bigfish, ... (16 games), easy distribution
+    tensorboard --logdir runs
+
+What this file shows: PPO with the Procgen settings of "The 37 Implementation Details of PPO" (Huang
+et al. 2022): the easy distribution over unlimited levels (num_levels=0, start_level=0), 64x64 RGB
+frames, the IMPALA CNN (Espeholt et al. 2018) shared by actor and critic, pixels scaled to [0, 1],
+rewards scaled by a running standard deviation of the discounted return and clipped to [-10, 10],
+and the published hyperparameters (64 envs x 256 steps, 8 minibatches, 3 epochs, lr 5e-4, gamma 0.999).
+The `procgen` package has no wheels for current Python; envpool ships the same games.
+
+What is special in this file (the places where envpool scripts usually go wrong):
+- envpool resets a finished episode on the *next* step, for Procgen as for Atari (checked with envpool
+  1.2.5): the step after `terminated` or `truncated` ignores the action, returns reward 0, `elapsed_step`
+  0 and the first observation of a new level, while the step that ended the episode returned its last
+  frame. That "reset row" is not experience: it stays in the rollout (it computes the value of the
+  final observation, which a truncation needs) but is masked out of the advantages, the loss and the
+  reward statistics.
+- Procgen's own time-out (1000 steps in most games; 500 in maze and leaper, 4000 in bossfight and plunder,
+  6000 in bigfish) arrives as `truncated`, any other episode end as `terminated`. envpool labels an
+  episode end `truncated` when it happens at or after `max_episode_steps`, which its registration sets to
+  the game's time-out; it never cuts an episode itself, so this file does not offer to change that limit.
+  A truncation bootstraps the value of the final observation (`--no-bootstrap-truncation` treats it as
+  a termination, as Procgen's own `done` and older scripts do).
+- Every finished episode is logged at its own step with its raw score (the unscaled rewards summed).
+- Observations stay uint8 in a channels-last buffer (envpool is asked for height x width x channel
+  frames, so storing a step is one plain copy); they are scaled to [0, 1] on the fly and the CNN runs
+  channels-last, the layout oneDNN's CPU convolutions are fastest in.
+- Memory: the default rollout holds 64 x 256 = 16,384 frames of 3x64x64 uint8, 192 MiB (768 MiB as
+  float32), and an update minibatch of 2,048 frames keeps about 2 GB of IMPALA activations for the
+  backward pass. Fewer `--num-envs` or `--num-steps` shrink the buffer; more `--num-minibatches`
+  shrink the activations (all three change the hyperparameters).
+- Reward-scaling statistics are saved in every checkpoint with the weights, the optimizer, the step and
+  the RNG states; `--resume` continues a killed run and `--evaluate` scores a saved model.
+- envpool's Procgen needs the system Qt 5 runtime (Debian/Ubuntu: `libqt5gui5`); without it the script
+  says so in one line and exits 2.
+"""
+
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions.categorical import Categorical
+
+
+@dataclass
+class Args:
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    torch_threads: int = 2
+    """CPU threads for PyTorch (0 keeps PyTorch's default); the CNN update is most of the time here"""
+    envpool_threads: int = 0
+    """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """envpool cannot render the game: this saves env 0's own 64x64 RGB observations (what the agent
+    sees) as videos in `runs/<run>/videos` (episodes 0, 1, 8, 27, ... of env 0)"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (its saved arguments are used)"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_episodes: int = 10
+    """number of episodes of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the most probable action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "starpilot"
+    """the Procgen game, easy distribution (`starpilot` is read as `StarpilotEasy-v0`; full envpool ids also work)"""
+    total_timesteps: int = 25_000_000
+    """total timesteps of the experiment"""
+    learning_rate: float = 5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 64
+    """the number of parallel game environments"""
+    num_steps: int = 256
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.999
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 8
+    """the number of mini-batches"""
+    update_epochs: int = 3
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stops the epochs of an update early)"""
+    bootstrap_truncation: bool = True
+    """bootstrap the value of the final observation at Procgen's time-out (off: treat it as termination)"""
+    reward_clip: float = 10.0
+    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+
+    @property
+    def batch_size(self) -> int:
+        """transitions per update: num_envs * num_steps (reset rows included, see the docstring)"""
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        """updates in the whole run: total_timesteps // batch_size"""
+        return self.total_timesteps // self.batch_size
+
+
+GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot", "heist",
+         "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
+# envpool's Procgen ids: game and distribution, e.g. StarpilotEasy-v0, MazeMemory-v0
+PROCGEN_ID = re.compile(rf"({'|'.join(g.capitalize() for g in GAMES)})(Easy|Hard|Extreme|Memory|Exploration)-v0")
+QT_MISSING = ("envpool's Procgen needs the Qt 5 runtime: install the Debian/Ubuntu package libqt5gui5 "
+              "(sudo apt-get install libqt5gui5)")
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def procgen_id(env_id: str) -> str:
+    """`starpilot` -> `StarpilotEasy-v0`; envpool Procgen ids as given; anything else is a one-line error."""
+    if env_id.lower() in GAMES:
+        return f"{env_id.lower().capitalize()}Easy-v0"
+    if PROCGEN_ID.fullmatch(env_id) and env_id in envpool.list_all_envs():
+        return env_id
+    fail(f"unknown Procgen game '{env_id}': valid names are {', '.join(GAMES)} "
+         "(or an envpool Procgen id such as StarpilotEasy-v0)")
+
+
+def check_args(args: Args):
+    """Reject arguments that would crash or silently misbehave later."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.reward_clip <= 0:
+        fail("--reward-clip must be positive")
+    if min(args.checkpoint_every, args.torch_threads, args.envpool_threads) < 0:
+        fail("--checkpoint-every, --torch-threads and --envpool-threads must not be negative")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    try:
+        # loads envpool's Procgen extension, which links the system Qt 5 libraries
+        envpool.make_spec(procgen_id(args.env_id))
+    except ImportError as e:
+        # envpool raises "EnvPool Procgen requires the system Qt 5 runtime ..." from the loader's
+        # "libQt5Gui.so.5: cannot open shared object file"; other import errors are not ours to explain
+        if "qt" not in f"{e} {e.__cause__}".lower():
+            raise
+        fail(QT_MISSING)
+
+
+# ENVIRONMENTS ------------------------------------------------------------------------------------
+
+
+def make_envs(args: Args, num_envs: int, seed: int):
+    """envpool's Procgen vector environment with the standard settings: the easy distribution (from the
+    id), unlimited levels (num_levels=0) drawn from start_level 0 by each env's seeded generator, the
+    game's own time-out, 64x64 RGB frames as height x width x channel uint8 (channel_first=False).
+    Env i is seeded with seed + i."""
+    return envpool.make(
+        procgen_id(args.env_id),
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=args.envpool_threads,
+        num_levels=0,
+        start_level=0,
+        channel_first=False,
+    )
+
+
+def as_images(frames: np.ndarray) -> torch.Tensor:
+    """envpool's (B, 64, 64, 3) uint8 frames as the CNN's (B, 3, 64, 64) input: a channels-last view, no copy."""
+    return torch.from_numpy(frames).permute(0, 3, 1, 2)
+
+
+class EpisodeStatistics:
+    """The raw score per environment: Procgen's unscaled reward summed over the episode, reported when
+    the episode ends, terminated or truncated (time-out). The reset row's reward is 0 and adds nothing."""
+
+    def __init__(self, num_envs: int):
+        self.returns = np.zeros(num_envs)
+
+    def step(self, reward: np.ndarray, done: np.ndarray, info: dict) -> list[tuple[int, float, int]]:
+        """Adds one step; returns (env index, score, length in agent steps) per finished episode."""
+        self.returns += reward
+        finished = []
+        for i in np.flatnonzero(done):
+            finished.append((int(i), float(self.returns[i]), int(info["elapsed_step"][i])))
+            self.returns[i] = 0.0
+        return finished
+
+
+class RunningMeanStd:
+    """Running mean and variance of a stream of batches (the parallel algorithm of Chan et al.)."""
+
+    def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = epsilon
+
+    def update(self, x: np.ndarray):
+        """Adds a batch x of shape (B,) + shape. It runs at every environment step, so it avoids
+        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers."""
+        n = x.shape[0]
+        batch_mean = np.add.reduce(x, axis=0) / n
+        batch_var = np.add.reduce(np.square(x - batch_mean), axis=0) / n
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean = self.mean + delta * (n / total)
+        self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, state: dict):
+        self.mean, self.var, self.count = state["mean"].copy(), state["var"].copy(), state["count"]
+
+
+class RewardScaler:
+    """Reward scaling and clipping, as the published Procgen PPO does: rewards are divided by the running
+    standard deviation of each environment's discounted return, which restarts at every episode end.
+    Reset rows (`valid` False) are not experience and stay out of the statistics."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float):
+        self.rms, self.gamma, self.clip = RunningMeanStd(), gamma, clip
+        self.returns = np.zeros(num_envs)
+
+    def __call__(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.gamma + reward
+        if valid.any():
+            self.rms.update(self.returns[valid])
+        self.returns[done] = 0.0
+        return np.clip(reward / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip)
+
+
+class VideoRecorder:
+    """`--capture-video` for envpool, which has no renderer: env 0's 64x64 RGB observations, saved as an
+    mp4 per recorded episode (episodes 0, 1, 8, 27, ... as Gymnasium records)."""
+
+    def __init__(self, folder: str):
+        self.folder, self.episode, self.frames = folder, 0, []
+        os.makedirs(folder, exist_ok=True)
+
+    def recording(self) -> bool:
+        return round(self.episode ** (1 / 3)) ** 3 == self.episode
+
+    def add(self, frame: np.ndarray, episode_over: bool):
+        if self.recording():
+            self.frames.append(frame.copy())
+        if episode_over:
+            if self.frames:
+                from moviepy import ImageSequenceClip  # imported only when used
+
+                ImageSequenceClip(self.frames, fps=15).write_videofile(
+                    f"{self.folder}/episode-{self.episode}.mp4", logger=None)
+            self.episode, self.frames = self.episode + 1, []
+
+
+# THE NETWORK -------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std` and constant biases (detail 2 of the 37)."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), two 3x3 convolutions that keep the channels and the size."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+def conv_sequence(in_channels: int, out_channels: int) -> nn.Sequential:
+    """One IMPALA stage: a 3x3 convolution, a 3x3 max-pool of stride 2 (halves the size), two residual blocks."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
+        nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+        ResidualBlock(out_channels),
+        ResidualBlock(out_channels),
+    )
+
+
+class Agent(nn.Module):
+    """The IMPALA CNN (Espeholt et al. 2018, as used for Procgen) shared by a policy head (std 0.01) and
+    a value head (std 1): stages of 16, 32, 32 channels take 64x64 to 32, 16, 8, then ReLU, Flatten,
+    Linear to 256, ReLU. The body keeps PyTorch's default initialisation, as the published Procgen PPO.
+
+    Input: uint8 frames (B, 3, 64, 64), scaled to [0, 1] here. Weights are kept channels-last; the
+    result is the same network, computed in the layout oneDNN's CPU convolutions prefer.
+    """
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            conv_sequence(3, 16),
+            conv_sequence(16, 32),
+            conv_sequence(32, 32),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(32 * 8 * 8, 256),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(256, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(256, 1), std=1)
+        self.to(memory_format=torch.channels_last)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
+        return self.network(x.float().mul_(1.0 / 255.0))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.features(x)).squeeze(-1)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+        """Samples an action (or scores the given one): returns action, log-prob, entropy, value."""
+        hidden = self.features(x)
+        dist = Categorical(logits=self.actor(hidden))
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.critic(hidden).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, x: torch.Tensor):
+        """The rollout's policy step: action, log-prob and value without autograd and entropy.
+
+        Gumbel-max sampling: argmax(log p + g) with g = -log(Exponential(1)) noise is a sample of the
+        categorical distribution p, as `Categorical(logits).sample()` would draw.
+        """
+        hidden = self.features(x)
+        logprobs = self.actor(hidden).log_softmax(-1)
+        action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
+        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
+
+
+# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    terminations: torch.Tensor,
+    dones: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over a rollout stored with envpool's next-step reset.
+
+    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
+
+    | tensor          | meaning at step t                                                        |
+    |-----------------|--------------------------------------------------------------------------|
+    | rewards[t]      | reward of the transition taken at step t                                  |
+    | values[t]       | V(obs[t]), the critic's value of the observation the action was taken in |
+    | terminations[t] | 1 if the episode terminated at step t: the next state is worth 0          |
+    | dones[t]        | 1 if the episode ended at step t, terminated or truncated                 |
+    | last_value      | V(observation after the last step)                                       |
+
+    With next-step reset obs[t+1] is the *final* observation where dones[t]: values[t+1] is the
+    value of where the episode stopped, which a truncation bootstraps and a termination zeroes:
+
+        delta[t] = rewards[t] + gamma * (1 - terminations[t]) * values[t+1] - values[t]
+        adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
+
+    Step t+1 after an episode end is the reset row (action ignored, reward 0): the trace is cut
+    before it, and its own advantage is meaningless; the caller masks it out of the loss.
+    Returns (advantages, returns = advantages + values), both (T, N).
+    """
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    deltas = rewards + gamma * (1.0 - terminations) * next_values - values
+    not_done = 1.0 - dones
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + gamma * gae_lambda * not_done[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    entropy: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    oldvalues: torch.Tensor,
+    args: Args,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
+
+    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+    """
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss, optionally clipped around the values predicted during the rollout
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+    return loss, stats
+
+
+def minibatch_indices(valid: torch.Tensor, num_minibatches: int) -> tuple[torch.Tensor, ...]:
+    """One epoch's shuffled minibatches of flat batch indices, over the real transitions only: the
+    reset rows (`valid` False) never enter the loss. Minibatches differ in size by at most one."""
+    real = torch.nonzero(valid.reshape(-1)).squeeze(1)
+    return real[torch.randperm(len(real), device=real.device)].tensor_split(num_minibatches)
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, reward_scaler: RewardScaler,
+                    args: Args, iteration: int, global_step: int):
+    """Everything needed to continue or evaluate: weights, optimizer, reward-scaling statistics,
+    progress, RNG states, args.
+
+    Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
+    """
+    checkpoint = {
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "reward_rms": reward_scaler.rms.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "args": asdict(args),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Reads a checkpoint written by `save_checkpoint` (a one-line error if it is not one)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say so in one line
+        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {e}")
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
+        fail(f"{path} is not a checkpoint written by {Path(__file__).name}")
+    return checkpoint
+
+
+def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
+             device: torch.device) -> list[float]:
+    """Plays `episodes` whole episodes, one per environment, on the training distribution (easy, all
+    levels) and returns their raw scores. The action sampling uses its own seeded RNG stream, so the
+    same model and seed score the same right after training and later from the saved file."""
+    envs = make_envs(args, episodes, seed)
+    stats = EpisodeStatistics(episodes)
+    scores = np.full(episodes, np.nan)
+    obs, _ = envs.reset()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        while np.isnan(scores).any():
+            with torch.no_grad():
+                logits = agent.actor(agent.features(as_images(obs).to(device)))
+                action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+            obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            for i, score, _ in stats.step(reward, terminated | truncated, info):
+                if np.isnan(scores[i]):
+                    scores[i] = score
+    envs.close()
+    return scores.tolist()
+
+
+def run_evaluation(path: str, args: Args) -> list[float]:
+    """`--evaluate PATH`: scores a saved model or checkpoint on the game it was trained on."""
+    checkpoint = load_checkpoint(path)
+    saved = Args(**checkpoint["args"])
+    agent = Agent(envpool.make_spec(procgen_id(saved.env_id)).action_space.n)
+    agent.load_state_dict(checkpoint["model"])
+    # the trained run's seed: the same levels as the evaluation reported right after training
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
+                       torch.device("cpu"))
+    print(f"evaluation of {path} on {procgen_id(saved.env_id)}: {len(returns)} episodes, "
+          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    return returns
+
+
+# TRAINING ----------------------------------------------------------------------------------------
+
+
+def main(args: Args):
+    check_args(args)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args)
+
+    checkpoint = None
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        resume_path = args.resume
+        args = Args(**checkpoint["args"])
+        args.resume = resume_path
+        run_dir = str(Path(resume_path).parent)
+    else:
+        run_name = f"{procgen_id(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"{args.runs_dir}/{run_name}"
+        if os.path.exists(run_dir):
+            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+                 "pass another --exp-name")
+
+    # Seeding: same seed, same machine, same thread count -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # Distribution argument checks are pure overhead in the rollout's many small calls
+    torch.distributions.Distribution.set_default_validate_args(False)
+
+    # A resumed run reseeds its environments differently, so it does not replay the first levels
+    envs = make_envs(args, args.num_envs, args.seed + checkpoint["global_step"] if checkpoint else args.seed)
+    agent = Agent(envs.action_space.n).to(device)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)
+
+    start_iteration, global_step = 1, 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        random.setstate(checkpoint["rng"]["python"])
+        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
+
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb  # imported only when used
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=Path(run_dir).name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+    video = VideoRecorder(f"{run_dir}/videos") if args.capture_video else None
+
+    # Rollout storage on the CPU, shared with NumPy. Observations are uint8 and channels-last: the
+    # buffer is allocated (T, N, 64, 64, 3), as envpool gives the frames, and viewed as
+    # (T, N, 3, 64, 64), so storing a step is a plain copy and every minibatch is in the CNN's layout.
+    T, N = args.num_steps, args.num_envs
+    obs = torch.zeros((T, N) + envs.observation_space.shape, dtype=torch.uint8).permute(0, 1, 4, 2, 3)
+    obs_shape = obs.shape[2:]  # (3, 64, 64)
+    actions = torch.zeros((T, N), dtype=torch.long)
+    logprobs = torch.zeros((T, N))
+    rewards = torch.zeros((T, N))
+    terminations = torch.zeros((T, N))
+    dones = torch.zeros((T, N))
+    values = torch.zeros((T, N))
+    valid = torch.zeros((T, N), dtype=torch.bool)  # False on envpool's reset rows
+    actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
+        x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
+
+    episodes = EpisodeStatistics(N)
+    next_obs, _ = envs.reset()
+    next_done = np.zeros(N, dtype=bool)  # did the previous step end an episode (then this one is a reset row)
+    start_time, start_step = time.time(), global_step
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # COLLECT TRAJECTORIES ------------------------------------------------------------------
+        rollout_start = time.perf_counter()
+        act_time = env_time = 0.0
+        episode_returns = []
+        for step in range(T):
+            global_step += N
+            obs[step] = as_images(next_obs)
+            valid_np[step] = ~next_done
+            tick = time.perf_counter()
+            action, logprob, value = agent.act(obs[step].to(device))
+            actions_np[step] = action.cpu().numpy()
+            logprobs_np[step] = logprob.cpu().numpy()
+            values_np[step] = value.cpu().numpy()
+            tock = time.perf_counter()
+            next_obs, reward, terminated, truncated, info = envs.step(actions_np[step])
+            env_time += time.perf_counter() - tock
+            act_time += tock - tick
+
+            next_done = terminated | truncated
+            rewards_np[step] = reward_scaler(reward, next_done, valid_np[step])  # the logged scores stay raw
+            dones_np[step] = next_done
+            terminations_np[step] = terminated if args.bootstrap_truncation else next_done
+            if video is not None:
+                video.add(next_obs[0], bool(next_done[0]))
+            for i, score, length in episodes.step(reward, next_done, info):
+                episode_step = global_step - N + i + 1  # the step this episode ended at
+                writer.add_scalar("charts/episodic_return", score, episode_step)
+                writer.add_scalar("charts/episodic_length", length, episode_step)
+                episode_returns.append(score)
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        with torch.no_grad():
+            last_value = agent.get_value(as_images(next_obs).to(device)).cpu()
+        advantages, returns = compute_gae(rewards, values, terminations, dones, last_value, args.gamma,
+                                          args.gae_lambda)
+        rollout_time = time.perf_counter() - rollout_start
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        update_start = time.perf_counter()
+        b_valid = valid.reshape(-1).to(device)
+        b_obs = obs.reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
+        b_actions = actions.reshape(-1).to(device)
+        b_logprobs = logprobs.reshape(-1).to(device)
+        b_advantages = advantages.reshape(-1).to(device)
+        b_returns = returns.reshape(-1).to(device)
+        b_values = values.reshape(-1).to(device)
+
+        for epoch in range(args.update_epochs):
+            for minibatch, mb_inds in enumerate(minibatch_indices(b_valid, args.num_minibatches)):
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb_inds], mb_advantages,
+                                       b_returns[mb_inds], b_values[mb_inds], args)
+                if epoch == 0 and minibatch == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the stored log-probs do not belong to the stored observations
+                    first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+        update_time = time.perf_counter() - update_start
+
+        # LOGGING -------------------------------------------------------------------------------
+        stats = {k: v.item() for k, v in stats.items()}
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        real = valid.reshape(-1)
+        writer.add_scalar("losses/explained_variance",
+                          explained_variance(values.reshape(-1)[real].numpy(), returns.reshape(-1)[real].numpy()),
+                          global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        writer.add_scalar("debug/reset_rows", args.batch_size - int(real.sum()), global_step)
+        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        writer.add_scalar("perf/act_time", act_time, global_step)
+        writer.add_scalar("perf/env_time", env_time, global_step)
+        writer.add_scalar("perf/update_time", update_time, global_step)
+        if episode_returns:
+            print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
+                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
+                  f"(act {act_time:.2f}s, env {env_time:.2f}s, update {update_time:.2f}s)")
+
+        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, reward_scaler, args, iteration, global_step)
+
+    envs.close()
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        save_checkpoint(model_path, agent, optimizer, reward_scaler, args, args.num_iterations, global_step)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"))
+        for i, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return run_dir
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
