@@ -14,7 +14,8 @@ sampled through the distribution objects (`get_action_and_value` under no_grad i
 PyTorch's argument validation of distributions left on, Adam's per-parameter loop instead of the fused
 kernel, NumPy's mean/var in the running statistics, and for the pixel scripts the CNN in PyTorch's
 default memory layout fed `frames.float() / 255` on one thread (the usual eager script under
-OMP_NUM_THREADS=1); the algorithm and its numbers are the same.
+OMP_NUM_THREADS=1), and for the recurrent scripts the LSTM stepped one time step
+at a time (`lstm_step_by_step`); the algorithm and its numbers are the same.
 `--busy` repeats the training measurement while a busy-loop process occupies one core (as when
 several runs share a machine), once with the script's thread default and once with PyTorch's own
 default thread count (`--torch-threads 0` and OMP_NUM_THREADS unset), to show why the scripts
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from benchmark.events import read_scalars
 
@@ -109,10 +111,20 @@ VARIANTS = {  # name -> the setting column of the table
 }
 
 
+def lstm_step_by_step(agent, hidden, starts, state):
+    """The usual recurrent PPO loop, the reference for an agent's `run_lstm`: one LSTM call per time
+    step, the state zeroed where an episode starts. Same arguments and results as `run_lstm`."""
+    h, c = state
+    outputs = []
+    for t in range(hidden.shape[0]):
+        keep = (1.0 - starts[t]).view(1, -1, 1)
+        out, (h, c) = agent.lstm(hidden[t : t + 1], (h * keep, c * keep))
+        outputs.append(out)
+    return torch.cat(outputs), (h, c)
+
+
 def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
     """Trains with the script's speed levers undone (see the module docstring), in this process."""
-    import torch
-
     module = import_script(script)
 
     @torch.no_grad()
@@ -150,6 +162,8 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
         module.Agent.__init__ = default_layout_init
         module.Agent.features = lambda self, x: self.network(x.contiguous().float() / 255.0)
         overrides["torch_threads"] = 1
+    if hasattr(module.Agent, "run_lstm"):  # the recurrent scripts: one LSTM call per time step
+        module.Agent.run_lstm = lstm_step_by_step
     module.main(module.Args(env_id=env_id, total_timesteps=steps, runs_dir=runs_dir, **overrides))
 
 

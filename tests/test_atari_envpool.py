@@ -82,7 +82,7 @@ def e2e(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("envpool")
     result = run_script("ppo_atari_envpool", "--env-id", "Breakout", "--num-envs", 2, "--num-steps", 64,
                         "--total-timesteps", 3 * 128, "--max-episode-steps", MAX_STEPS, "--save-model",
-                        "--eval-episodes", 2, "--checkpoint-every", 1, cwd=cwd)
+                        "--eval-episodes", 2, "--checkpoint-every", 1, "--capture-video", cwd=cwd)
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(cwd / "runs")
     return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
@@ -95,6 +95,12 @@ def test_run_writes_its_files_and_metrics(e2e):
     missing = [tag for tag in METRICS + ["perf/act_time", "perf/env_time", "debug/reset_rows"] if tag not in scalars]
     assert not missing
     assert max(value for _, value in scalars["debug/first_minibatch_ratio_deviation"]) < 1e-5
+
+
+def test_capture_video_saves_env_0s_first_games(e2e):
+    # env 0 plays at least 4 games of 40 steps: games 0 and 1 are recorded (then 8, 27, ...)
+    videos = sorted(path.name for path in (e2e["run_dir"] / "videos").glob("*.mp4"))
+    assert videos == ["game-0.mp4", "game-1.mp4"]
 
 
 def test_truncated_games_are_logged_and_reset_rows_counted(e2e):
