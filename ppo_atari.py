@@ -218,23 +218,27 @@ class NoopReset(gym.Wrapper):
 class MaxAndSkip(gym.Wrapper):
     """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
     the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
-    an episode end and then returns the max of the last two frames it saw (the single frame if it
-    stopped at the first). Gymnasium's MaxAndSkipObservation does the same on full skips, but when the
-    episode ends mid-skip it returns the previous step's frames instead of the final one."""
+    an episode end, still with the max of the last two frames (the earlier one from the step before
+    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
+    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
 
     def __init__(self, env: gym.Env, skip: int = 4):
         super().__init__(env)
-        self.skip = skip
+        self.skip, self.frame = skip, None
+
+    def reset(self, **kwargs):
+        self.frame, info = self.env.reset(**kwargs)
+        return self.frame, info
 
     def step(self, action):
-        total_reward, previous, frame = 0.0, None, None
+        total_reward = 0.0
         for _ in range(self.skip):
-            previous = frame
-            frame, reward, terminated, truncated, info = self.env.step(action)
+            previous = self.frame
+            self.frame, reward, terminated, truncated, info = self.env.step(action)
             total_reward += float(reward)
             if terminated or truncated:
                 break
-        return (frame if previous is None else np.maximum(previous, frame)), total_reward, terminated, truncated, info
+        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
 
 
 class EpisodicLife(gym.Wrapper):

@@ -86,6 +86,8 @@ def play_one_game(env, fake, seed):
         obs, reward, terminated, truncated, info = env.step(LEFT)
         steps.append((reward, terminated, truncated, info))
         if fake.frame >= GAME_OVER_FRAME:
+            # the last agent step, cut short by the game's end, shows the game's last two frames
+            np.testing.assert_array_equal(obs[-1], processed(GAME_OVER_FRAME))
             return steps, loss_frames
         if terminated or truncated:
             loss_frames.append(fake.frame)
@@ -101,6 +103,7 @@ def play_one_game(env, fake, seed):
 
 def test_life_loss_ends_the_learning_episode_but_the_logged_game_spans_all_lives():
     seed = 5
+    assert (GAME_OVER_FRAME - noops_of(seed)) % 4 != 0  # the game ends inside an agent step
     env, fake = make()
     steps, loss_frames = play_one_game(env, fake, seed)
     # the learning episodes end at each lost life and at game over, without the game being reset
