@@ -1,0 +1,835 @@
+"""PPO with a CNN + LSTM policy on Atari through ale-py and Gymnasium 1.x (BreakoutNoFrameskip-v4).
+
+Run:
+    python ppo_atari_lstm.py --env-id Breakout        # or BreakoutNoFrameskip-v4, ALE/Breakout-v5, Pong, ...
+    tensorboard --logdir runs
+
+What this file shows: recurrent PPO, i.e. ppo_atari.py's PPO and Atari preprocessing, except that the
+agent sees one frame per step (no frame stack) and remembers the past in an LSTM, with the 5 LSTM
+details of "The 37 Implementation Details of PPO" (Huang et al. 2022): orthogonal LSTM weights with
+zero biases, a zero initial state, the state reset where an episode starts, minibatches made of
+whole environment sequences, and an update that replays each sequence from the state the rollout
+started with (so the new policy equals the old one at the first minibatch: ratio 1).
+
+What is special in this file:
+- The usual implementation runs the LSTM one time step at a time in a Python loop, in the rollout
+  and, slowest, in every minibatch of the update. `Agent.run_lstm` instead runs every stretch of
+  steps without an episode start in one `nn.LSTM` call and resets the state only where some episode
+  starts: the same numbers (tests/test_atari_lstm.py), many fewer calls (benchmark/throughput.py).
+- Same-step autoreset (every stored transition real), episodic life with the game score over all
+  lives, truncation bootstrapped with the value of the final observation *and the LSTM state it
+  was reached with*: all as in ppo_atari.py.
+- Observations stay uint8 (one 84x84 frame per step). Checkpoints hold everything needed to resume
+  (a resumed run starts new games from a zero state); `--evaluate` scores a saved model.
+"""
+
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions.categorical import Categorical
+
+gym.register_envs(ale_py)  # registers BreakoutNoFrameskip-v4, ALE/Breakout-v5, ...
+ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
+
+
+@dataclass
+class Args:
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    torch_threads: int = 2
+    """CPU threads for PyTorch (0 keeps PyTorch's default); the CNN update is most of the time here"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """if toggled, videos of environment 0's games (the unpreprocessed RGB frames) are saved to `runs/<run>/videos`"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (its saved arguments are used)"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_episodes: int = 10
+    """number of games of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the most probable action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the Atari game: `Breakout` (read as `BreakoutNoFrameskip-v4`), `BreakoutNoFrameskip-v4` or `ALE/Breakout-v5`"""
+    total_timesteps: int = 10_000_000
+    """total timesteps of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stops the epochs of an update early)"""
+    bootstrap_truncation: bool = True
+    """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
+    max_episode_steps: int = 27_000
+    """agent steps after which a game is truncated: ALE stops it at 4x this many frames (27,000 = 108,000 frames, the usual limit)"""
+
+    @property
+    def batch_size(self) -> int:
+        """transitions per update: num_envs * num_steps"""
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        """updates in the whole run: total_timesteps // batch_size"""
+        return self.total_timesteps // self.batch_size
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def atari_id(env_id: str) -> str:
+    """`Breakout` -> `BreakoutNoFrameskip-v4`; full ids (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`) as given."""
+    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
+
+
+def check_args(args: Args):
+    """Reject arguments that would crash or silently misbehave later."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
+                 "max_episode_steps"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.checkpoint_every < 0 or args.torch_threads < 0:
+        fail("--checkpoint-every and --torch-threads must not be negative")
+    if args.num_envs % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
+             "(a minibatch is a set of whole environment sequences)")
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    env_id = atari_id(args.env_id)
+    try:
+        gym.spec(env_id)
+    except gym.error.Error:
+        fail(f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
+             "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
+             "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
+    try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
+        env = gym.make(env_id)
+        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
+        env.close()
+    except gym.error.Error as e:
+        fail(f"cannot make {env_id}: {e}")
+    if not atari:
+        fail(f"{env_id} is not an Atari game; ppo_atari.py trains Atari games only")
+
+
+# ENVIRONMENTS ------------------------------------------------------------------------------------
+
+
+def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
+    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
+    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
+    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
+    obs, _, terminated, truncated, step_info = env.step(action)
+    episode = info.get("episode")
+    if terminated or truncated:
+        episode = step_info.get("episode", episode)
+        obs, step_info = env.reset()
+    return obs, step_info
+
+
+class NoopReset(gym.Wrapper):
+    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
+    seeded RNG, so the games start in different states."""
+
+    def __init__(self, env: gym.Env, noop_max: int = 30):
+        super().__init__(env)
+        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, info = step_in_reset(self.env, 0, info)
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
+    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
+    an episode end and then returns the max of the last two frames it saw (the single frame if it
+    stopped at the first). Gymnasium's MaxAndSkipObservation does the same on full skips, but when the
+    episode ends mid-skip it returns the previous step's frames instead of the final one."""
+
+    def __init__(self, env: gym.Env, skip: int = 4):
+        super().__init__(env)
+        self.skip = skip
+
+    def step(self, action):
+        total_reward, previous, frame = 0.0, None, None
+        for _ in range(self.skip):
+            previous = frame
+            frame, reward, terminated, truncated, info = self.env.step(action)
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        return (frame if previous is None else np.maximum(previous, frame)), total_reward, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
+    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
+    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
+    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, info = step_in_reset(self.env, 0, {})
+        self.game_over = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Ours. Games that wait for FIRE to start (Breakout's ball) get FIRE after every reset, then
+    action 2, as the usual wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife,
+    it also fires after each lost life."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, info = step_in_reset(self.env, self.fire, info)
+        return step_in_reset(self.env, 2, info)
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000):
+    """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
+
+    | wrapper                   | whose      | does                                                    |
+    |---------------------------|------------|---------------------------------------------------------|
+    | RecordVideo (env 0)       | Gymnasium  | `--capture-video`: the unpreprocessed RGB frames         |
+    | NoopReset                 | ours       | 1 to 30 no-op frames after a reset                      |
+    | MaxAndSkip                | ours       | action repeated 4 frames, max of the last two frames    |
+    | RecordEpisodeStatistics   | Gymnasium  | the game score: unclipped reward over all lives, length |
+    |                           |            | in agent steps; `info["episode"]` at the game's end     |
+    | EpisodicLife              | ours       | lost life = terminated, the game goes on                |
+    | FireReset (if FIRE)       | ours       | FIRE after every reset                                  |
+    | TransformReward(np.sign)  | Gymnasium  | reward clipped to its sign, -1, 0 or 1                  |
+    | ResizeObservation(84, 84) | Gymnasium  | cv2.resize with INTER_AREA                              |
+    | FrameStackObservation(1)  | Gymnasium  | one frame, (1, 84, 84) uint8: no stack, the LSTM        |
+    |                           |            | remembers                                               |
+
+    Grayscale comes from ALE itself (`obs_type="grayscale"`, ALE's luminance palette, the same values
+    as OpenCV's RGB2GRAY of its RGB screen), so the max of the last two frames is taken in grayscale,
+    as envpool and ale-py's vector environment do.
+
+    Every id is made with the v4 NoFrameskip settings: ale-py registers BreakoutNoFrameskip-v4 with
+    frameskip=1, repeat_action_probability=0, full_action_space=False and ALE/Breakout-v5 with
+    frameskip=4, repeat_action_probability=0.25; both with max_num_frames_per_episode=108,000 and no
+    TimeLimit. We pass all four settings explicitly (ALE truncates the game at 4 x `max_episode_steps`
+    frames), so `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment.
+    """
+
+    def thunk():
+        settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
+                        max_num_frames_per_episode=4 * max_episode_steps)
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array", **settings)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+        else:
+            env = gym.make(env_id, **settings)
+        env = NoopReset(env, noop_max=30)
+        env = MaxAndSkip(env, skip=4)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = EpisodicLife(env)
+        if "FIRE" in env.unwrapped.get_action_meanings():
+            env = FireReset(env)
+        env = gym.wrappers.TransformReward(env, np.sign)
+        env = gym.wrappers.ResizeObservation(env, (84, 84))
+        return gym.wrappers.FrameStackObservation(env, 1)  # one frame: the LSTM is the memory
+
+    return thunk
+
+
+def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
+    """The vector environment, with same-step autoreset (see the docstring at the top).
+
+    One process per environment (AsyncVectorEnv, observations through shared memory): the games are
+    emulated in parallel while the learner waits, faster than stepping them one after the other in
+    this process (SyncVectorEnv) by about a third in env-only steps/s on 2 cores. ale-py's own C++
+    vector environment (`ale_py.vector_env.AtariVectorEnv`) is faster still, but its preprocessing
+    is not this file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place,
+    and neither a no-op nor FIRE after a lost life.
+    """
+    return gym.vector.AsyncVectorEnv(
+        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps) for i in range(num_envs)],
+        shared_memory=True,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+def finished_games(infos: dict) -> list[tuple[int, float, int]]:
+    """The games that ended at this vector step: (env index, score, length in agent steps).
+
+    RecordEpisodeStatistics sits below EpisodicLife, so it reports whole games with the unclipped
+    score. With same-step autoreset the vector environment moves the info of a step that ended an
+    episode to `info["final_info"]` and returns the reset's info at the top level; a game ends in the
+    former at its last step, or, rarely, in the latter when it ended during a reset's own steps (a
+    truncation during the no-op after a lost life, see `step_in_reset`).
+    """
+    games = []
+    for source in (infos.get("final_info", {}), infos):
+        for i in np.flatnonzero(source.get("_episode", [])):
+            games.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
+    return games
+
+
+# THE NETWORK -------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std` and constant biases (detail 2 of the 37)."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Nature CNN -> LSTM(512, 128) -> policy head (std 0.01) and value head (std 1).
+
+    Input: uint8 frames (B, 1, 84, 84), scaled to [0, 1] here; no frame stack, the LSTM is the memory.
+    The recurrent state is a pair (h, c), each (1, B, 128): one layer, B environments.
+    """
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(1, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.lstm = nn.LSTM(512, 128)
+        for name, param in self.lstm.named_parameters():  # recurrent detail 1: orthogonal, zero bias
+            if "bias" in name:
+                nn.init.constant_(param, 0)
+            elif "weight" in name:
+                nn.init.orthogonal_(param, 1.0)
+        self.actor = layer_init(nn.Linear(128, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(128, 1), std=1)
+        self.to(memory_format=torch.channels_last)
+
+    def initial_state(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Recurrent detail 2: every environment starts from the zero state."""
+        return (torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
+                torch.zeros(1, num_envs, self.lstm.hidden_size, device=device))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
+        return self.network(x.float().mul_(1.0 / 255.0))
+
+    def run_lstm(self, hidden: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """Runs the LSTM over T steps of B environments, resetting the state where an episode starts.
+
+        | tensor  | shape      | meaning                                                             |
+        |---------|------------|---------------------------------------------------------------------|
+        | hidden  | (T, B, 512)| CNN features of the observations, in time order                     |
+        | starts  | (T, B)     | 1 where the observation at step t is the first of an episode        |
+        | state   | 2x(1, B, H)| (h, c) before step 0                                                |
+        | returns | (T, B, H), | the LSTM outputs, and the state after step T-1                      |
+        |         | 2x(1, B, H)|                                                                     |
+
+        Recurrent detail 3: the state is zeroed where an episode starts, so no memory leaks across
+        episodes. The usual implementation steps the LSTM one time step at a time in Python. Here the
+        steps between two resets run in one `nn.LSTM` call (its time loop is in C++): the sequence is
+        cut only at the time steps where some environment starts an episode, which in Atari is a few
+        times per 128 steps. The numbers are the same as a step-by-step loop (tests/test_atari_lstm.py).
+        """
+        T = hidden.shape[0]
+        # the time steps (after 0) where some environment starts an episode: the state is reset there
+        cuts = [0] + (torch.nonzero(starts[1:].any(dim=1)).squeeze(1) + 1).tolist() + [T]
+        h, c = state
+        outputs = []
+        for t0, t1 in zip(cuts[:-1], cuts[1:]):
+            keep = (1.0 - starts[t0]).view(1, -1, 1)
+            out, (h, c) = self.lstm(hidden[t0:t1], (h * keep, c * keep))
+            outputs.append(out)
+        return torch.cat(outputs), (h, c)
+
+    def get_states(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """Observations (T, B, 1, 84, 84) -> LSTM outputs (T, B, 128) and the state after step T-1."""
+        T, B = starts.shape
+        hidden = self.features(x.reshape((T * B,) + x.shape[2:])).view(T, B, -1)
+        return self.run_lstm(hidden, starts, state)
+
+    def get_value(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Values of one step of observations (B, 1, 84, 84), given the state before it."""
+        out, _ = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
+        return self.critic(out[0]).squeeze(-1)
+
+    def get_action_and_value(self, x, starts, state, action=None):
+        """For T steps of B environments: action (sampled if not given), log-prob, entropy and value,
+        each (T, B), and the state after step T-1."""
+        out, state = self.get_states(x, starts, state)
+        dist = Categorical(logits=self.actor(out))
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.critic(out).squeeze(-1), state
+
+    @torch.no_grad()
+    def act(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """The rollout's policy step for one step of observations (B, 1, 84, 84): action, log-prob,
+        value and the new state, without autograd and entropy. Gumbel-max sampling draws what
+        `Categorical(logits).sample()` would."""
+        out, state = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
+        logprobs = self.actor(out[0]).log_softmax(-1)
+        action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
+        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(out[0]).squeeze(-1), state
+
+
+# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    final_values: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
+
+    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
+
+    | tensor         | meaning at step t                                                        |
+    |----------------|--------------------------------------------------------------------------|
+    | rewards[t]     | reward of the transition taken at step t                                  |
+    | values[t]      | V(obs[t]), the critic's value of the observation the action was taken in |
+    | dones[t]       | 1 if the episode ended at step t (terminated or truncated), else 0        |
+    | final_values[t]| where dones[t]: the value of the state the episode ended in: 0 after a    |
+    |                | termination, V(final observation) after a truncation (0 when truncation   |
+    |                | is treated as termination); ignored where not done                        |
+    | last_value     | V(observation after the last step), to bootstrap the unfinished episodes  |
+
+    With same-step autoreset obs[t+1] is the *next* episode's first observation where dones[t], so
+    the next state's value is final_values[t] there and values[t+1] elsewhere:
+
+        delta[t] = rewards[t] + gamma * next_value[t] - values[t]
+        adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
+
+    The trace is cut at every episode end (with episodic life: at every lost life); a truncated
+    episode still sees the value of where it stopped through delta. Returns (advantages, returns =
+    advantages + values), both (T, N).
+    """
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values)
+    deltas = rewards + gamma * next_values - values
+    not_done = 1.0 - dones
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + gamma * gae_lambda * not_done[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    entropy: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    oldvalues: torch.Tensor,
+    args: Args,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
+
+    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+    """
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss, optionally clipped around the values predicted during the rollout
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+    return loss, stats
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
+                    iteration: int, global_step: int):
+    """Everything needed to continue or evaluate: weights, optimizer, progress, RNG states, args.
+
+    Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
+    """
+    checkpoint = {
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "args": asdict(args),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Reads a checkpoint written by `save_checkpoint` (a one-line error if it is not one)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say so in one line
+        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {e}")
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
+        fail(f"{path} is not a checkpoint written by {Path(__file__).name}")
+    return checkpoint
+
+
+def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
+             device: torch.device) -> list[float]:
+    """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
+    and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
+    same model and seed score the same right after training and later from the saved file."""
+    envs = make_envs(args, episodes, "")
+    scores = np.full(episodes, np.nan)
+    obs, _ = envs.reset(seed=seed)
+    state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        while np.isnan(scores).any():
+            with torch.no_grad():
+                out, state = agent.get_states(torch.as_tensor(obs, device=device).unsqueeze(0), starts, state)
+                logits = agent.actor(out[0])
+                action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+            obs, _, terminated, truncated, infos = envs.step(action.cpu().numpy())
+            starts = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device).unsqueeze(0)
+            for i, score, _ in finished_games(infos):
+                if np.isnan(scores[i]):
+                    scores[i] = score
+    envs.close()
+    return scores.tolist()
+
+
+def run_evaluation(path: str, args: Args) -> list[float]:
+    """`--evaluate PATH`: scores a saved model or checkpoint on the game it was trained on."""
+    checkpoint = load_checkpoint(path)
+    saved = Args(**checkpoint["args"])
+    env = gym.make(atari_id(saved.env_id))
+    agent = Agent(int(env.action_space.n))
+    env.close()
+    agent.load_state_dict(checkpoint["model"])
+    # the trained run's seed: the same games as the evaluation reported right after training
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
+                       torch.device("cpu"))
+    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} games, "
+          f"mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    return returns
+
+
+# TRAINING ----------------------------------------------------------------------------------------
+
+
+def main(args: Args):
+    check_args(args)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args)
+
+    checkpoint = None
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        resume_path = args.resume
+        args = Args(**checkpoint["args"])
+        args.resume = resume_path
+        run_dir = str(Path(resume_path).parent)
+    else:
+        run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"{args.runs_dir}/{run_name}"
+        if os.path.exists(run_dir):
+            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+                 "pass another --exp-name")
+
+    # Seeding: same seed, same machine, same thread count -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # Distribution argument checks are pure overhead in the rollout's many small calls
+    torch.distributions.Distribution.set_default_validate_args(False)
+
+    envs = make_envs(args, args.num_envs, run_dir, args.capture_video)
+    agent = Agent(int(envs.single_action_space.n)).to(device)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    start_iteration, global_step = 1, 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        random.setstate(checkpoint["rng"]["python"])
+        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
+
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb  # imported only when used
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=Path(run_dir).name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+
+    # Rollout storage on the CPU, shared with NumPy; observations stay uint8 (one 84x84 frame per step)
+    T, N = args.num_steps, args.num_envs
+    obs_shape = envs.single_observation_space.shape  # (1, 84, 84)
+    obs = torch.zeros((T, N) + obs_shape, dtype=torch.uint8)
+    actions = torch.zeros((T, N), dtype=torch.long)
+    logprobs = torch.zeros((T, N))
+    rewards = torch.zeros((T, N))
+    dones = torch.zeros((T, N))
+    starts = torch.zeros((T, N))  # 1 where obs[t] is the first observation of an episode
+    values = torch.zeros((T, N))
+    final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
+    obs_np, actions_np, logprobs_np, rewards_np, dones_np, starts_np, values_np = (
+        x.numpy() for x in (obs, actions, logprobs, rewards, dones, starts, values))
+
+    # A resumed run reseeds its environments differently, so it does not replay the first games
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    next_start = np.ones(N, dtype=np.float32)  # every environment begins an episode
+    state = agent.initial_state(N, device)
+    start_time, start_step = time.time(), global_step
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # COLLECT TRAJECTORIES ------------------------------------------------------------------
+        rollout_start = time.perf_counter()
+        # recurrent detail 5: the update replays the rollout from the state it started with
+        initial_state = (state[0].clone(), state[1].clone())
+        final_values.zero_()
+        act_time = env_time = 0.0
+        episode_returns = []
+        for step in range(T):
+            global_step += N
+            obs_np[step] = next_obs
+            starts_np[step] = next_start
+            tick = time.perf_counter()
+            action, logprob, value, state = agent.act(obs[step].to(device), starts[step].to(device), state)
+            actions_np[step] = action.cpu().numpy()
+            logprobs_np[step] = logprob.cpu().numpy()
+            values_np[step] = value.cpu().numpy()
+            tock = time.perf_counter()
+            next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
+            env_time += time.perf_counter() - tock
+            act_time += tock - tick
+
+            rewards_np[step] = reward
+            dones_np[step] = terminated | truncated
+            next_start = dones_np[step]
+            # next_obs is already the next episode's first observation where an episode ended; the value
+            # of where a truncated episode stopped comes from info["final_obs"], with the state after step
+            if args.bootstrap_truncation and truncated.any():
+                idx = np.flatnonzero(truncated)
+                final_obs = torch.as_tensor(np.stack(infos["final_obs"][idx]), device=device)
+                with torch.no_grad():
+                    final_values[step, idx] = agent.get_value(
+                        final_obs, torch.zeros(len(idx), device=device), (state[0][:, idx], state[1][:, idx])).cpu()
+            for i, episodic_return, episodic_length in finished_games(infos):
+                episode_step = global_step - N + i + 1  # the step this game ended at
+                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
+                episode_returns.append(episodic_return)
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        with torch.no_grad():
+            last_value = agent.get_value(torch.as_tensor(next_obs, device=device),
+                                         torch.as_tensor(next_start, device=device), state).cpu()
+        advantages, returns = compute_gae(rewards, values, dones, final_values, last_value, args.gamma, args.gae_lambda)
+        rollout_time = time.perf_counter() - rollout_start
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        # Recurrent detail 4: a minibatch is a set of whole environment sequences (all T steps), so
+        # the LSTM can be run forward from each sequence's initial state exactly as in the rollout.
+        update_start = time.perf_counter()
+        d_obs, d_starts, d_actions, d_logprobs, d_advantages, d_returns, d_values = (
+            x.to(device) for x in (obs, starts, actions, logprobs, advantages, returns, values))
+        envs_per_batch = N // args.num_minibatches
+        for epoch in range(args.update_epochs):
+            env_inds = torch.randperm(N, device=device)
+            for start in range(0, N, envs_per_batch):
+                mb = env_inds[start : start + envs_per_batch]
+                _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
+                    d_obs[:, mb], d_starts[:, mb], (initial_state[0][:, mb], initial_state[1][:, mb]), d_actions[:, mb])
+                mb_advantages = d_advantages[:, mb]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, d_logprobs[:, mb], mb_advantages,
+                                       d_returns[:, mb], d_values[:, mb], args)
+                if epoch == 0 and start == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the replayed recurrent states differ from the rollout's
+                    first_ratio_deviation = (newlogprob - d_logprobs[:, mb]).exp().sub(1).abs().max().item()
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+        update_time = time.perf_counter() - update_start
+
+        # LOGGING -------------------------------------------------------------------------------
+        stats = {k: v.item() for k, v in stats.items()}
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        writer.add_scalar("perf/act_time", act_time, global_step)
+        writer.add_scalar("perf/env_time", env_time, global_step)
+        writer.add_scalar("perf/update_time", update_time, global_step)
+        if episode_returns:
+            print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
+                  f"games={len(episode_returns)} mean_score={np.mean(episode_returns):.2f} SPS={sps} "
+                  f"(act {act_time:.2f}s, env {env_time:.2f}s, update {update_time:.2f}s)")
+
+        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
+
+    envs.close()
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"))
+        for i, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        print(f"evaluation: {len(returns)} games, mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return run_dir
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

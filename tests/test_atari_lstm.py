@@ -1,0 +1,108 @@
+"""ppo_atari_lstm.py: the LSTM run over stretches between episode starts equals the usual step-by-step
+loop, states reset where episodes start, the LSTM details, and a short run whose first minibatch
+replays the rollout exactly (ratio 1)."""
+
+import re
+
+import pytest
+import torch
+
+import ppo_atari_lstm as script
+from benchmark.throughput import lstm_step_by_step
+from helpers import METRICS, load, only_run_dir, read_scalars, run_script
+
+T, B = 40, 3
+
+
+def rollout_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(T, B, 512, generator=g, requires_grad=True)
+    starts = (torch.rand(T, B, generator=g) < 0.05).float()
+    starts[0, 0] = 1  # env 0 starts an episode at step 0: the carried-in state must be dropped
+    starts[T // 2, 1] = 1
+    state = (torch.randn(1, B, 128, generator=g), torch.randn(1, B, 128, generator=g))
+    return hidden, starts, state
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_run_lstm_equals_the_step_by_step_loop_with_gradients(seed):
+    torch.manual_seed(seed)
+    agent = script.Agent(4)
+    hidden, starts, state = rollout_inputs(seed)
+    results = []
+    for run in (agent.run_lstm, lambda *a: lstm_step_by_step(agent, *a)):
+        agent.zero_grad()
+        hidden.grad = None
+        out, (h, c) = run(hidden, starts, state)
+        (out.square().sum() + h.sum() + c.sum()).backward()
+        results.append((out, h, c, hidden.grad.clone(), agent.lstm.weight_hh_l0.grad.clone()))
+    assert starts[1:].any(dim=1).sum() < T - 1  # fewer calls than steps, or the comparison is moot
+    for fast, slow in zip(*results):
+        torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_state_is_reset_where_an_episode_starts():
+    torch.manual_seed(0)
+    agent = script.Agent(4)
+    hidden, starts, state = rollout_inputs(0)
+    other = (torch.randn(1, B, 128), torch.randn(1, B, 128))
+    with torch.no_grad():
+        out_a, _ = agent.run_lstm(hidden, starts, state)
+        out_b, _ = agent.run_lstm(hidden, starts, other)
+    # env 0 starts at step 0 and env 1 at T // 2: from there on the carried-in state does not matter
+    torch.testing.assert_close(out_a[:, 0], out_b[:, 0])
+    torch.testing.assert_close(out_a[T // 2 :, 1], out_b[T // 2 :, 1])
+    assert not torch.allclose(out_a[: T // 2, 1], out_b[: T // 2, 1])
+    # and where no episode starts, the state carries over: env 2 has no start in the first steps
+    first_start = int(torch.nonzero(starts[:, 2]).min()) if starts[:, 2].any() else T
+    assert first_start > 0 and not torch.allclose(out_a[:first_start, 2], out_b[:first_start, 2])
+
+
+def test_lstm_is_orthogonal_with_zero_biases_and_starts_from_zeros():
+    agent = script.Agent(4)
+    for name, param in agent.lstm.named_parameters():
+        if "bias" in name:
+            assert torch.count_nonzero(param) == 0, name
+        else:  # (4 * 128, n) with orthonormal columns, n = 512 inputs or 128 hidden units
+            torch.testing.assert_close(param.T @ param, torch.eye(param.shape[1]), atol=1e-4, rtol=0)
+    h, c = agent.initial_state(5, torch.device("cpu"))
+    assert h.shape == c.shape == (1, 5, 128) and not h.any() and not c.any()
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    """A short run whose 20-step time limit starts episodes inside every rollout."""
+    cwd = tmp_path_factory.mktemp("lstm")
+    result = run_script("ppo_atari_lstm", "--env-id", "Breakout", "--num-envs", 2, "--num-steps", 48,
+                        "--num-minibatches", 2, "--total-timesteps", 3 * 96, "--max-episode-steps", 20,
+                        "--save-model", "--eval-episodes", 2, "--checkpoint-every", 1, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(cwd / "runs")
+    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
+
+
+def test_first_minibatch_replays_the_rollout(e2e):
+    scalars = e2e["scalars"]
+    assert not [tag for tag in METRICS + ["perf/act_time", "perf/env_time"] if tag not in scalars]
+    assert load(e2e["run_dir"] / "model.pt")["global_step"] == 3 * 96
+    # episodes started inside the rollouts (20-step limit), so the replay had states to reset
+    lengths = [value for _, value in scalars["charts/episodic_length"]]
+    assert len(lengths) >= 8 and max(lengths) <= 20
+    deviations = [value for _, value in scalars["debug/first_minibatch_ratio_deviation"]]
+    assert len(deviations) == 3 and max(deviations) < 1e-5
+
+
+def test_evaluate_flag_plays_the_same_games_as_after_training(e2e):
+    trained = re.search(r"^evaluation: 2 games, mean score (-?[\d.]+)", e2e["result"].stdout, re.M)
+    result = run_script("ppo_atari_lstm", "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", 2,
+                        cwd=e2e["cwd"])
+    assert result.returncode == 0, result.stderr
+    evaluated = re.search(r"^evaluation of .*: 2 games, mean score (-?[\d.]+)", result.stdout, re.M)
+    assert trained and evaluated and evaluated[1] == trained[1]
+
+
+def test_minibatch_count_must_divide_the_envs(tmp_path):
+    result = run_script("ppo_atari_lstm", "--num-envs", 6, "--num-minibatches", 4, cwd=tmp_path)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert "--num-minibatches 4 does not divide --num-envs 6" in line
