@@ -8,7 +8,8 @@ For each script, in fresh processes with OMP_NUM_THREADS=1:
   same wrappers, same number of envs), the upper bound for any training loop on this machine;
 - training SPS: the script's own `charts/SPS` at the end of a run of `--steps` steps at its default
   hyperparameters, and the split of that time between rollout and update (`perf/` scalars);
-- their ratio, training / env-only.
+- their ratio, training / env-only;
+- the peak memory of the training process and its children (PSS, sampled twice a second).
 `--straightforward` also measures each script with its speed levers undone, side by side: actions
 sampled through the distribution objects (`get_action_and_value` under no_grad instead of `act`),
 PyTorch's argument validation of distributions left on, Adam's per-parameter loop instead of the fused
@@ -45,6 +46,9 @@ SCRIPTS = {
     "ppo": ("CartPole-v1", 50_000),
     "ppo_continuous_action": ("Hopper-v4", 20_480),
     "ppo_atari_envpool": ("Breakout-v5", 10_240),
+    "ppo_atari": ("Breakout", 10_240),
+    "ppo_atari_lstm": ("Breakout", 10_240),
+    "ppo_procgen": ("starpilot", 2 * 64 * 256),
 }
 
 
@@ -76,9 +80,37 @@ def env_only_sps(script: str, env_id: str, steps: int) -> float:
     return len(actions) * args.num_envs / elapsed
 
 
+def process_tree_pss_mib(root: int) -> float:
+    """Memory of a process and all its descendants (environment workers too): the sum of their
+    proportional set sizes (PSS), which counts a page shared by k processes as 1/k in each, so that
+    libraries shared after a fork are not counted once per process as RSS would."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):  # a process that just ended
+            continue
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier += children
+    total_kb = 0
+    for pid in tree:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+        except OSError:
+            continue
+    return total_kb / 1024
+
+
 def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str, float]:
     """Runs the script in a fresh process for `steps` steps, as VARIANTS[variant] says, and reads its
-    SPS and time split from its event file."""
+    SPS and time split from its event file; its peak memory is sampled twice a second meanwhile."""
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, str(ROOT / f"{script}.py"), "--env-id", env_id, "--total-timesteps", str(steps),
                    "--runs-dir", f"{tmp}/runs"]
@@ -90,8 +122,14 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
             command += ["--torch-threads", "0"]
             del env["OMP_NUM_THREADS"]
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "busy" in variant else None
+        peak_mib = 0.0
         try:
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
+            while proc.poll() is None:
+                peak_mib = max(peak_mib, process_tree_pss_mib(proc.pid))
+                time.sleep(0.5)
+            if proc.returncode != 0:
+                raise subprocess.CalledProcessError(proc.returncode, command)
         finally:
             if busy is not None:
                 busy.kill()
@@ -100,7 +138,11 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
         scalars = read_scalars(run_dir)
     rollout = sum(v for _, v in scalars["perf/rollout_time"])
     update = sum(v for _, v in scalars["perf/update_time"])
-    return {"sps": scalars["charts/SPS"][-1][1], "rollout": rollout / (rollout + update)}
+    split = {"rollout": rollout / (rollout + update)}
+    for part in ("act", "env"):  # the pixel scripts split the rollout into acting and env stepping
+        if f"perf/{part}_time" in scalars:
+            split[part] = sum(v for _, v in scalars[f"perf/{part}_time"]) / (rollout + update)
+    return {"sps": scalars["charts/SPS"][-1][1], "peak_mib": peak_mib, **split}
 
 
 VARIANTS = {  # name -> the setting column of the table
@@ -199,8 +241,9 @@ def main():
         return
 
     variants = ["default"] + ["straightforward"] * args.straightforward + ["default, busy", "pytorch threads, busy"] * args.busy
-    rows = ["| script | env | steps | env-only SPS | training SPS | training / env-only | rollout share | setting |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| script | env | steps | env-only SPS | training SPS | training / env-only | time: act / env / update "
+            "| peak memory (MiB) | setting |",
+            "|---|---|---|---|---|---|---|---|---|"]
     speedups = []
     for script in args.scripts:
         env_id, default_steps = SCRIPTS[script]
@@ -213,10 +256,14 @@ def main():
         env_sps = float(np.median(env_sps))
         sps = {}
         for variant in variants:
-            sps[variant] = float(np.median([r["sps"] for r in runs[variant]]))
-            rollout = float(np.median([r["rollout"] for r in runs[variant]]))
+            median = {key: float(np.median([r[key] for r in runs[variant]])) for key in runs[variant][0]}
+            sps[variant] = median["sps"]
+            if "act" in median:
+                split = f"{median['act']:.0%} / {median['env']:.0%} / {1 - median['rollout']:.0%}"
+            else:  # rollout (acting and env stepping together) / update
+                split = f"{median['rollout']:.0%} rollout / {1 - median['rollout']:.0%}"
             rows.append(f"| {script}.py | {env_id} | {steps} | {env_sps:,.0f} | {sps[variant]:,.0f} "
-                        f"| {sps[variant] / env_sps:.2f} | {rollout:.0%} | {VARIANTS[variant]} |")
+                        f"| {sps[variant] / env_sps:.2f} | {split} | {median['peak_mib']:,.0f} | {VARIANTS[variant]} |")
             print(rows[-1], flush=True)
         if args.straightforward:
             speedups.append(f"{script}.py: {sps['default'] / sps['straightforward']:.2f}x the training SPS with "
