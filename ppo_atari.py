@@ -30,6 +30,7 @@ What is special in this file (the places where Atari scripts usually go wrong):
   scores a saved model with the same preprocessing.
 """
 
+import multiprocessing
 import os
 import random
 import sys
@@ -316,7 +317,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     def thunk():
         settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
                         max_num_frames_per_episode=4 * max_episode_steps)
-        if capture_video and idx == 0:
+        # AsyncVectorEnv also builds env 0 once in this process, only to read its spaces: no recorder there
+        if capture_video and idx == 0 and multiprocessing.parent_process() is not None:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
         else:

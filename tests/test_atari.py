@@ -1,0 +1,183 @@
+"""ppo_atari.py as a user runs it (Breakout for a few iterations: files, metrics, stdout, the
+first-minibatch ratio, video, evaluation of the saved model), its command-line errors, and in-process
+runs on the fake game of atari_fakes.py: same seed same run, resume after an interruption."""
+
+import re
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
+import ppo
+import ppo_atari as script
+from helpers import METRICS, load, only_run_dir, read_scalars, run_script
+
+ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
+BATCH = NUM_ENVS * NUM_STEPS
+LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) games=(\d+) mean_score=(-?[\d.]+) SPS=\d+ "
+                  r"\(act [\d.]+s, env [\d.]+s, update [\d.]+s\)", re.M)
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    """One short Breakout run from the command line, shared by the tests of this file. The games are
+    cut at MAX_STEPS agent steps, so every environment finishes games within the run."""
+    cwd = tmp_path_factory.mktemp("ppo_atari")
+    result = run_script("ppo_atari", "--env-id", "Breakout", "--total-timesteps", ITERATIONS * BATCH + BATCH // 2,
+                        "--num-envs", NUM_ENVS, "--num-steps", NUM_STEPS, "--max-episode-steps", MAX_STEPS,
+                        "--save-model", "--eval-episodes", 1, "--checkpoint-every", 1, "--capture-video", "--torch-threads", 1,
+                        cwd=cwd)
+    run_dir = only_run_dir(cwd / "runs") if result.returncode == 0 else None
+    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir) if run_dir else None)
+
+
+def test_run_exits_cleanly_and_writes_its_files(e2e):
+    assert e2e["result"].returncode == 0, e2e["result"].stderr
+    assert e2e["result"].stderr == ""  # no tracebacks, warnings or ALE banners
+    run_dir = e2e["run_dir"]
+    assert run_dir.name.startswith("BreakoutNoFrameskip-v4__ppo_atari__1__")
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    checkpoint, model = load(run_dir / "checkpoint.pt"), load(run_dir / "model.pt")
+    assert checkpoint["iteration"] == model["iteration"] == ITERATIONS
+    assert checkpoint["global_step"] == model["global_step"] == ITERATIONS * BATCH
+
+
+def test_all_metrics_are_logged_once_per_iteration(e2e):
+    scalars = e2e["scalars"]
+    for tag in METRICS + ["perf/act_time", "perf/env_time"]:
+        assert tag in scalars, tag
+        if not tag.startswith("charts/episodic"):
+            assert [step for step, _ in scalars[tag]] == [BATCH * k for k in range(1, ITERATIONS + 1)], tag
+    assert len(scalars["eval/episodic_return"]) == 1
+
+
+def test_games_are_logged_with_their_scores(e2e):
+    returns, lengths = e2e["scalars"]["charts/episodic_return"], e2e["scalars"]["charts/episodic_length"]
+    # each env plays ITERATIONS * NUM_STEPS steps, and no game lasts longer than MAX_STEPS
+    assert len(returns) == len(lengths) >= NUM_ENVS * (ITERATIONS * NUM_STEPS // MAX_STEPS)
+    assert [step for step, _ in returns] == [step for step, _ in lengths]
+    assert all(0 < length <= MAX_STEPS for _, length in lengths)
+    assert all(score >= 0 and score == int(score) for _, score in returns)  # Breakout's unclipped points
+
+
+def test_stdout_has_a_line_per_iteration_with_games(e2e):
+    returns = e2e["scalars"]["charts/episodic_return"]
+    lines = {int(m[0]): m for m in LINE.findall(e2e["result"].stdout)}
+    assert lines, e2e["result"].stdout
+    for k in range(1, ITERATIONS + 1):
+        games = [value for step, value in returns if (k - 1) * BATCH < step <= k * BATCH]
+        if not games:
+            assert k not in lines
+            continue
+        _, total, step, count, mean = lines[k]
+        assert (int(total), int(step), int(count)) == (ITERATIONS, k * BATCH, len(games))
+        assert float(mean) == pytest.approx(np.mean(games), abs=0.006)
+
+
+def test_ratio_is_one_at_the_first_minibatch(e2e):
+    deviations = [value for _, value in e2e["scalars"]["debug/first_minibatch_ratio_deviation"]]
+    assert len(deviations) == ITERATIONS
+    assert max(deviations) < 1e-5
+
+
+def test_video_records_the_unpreprocessed_rgb_game(e2e):
+    videos = sorted((e2e["run_dir"] / "videos").glob("*.mp4"))
+    assert videos
+    ok, frame = cv2.VideoCapture(str(videos[0])).read()
+    assert ok and frame.shape == (210, 160, 3)  # the Atari screen, not the 84x84 observation
+    assert np.abs(frame[:, :, 0].astype(int) - frame[:, :, 2]).max() > 50  # in colour
+
+
+def test_saved_model_evaluates_as_after_training(e2e):
+    logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
+    returns = script.run_evaluation(str(e2e["run_dir"] / "model.pt"), script.Args(eval_episodes=1))
+    assert returns == logged
+
+
+def test_evaluate_flag_prints_the_training_evaluation(e2e):
+    trained = re.search(r"^evaluation: 1 games, mean score (-?[\d.]+)", e2e["result"].stdout, re.M)
+    # another --seed on the command line: the evaluation still plays the trained run's games
+    result = run_script("ppo_atari", "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", 1, "--seed", 7,
+                        "--torch-threads", 1, cwd=e2e["cwd"])
+    assert result.returncode == 0, result.stderr
+    evaluated = re.search(r"^evaluation of .*model\.pt on BreakoutNoFrameskip-v4: 1 games, mean score (-?[\d.]+)",
+                          result.stdout, re.M)
+    assert trained and evaluated and evaluated[1] == trained[1]
+
+
+@pytest.mark.parametrize("env_id, words", [("Breakoutt", ["unknown Atari game", "Breakoutt", "pprint_registry"]),
+                                           ("CartPole-v1", ["CartPole-v1", "not an Atari game"])])
+def test_bad_env_id_gets_one_line_and_exit_code_2(env_id, words, tmp_path):
+    result = run_script("ppo_atari", "--env-id", env_id, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ppo_atari.py: error: ")
+    assert all(word in lines[0] for word in words)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_gae_is_the_same_step_gae_of_ppo_py():
+    g = torch.Generator().manual_seed(0)
+    T, N = 9, 3
+    rewards, values, final_values = (torch.randn(T, N, generator=g) for _ in range(3))
+    dones = (torch.rand(T, N, generator=g) < 0.3).float()
+    last_value = torch.randn(N, generator=g)
+    for a, b in zip(script.compute_gae(rewards, values, dones, final_values, last_value, 0.99, 0.95),
+                    ppo.compute_gae(rewards, values, dones, final_values, last_value, 0.99, 0.95)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def fake_args(runs_dir, **overrides):
+    """A run of a second or two on the fake game: 2 envs x 32 steps (each env ends a game within 64)."""
+    fields = dict(env_id="FakeAtari-v0", runs_dir=str(runs_dir), num_envs=2, num_steps=32, num_minibatches=2,
+                  update_epochs=2, total_timesteps=2 * 32 * 2, torch_threads=1)
+    fields.update(overrides)
+    return script.Args(**fields)
+
+
+def test_same_seed_same_run(tmp_path):
+    runs = []
+    for attempt, seed in (("a", 3), ("b", 3), ("c", 4)):
+        run_dir = script.main(fake_args(tmp_path / attempt, seed=seed, checkpoint_every=2))
+        runs.append((read_scalars(run_dir), load(f"{run_dir}/checkpoint.pt")["model"]))
+    (scalars_a, model_a), (scalars_b, model_b), (_, model_c) = runs
+    assert scalars_a["charts/episodic_return"] and scalars_a["charts/episodic_return"] == scalars_b["charts/episodic_return"]
+    assert scalars_a["losses/value_loss"] == scalars_b["losses/value_loss"]
+    assert all(torch.equal(value, model_b[key]) for key, value in model_a.items())
+    # a different seed gives a different run, so the equality above is not vacuous
+    assert any(not torch.equal(value, model_c[key]) for key, value in model_a.items())
+
+
+def test_resume_after_interruption_continues_the_run(tmp_path, monkeypatch):
+    iterations, batch = 3, 2 * 32
+    config = dict(total_timesteps=iterations * batch, checkpoint_every=1, save_model=True, eval_episodes=1)
+    full_dir = script.main(fake_args(tmp_path / "full", **config))
+    full = read_scalars(full_dir)["charts/learning_rate"]
+
+    real_save, calls = script.save_checkpoint, []
+
+    def save_then_die(*a, **kw):
+        real_save(*a, **kw)
+        calls.append(a[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(script, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(fake_args(tmp_path / "killed", **config))
+    monkeypatch.setattr(script, "save_checkpoint", real_save)
+    checkpoint_path = calls[-1]
+    assert load(checkpoint_path)["iteration"] == 2
+
+    resumed_dir = script.main(script.Args(resume=checkpoint_path, torch_threads=1))
+    assert resumed_dir == str(Path(checkpoint_path).parent)
+    assert load(f"{resumed_dir}/model.pt")["global_step"] == load(f"{full_dir}/model.pt")["global_step"] == iterations * batch
+    # the interrupted run logged iterations 1-2, the resumed one 3, each once, at the same learning rates
+    resumed = read_scalars(resumed_dir)["charts/learning_rate"]
+    assert [step for step, _ in resumed] == [step for step, _ in full] == [k * batch for k in range(1, iterations + 1)]
+    assert [lr for _, lr in resumed] == pytest.approx([lr for _, lr in full], rel=1e-6)
+    assert len({lr for _, lr in full}) == iterations
