@@ -123,7 +123,8 @@ def e2e(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("procgen")
     result = run_script("ppo_procgen", "--env-id", GAME, "--num-envs", NUM_ENVS, "--num-steps", NUM_STEPS,
                         "--num-minibatches", 2, "--update-epochs", 1, "--total-timesteps", ITERATIONS * BATCH,
-                        "--save-model", "--eval-episodes", 1, "--checkpoint-every", 1, "--torch-threads", 1, cwd=cwd)
+                        "--save-model", "--eval-episodes", 1, "--checkpoint-every", 1, "--torch-threads", 1,
+                        "--capture-video", cwd=cwd)
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(cwd / "runs")
     return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
@@ -149,6 +150,14 @@ def test_every_episode_is_logged_and_followed_by_a_masked_reset_row(e2e):
     # each episode end puts a reset row into the next step's batch row, unless it ended at the run's last step
     reset_rows = sum(value for _, value in scalars["debug/reset_rows"])
     assert reset_rows == sum(step <= ITERATIONS * BATCH - NUM_ENVS for step in steps) >= 1
+
+
+def test_capture_video_saves_env_0s_first_episodes(e2e):
+    # an episode ending at step s was env (s - 1) % NUM_ENVS's; env 0's episodes 0, 1, 8, 27, ... are recorded
+    ended = sum((step - 1) % NUM_ENVS == 0 for step, _ in e2e["scalars"]["charts/episodic_length"])
+    assert ended >= 1
+    expected = [f"episode-{k}.mp4" for k in range(ended) if round(k ** (1 / 3)) ** 3 == k]
+    assert sorted(path.name for path in (e2e["run_dir"] / "videos").glob("*.mp4")) == expected
 
 
 def test_checkpoint_holds_the_reward_statistics_of_the_real_steps(e2e):
