@@ -11,8 +11,9 @@ from benchmark.events import read_scalars  # noqa: F401  (re-exported for the te
 
 REPO = Path(__file__).resolve().parent.parent
 MODULES = ["ppo", "ppo_continuous_action"]  # vector-observation scripts, tested on the fake envs too
-NEXT_STEP_MODULES = ["ppo_atari_envpool"]  # envpool scripts: a reset row follows every episode end
-REAL_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_atari_envpool": "Breakout-v5"}
+NEXT_STEP_MODULES = ["ppo_atari_envpool", "ppo_procgen"]  # envpool scripts: a reset row follows every episode end
+REAL_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_atari_envpool": "Breakout-v5",
+            "ppo_procgen": "StarpilotEasy-v0"}
 
 # fake environments (tests/fake_envs.py), registered in conftest.py
 FIXED_LENGTH = 3  # FixedLength*: terminates after exactly this many steps

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import ppo_procgen as script
-import test_gae
 from helpers import METRICS, load, only_run_dir, read_scalars, run_script
 
 GAME = "bossfight"  # random play ends an episode every 40 steps or so, so episodes end within a short run
@@ -94,12 +93,6 @@ def test_the_rows_after_episode_ends_never_enter_a_minibatch():
         flat = torch.cat(minibatches).tolist()
         assert sorted(flat) == sorted(set(range(18)) - reset_rows)  # every real row once, no reset row
         assert [len(m) for m in minibatches] == [5, 5, 5]
-
-
-# the GAE of the envpool scripts, checked on this script's copy too (until helpers.NEXT_STEP_MODULES lists it)
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_next_step_reset_gae_matches_reference_on_real_rows(seed):
-    test_gae.test_next_step_reset_gae_matches_reference_on_real_rows("ppo_procgen", seed)
 
 
 def test_impala_cnn_shapes_and_memory_layouts():
