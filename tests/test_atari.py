@@ -152,6 +152,26 @@ def test_same_seed_same_run(tmp_path):
     assert any(not torch.equal(value, model_c[key]) for key, value in model_a.items())
 
 
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_truncated_games_bootstrap_the_value_of_their_final_observation(bootstrap, tmp_path, monkeypatch):
+    rollouts, real_gae = [], script.compute_gae
+
+    def spy(rewards, values, dones, final_values, *rest):
+        rollouts.append((dones.clone(), final_values.clone()))
+        return real_gae(rewards, values, dones, final_values, *rest)
+
+    monkeypatch.setattr(script, "compute_gae", spy)
+    # ALE's frame limit (4 x 12 frames) cuts every fake game long before its first lost life
+    script.main(fake_args(tmp_path, max_episode_steps=12, bootstrap_truncation=bootstrap, total_timesteps=64))
+    dones, final_values = rollouts[0]
+    assert dones.sum() >= 4
+    assert (final_values[~dones.bool()] == 0).all()
+    if bootstrap:  # V(final observation) where a game was cut
+        assert (final_values[dones.bool()] != 0).all()
+    else:
+        assert (final_values == 0).all()
+
+
 def test_resume_after_interruption_continues_the_run(tmp_path, monkeypatch):
     iterations, batch = 3, 2 * 32
     config = dict(total_timesteps=iterations * batch, checkpoint_every=1, save_model=True, eval_episodes=1)
