@@ -30,7 +30,6 @@ What is special in this file (the places where Atari scripts usually go wrong):
   scores a saved model with the same preprocessing.
 """
 
-import multiprocessing
 import os
 import random
 import sys
@@ -303,9 +302,10 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     | FrameStackObservation(4)  | Gymnasium  | the last 4 frames, (4, 84, 84) uint8; a reset repeats   |
     |                           |            | its first frame                                         |
 
-    Grayscale comes from ALE itself (`obs_type="grayscale"`, ALE's luminance palette, the same values
-    as OpenCV's RGB2GRAY of its RGB screen), so the max of the last two frames is taken in grayscale,
-    as envpool and ale-py's vector environment do.
+    Grayscale comes from ALE itself (`obs_type="grayscale"`: ALE's luminance palette, the same values
+    as OpenCV's RGB2GRAY of the RGB screen on all 110 colours we met in 11 games), so the max of the
+    last two frames is taken in grayscale, as envpool, ale-py's vector environment and Gymnasium's
+    AtariPreprocessing do (OpenAI Baselines' wrappers take it in RGB, then convert).
 
     Every id is made with the v4 NoFrameskip settings: ale-py registers BreakoutNoFrameskip-v4 with
     frameskip=1, repeat_action_probability=0, full_action_space=False and ALE/Breakout-v5 with
@@ -317,8 +317,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     def thunk():
         settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
                         max_num_frames_per_episode=4 * max_episode_steps)
-        # AsyncVectorEnv also builds env 0 once in this process, only to read its spaces: no recorder there
-        if capture_video and idx == 0 and multiprocessing.parent_process() is not None:
+        if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
         else:
@@ -339,16 +338,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
 def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
-    One process per environment (AsyncVectorEnv, observations through shared memory): the games are
-    emulated in parallel while the learner waits, faster than stepping them one after the other in
-    this process (SyncVectorEnv) by about a third in env-only steps/s on 2 cores. ale-py's own C++
-    vector environment (`ale_py.vector_env.AtariVectorEnv`) is faster still, but its preprocessing
-    is not this file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place,
-    and neither a no-op nor FIRE after a lost life.
+    The games step one after the other in this process. On our 2-core machine, with other work on
+    it, that was as fast as one process per game (AsyncVectorEnv) or faster, in env-only steps/s and
+    in training SPS, without 8 more processes. ale-py's C++ vector environment
+    (`ale_py.vector_env.AtariVectorEnv`) steps faster still, but its preprocessing is not this
+    file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither
+    a no-op nor FIRE after a lost life.
     """
-    return gym.vector.AsyncVectorEnv(
+    return gym.vector.SyncVectorEnv(
         [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps) for i in range(num_envs)],
-        shared_memory=True,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
