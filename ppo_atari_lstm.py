@@ -185,7 +185,7 @@ def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, di
     if terminated or truncated:
         episode = step_info.get("episode", episode)
         obs, step_info = env.reset()
-    return obs, step_info
+    return obs, step_info if episode is None else {**step_info, "episode": episode}
 
 
 class NoopReset(gym.Wrapper):
@@ -207,23 +207,27 @@ class NoopReset(gym.Wrapper):
 class MaxAndSkip(gym.Wrapper):
     """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
     the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
-    an episode end and then returns the max of the last two frames it saw (the single frame if it
-    stopped at the first). Gymnasium's MaxAndSkipObservation does the same on full skips, but when the
-    episode ends mid-skip it returns the previous step's frames instead of the final one."""
+    an episode end, still with the max of the last two frames (the earlier one from the step before
+    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
+    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
 
     def __init__(self, env: gym.Env, skip: int = 4):
         super().__init__(env)
-        self.skip = skip
+        self.skip, self.frame = skip, None
+
+    def reset(self, **kwargs):
+        self.frame, info = self.env.reset(**kwargs)
+        return self.frame, info
 
     def step(self, action):
-        total_reward, previous, frame = 0.0, None, None
+        total_reward = 0.0
         for _ in range(self.skip):
-            previous = frame
-            frame, reward, terminated, truncated, info = self.env.step(action)
+            previous = self.frame
+            self.frame, reward, terminated, truncated, info = self.env.step(action)
             total_reward += float(reward)
             if terminated or truncated:
                 break
-        return (frame if previous is None else np.maximum(previous, frame)), total_reward, terminated, truncated, info
+        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
 
 
 class EpisodicLife(gym.Wrapper):
@@ -287,9 +291,10 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     | FrameStackObservation(1)  | Gymnasium  | one frame, (1, 84, 84) uint8: no stack, the LSTM        |
     |                           |            | remembers                                               |
 
-    Grayscale comes from ALE itself (`obs_type="grayscale"`, ALE's luminance palette, the same values
-    as OpenCV's RGB2GRAY of its RGB screen), so the max of the last two frames is taken in grayscale,
-    as envpool and ale-py's vector environment do.
+    Grayscale comes from ALE itself (`obs_type="grayscale"`: ALE's luminance palette, the same values
+    as OpenCV's RGB2GRAY of the RGB screen on all 110 colours we met in 11 games), so the max of the
+    last two frames is taken in grayscale, as envpool, ale-py's vector environment and Gymnasium's
+    AtariPreprocessing do (OpenAI Baselines' wrappers take it in RGB, then convert).
 
     Every id is made with the v4 NoFrameskip settings: ale-py registers BreakoutNoFrameskip-v4 with
     frameskip=1, repeat_action_probability=0, full_action_space=False and ALE/Breakout-v5 with
@@ -322,16 +327,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
 def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
-    One process per environment (AsyncVectorEnv, observations through shared memory): the games are
-    emulated in parallel while the learner waits, faster than stepping them one after the other in
-    this process (SyncVectorEnv) by about a third in env-only steps/s on 2 cores. ale-py's own C++
-    vector environment (`ale_py.vector_env.AtariVectorEnv`) is faster still, but its preprocessing
-    is not this file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place,
-    and neither a no-op nor FIRE after a lost life.
+    The games step one after the other in this process. On our 2-core machine, with other work on
+    it, that was as fast as one process per game (AsyncVectorEnv) or faster, in env-only steps/s and
+    in training SPS, without 8 more processes. ale-py's C++ vector environment
+    (`ale_py.vector_env.AtariVectorEnv`) steps faster still, but its preprocessing is not this
+    file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither
+    a no-op nor FIRE after a lost life.
     """
-    return gym.vector.AsyncVectorEnv(
+    return gym.vector.SyncVectorEnv(
         [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps) for i in range(num_envs)],
-        shared_memory=True,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
