@@ -17,12 +17,10 @@ kernel, NumPy's mean/var in the running statistics, and for the pixel scripts th
 default memory layout fed `frames.float() / 255` on one thread (the usual eager script under
 OMP_NUM_THREADS=1), and for the recurrent scripts the LSTM stepped one time step
 at a time (`lstm_step_by_step`); the algorithm and its numbers are the same.
-Scripts whose default is more than one PyTorch thread (the pixel scripts: their CNN update is most of
-the time) are also measured with `--torch-threads 1`. `--busy` repeats the training measurement while
-a busy-loop process occupies one core (as when several runs share a machine), with the script's
-thread default and with the alternative: PyTorch's own default thread count (`--torch-threads 0`,
-OMP_NUM_THREADS unset) for the one-thread scripts, one thread for the others; it shows why each
-script chooses its thread count.
+`--busy` repeats the training measurement while a busy-loop process occupies one core (as when
+several runs share a machine), once with the script's thread default and once with PyTorch's own
+default thread count (`--torch-threads 0` and OMP_NUM_THREADS unset), to show why the scripts
+choose their thread count.
 With `--repeats R` the variants are measured in turn, R rounds, and the table shows medians, so that
 a slow spell of the machine does not fall on one variant alone.
 """
@@ -123,8 +121,6 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
         if variant == "pytorch threads, busy":
             command += ["--torch-threads", "0"]
             del env["OMP_NUM_THREADS"]
-        if variant.startswith("one thread"):
-            command += ["--torch-threads", "1"]
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "busy" in variant else None
         peak_mib = 0.0
         try:
@@ -154,17 +150,7 @@ VARIANTS = {  # name -> the setting column of the table
     "straightforward": "speed levers undone",
     "default, busy": "default, +1 busy process",
     "pytorch threads, busy": "--torch-threads 0, OMP_NUM_THREADS unset, +1 busy process",
-    "one thread": "--torch-threads 1",
-    "one thread, busy": "--torch-threads 1, +1 busy process",
 }
-
-
-def thread_variants(script: str, busy: bool) -> list[str]:
-    """The thread settings compared with the script's default: a script that defaults to one thread
-    against PyTorch's own default, a script that defaults to more against one thread."""
-    if import_script(script).Args.torch_threads == 1:
-        return ["default, busy", "pytorch threads, busy"] if busy else []
-    return ["one thread"] + ["default, busy", "one thread, busy"] * busy
 
 
 def lstm_step_by_step(agent, hidden, starts, state):
@@ -261,7 +247,7 @@ def main():
     for script in args.scripts:
         env_id, default_steps = SCRIPTS[script]
         steps = args.steps or default_steps
-        variants = ["default"] + ["straightforward"] * args.straightforward + thread_variants(script, args.busy)
+        variants = ["default"] + ["straightforward"] * args.straightforward + ["default, busy", "pytorch threads, busy"] * args.busy
         env_sps, runs = [], {variant: [] for variant in variants}
         for _ in range(args.repeats):
             env_sps.append(measure_in_child(script, env_id, steps))
