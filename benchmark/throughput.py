@@ -17,10 +17,10 @@ kernel, NumPy's mean/var in the running statistics, and for the pixel scripts th
 default memory layout fed `frames.float() / 255` on one thread (the usual eager script under
 OMP_NUM_THREADS=1), and for the recurrent scripts the LSTM stepped one time step
 at a time (`lstm_step_by_step`); the algorithm and its numbers are the same.
-`--busy` repeats the training measurement while a busy-loop process occupies one core (as when
-several runs share a machine), once with the script's thread default and once with PyTorch's own
-default thread count (`--torch-threads 0` and OMP_NUM_THREADS unset), to show why the scripts
-choose their thread count.
+`--busy` compares the script's thread default (one thread) with PyTorch's own default thread count
+(`--torch-threads 0` and OMP_NUM_THREADS unset), on the idle machine and again while a busy-loop
+process occupies one core (as when several runs share a machine), to show why the scripts choose
+their thread count.
 With `--repeats R` the variants are measured in turn, R rounds, and the table shows medians, so that
 a slow spell of the machine does not fall on one variant alone.
 """
@@ -118,7 +118,7 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
             command = [sys.executable, "-m", "benchmark.throughput", "--run-straightforward", script, env_id,
                        str(steps), f"{tmp}/runs"]
         env = child_env()
-        if variant == "pytorch threads, busy":
+        if variant.startswith("pytorch threads"):
             command += ["--torch-threads", "0"]
             del env["OMP_NUM_THREADS"]
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "busy" in variant else None
@@ -148,6 +148,7 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
 VARIANTS = {  # name -> the setting column of the table
     "default": "default",
     "straightforward": "speed levers undone",
+    "pytorch threads": "--torch-threads 0, OMP_NUM_THREADS unset",
     "default, busy": "default, +1 busy process",
     "pytorch threads, busy": "--torch-threads 0, OMP_NUM_THREADS unset, +1 busy process",
 }
@@ -247,7 +248,8 @@ def main():
     for script in args.scripts:
         env_id, default_steps = SCRIPTS[script]
         steps = args.steps or default_steps
-        variants = ["default"] + ["straightforward"] * args.straightforward + ["default, busy", "pytorch threads, busy"] * args.busy
+        variants = (["default"] + ["straightforward"] * args.straightforward
+                    + ["pytorch threads", "default, busy", "pytorch threads, busy"] * args.busy)
         env_sps, runs = [], {variant: [] for variant in variants}
         for _ in range(args.repeats):
             env_sps.append(measure_in_child(script, env_id, steps))

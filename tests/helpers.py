@@ -1,10 +1,12 @@
 """Shared test helpers: the modules under test, fast Args, TensorBoard reading, running a script."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from benchmark.events import read_scalars  # noqa: F401  (re-exported for the tests)
@@ -60,3 +62,48 @@ def only_run_dir(runs_dir) -> Path:
 
 def load(path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def assert_evaluate_flag_matches_training(name: str, e2e: dict, episodes: int, unit: str = "games"):
+    """`--evaluate model.pt` (with another --seed) prints the mean score that the evaluation right after
+    training printed: it plays the trained run's own seeded episodes."""
+    pattern = rf": {episodes} {unit}, mean (?:score|return) (-?[\d.]+)"
+    trained = re.search(rf"^evaluation{pattern}", e2e["result"].stdout, re.M)
+    result = run_script(name, "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", episodes, "--seed", 7,
+                        cwd=e2e["cwd"])
+    assert result.returncode == 0, result.stderr
+    evaluated = re.search(rf"^evaluation of .*model\.pt on \S+{pattern}", result.stdout, re.M)
+    assert trained and evaluated and evaluated[1] == trained[1]
+
+
+def check_resume_after_interruption(script, make_args, iterations: int, batch: int, monkeypatch, **resume_overrides):
+    """A run interrupted right after its second checkpoint and resumed from it ends like an
+    uninterrupted run: same final step, every iteration logged once, at the same learning rates.
+    `make_args(folder)` gives the Args of both runs (checkpoint_every=1, save_model=True)."""
+    full_dir = script.main(make_args("full"))
+    full = read_scalars(full_dir)["charts/learning_rate"]
+
+    real_save, calls = script.save_checkpoint, []
+
+    def save_then_die(*a, **kw):
+        real_save(*a, **kw)
+        calls.append(a[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(script, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(make_args("killed"))
+    monkeypatch.setattr(script, "save_checkpoint", real_save)
+    checkpoint_path = calls[-1]
+    assert load(checkpoint_path)["iteration"] == 2
+
+    resumed_dir = script.main(script.Args(resume=checkpoint_path, **resume_overrides))
+    assert resumed_dir == str(Path(checkpoint_path).parent)
+    assert load(f"{resumed_dir}/model.pt")["global_step"] == load(f"{full_dir}/model.pt")["global_step"]
+    assert load(f"{full_dir}/model.pt")["global_step"] == iterations * batch
+    # the interrupted run logged iterations 1-2, the resumed one the rest, each once, at the same learning rates
+    resumed = read_scalars(resumed_dir)["charts/learning_rate"]
+    assert [step for step, _ in resumed] == [step for step, _ in full] == [k * batch for k in range(1, iterations + 1)]
+    assert [lr for _, lr in resumed] == pytest.approx([lr for _, lr in full], rel=1e-6)
+    assert len({lr for _, lr in full}) == iterations  # annealing happened, so the comparison means something

@@ -3,7 +3,6 @@ first-minibatch ratio, video, evaluation of the saved model), its command-line e
 runs on the fake game of atari_fakes.py: same seed same run, resume after an interruption."""
 
 import re
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -13,7 +12,7 @@ import torch
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo
 import ppo_atari as script
-from helpers import METRICS, load, only_run_dir, read_scalars, run_script
+from helpers import METRICS, assert_evaluate_flag_matches_training, check_resume_after_interruption, load, only_run_dir, read_scalars, run_script
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
 BATCH = NUM_ENVS * NUM_STEPS
@@ -98,14 +97,7 @@ def test_saved_model_evaluates_as_after_training(e2e):
 
 
 def test_evaluate_flag_prints_the_training_evaluation(e2e):
-    trained = re.search(r"^evaluation: 1 games, mean score (-?[\d.]+)", e2e["result"].stdout, re.M)
-    # another --seed on the command line: the evaluation still plays the trained run's games
-    result = run_script("ppo_atari", "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", 1, "--seed", 7,
-                        "--torch-threads", 1, cwd=e2e["cwd"])
-    assert result.returncode == 0, result.stderr
-    evaluated = re.search(r"^evaluation of .*model\.pt on BreakoutNoFrameskip-v4: 1 games, mean score (-?[\d.]+)",
-                          result.stdout, re.M)
-    assert trained and evaluated and evaluated[1] == trained[1]
+    assert_evaluate_flag_matches_training("ppo_atari", e2e, episodes=1)
 
 
 @pytest.mark.parametrize("env_id, words", [("Breakoutt", ["unknown Atari game", "Breakoutt", "pprint_registry"]),
@@ -175,29 +167,5 @@ def test_truncated_games_bootstrap_the_value_of_their_final_observation(bootstra
 def test_resume_after_interruption_continues_the_run(tmp_path, monkeypatch):
     iterations, batch = 3, 2 * 32
     config = dict(total_timesteps=iterations * batch, checkpoint_every=1, save_model=True, eval_episodes=1)
-    full_dir = script.main(fake_args(tmp_path / "full", **config))
-    full = read_scalars(full_dir)["charts/learning_rate"]
-
-    real_save, calls = script.save_checkpoint, []
-
-    def save_then_die(*a, **kw):
-        real_save(*a, **kw)
-        calls.append(a[0])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(script, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        script.main(fake_args(tmp_path / "killed", **config))
-    monkeypatch.setattr(script, "save_checkpoint", real_save)
-    checkpoint_path = calls[-1]
-    assert load(checkpoint_path)["iteration"] == 2
-
-    resumed_dir = script.main(script.Args(resume=checkpoint_path, torch_threads=1))
-    assert resumed_dir == str(Path(checkpoint_path).parent)
-    assert load(f"{resumed_dir}/model.pt")["global_step"] == load(f"{full_dir}/model.pt")["global_step"] == iterations * batch
-    # the interrupted run logged iterations 1-2, the resumed one 3, each once, at the same learning rates
-    resumed = read_scalars(resumed_dir)["charts/learning_rate"]
-    assert [step for step, _ in resumed] == [step for step, _ in full] == [k * batch for k in range(1, iterations + 1)]
-    assert [lr for _, lr in resumed] == pytest.approx([lr for _, lr in full], rel=1e-6)
-    assert len({lr for _, lr in full}) == iterations
+    check_resume_after_interruption(script, lambda folder: fake_args(tmp_path / folder, **config), iterations, batch,
+                                    monkeypatch, torch_threads=1)

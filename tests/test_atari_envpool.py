@@ -2,14 +2,13 @@
 and a short run from the command line."""
 
 import copy
-import re
 
 import numpy as np
 import pytest
 import torch
 
 import ppo_atari_envpool as script
-from helpers import METRICS, load, only_run_dir, read_scalars, run_script
+from helpers import METRICS, assert_evaluate_flag_matches_training, load, only_run_dir, read_scalars, run_script
 
 MAX_STEPS = 40  # a short time limit, so that games are truncated within the test
 
@@ -113,12 +112,7 @@ def test_truncated_games_are_logged_and_reset_rows_counted(e2e):
 
 
 def test_evaluate_flag_plays_the_same_games_as_after_training(e2e):
-    trained = re.search(r"^evaluation: 2 games, mean score (-?[\d.]+)", e2e["result"].stdout, re.M)
-    result = run_script("ppo_atari_envpool", "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", 2,
-                        cwd=e2e["cwd"])
-    assert result.returncode == 0, result.stderr
-    evaluated = re.search(r"^evaluation of .*: 2 games, mean score (-?[\d.]+)", result.stdout, re.M)
-    assert trained and evaluated and evaluated[1] == trained[1]
+    assert_evaluate_flag_matches_training("ppo_atari_envpool", e2e, episodes=2)
 
 
 @pytest.mark.parametrize("env_id, words", [("Breakoutt", ["Breakoutt-v5", "list_all_envs"]),

@@ -2,14 +2,13 @@
 loop, states reset where episodes start, the LSTM details, and a short run whose first minibatch
 replays the rollout exactly (ratio 1)."""
 
-import re
 
 import pytest
 import torch
 
 import ppo_atari_lstm as script
 from benchmark.throughput import lstm_step_by_step
-from helpers import METRICS, load, only_run_dir, read_scalars, run_script
+from helpers import METRICS, assert_evaluate_flag_matches_training, load, only_run_dir, read_scalars, run_script
 
 T, B = 40, 3
 
@@ -93,12 +92,7 @@ def test_first_minibatch_replays_the_rollout(e2e):
 
 
 def test_evaluate_flag_plays_the_same_games_as_after_training(e2e):
-    trained = re.search(r"^evaluation: 2 games, mean score (-?[\d.]+)", e2e["result"].stdout, re.M)
-    result = run_script("ppo_atari_lstm", "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", 2,
-                        cwd=e2e["cwd"])
-    assert result.returncode == 0, result.stderr
-    evaluated = re.search(r"^evaluation of .*: 2 games, mean score (-?[\d.]+)", result.stdout, re.M)
-    assert trained and evaluated and evaluated[1] == trained[1]
+    assert_evaluate_flag_matches_training("ppo_atari_lstm", e2e, episodes=2)
 
 
 def test_minibatch_count_must_divide_the_envs(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ppo_atari as script
-from atari_fakes import GAME_OVER_FRAME, LIFE_LOSS_FRAMES, LIVES, frame_image, frame_reward, game_score
+from atari_fakes import GAME_OVER_FRAME, LIFE_LOSS_FRAMES, frame_image, frame_reward, game_score
 
 LEFT, FIRE, ACTION_2 = 3, 1, 2  # the tests' agent always moves LEFT, so its NOOPs and FIREs are the wrappers'
 

@@ -3,13 +3,11 @@
 import random
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
-from helpers import REAL_ENV, load, only_run_dir, read_scalars, run_script, start_script, tiny_args
+from helpers import REAL_ENV, check_resume_after_interruption, load, only_run_dir, run_script, start_script, tiny_args
 
 
 def test_checkpoint_round_trip(script, tmp_path):
@@ -61,33 +59,8 @@ def test_resume_after_interruption_continues_the_run(script, tmp_path, monkeypat
     iterations, batch = 5, 2 * 16
     config = dict(total_timesteps=iterations * batch, checkpoint_every=1, save_model=True, eval_episodes=1,
                   num_minibatches=2, update_epochs=1)
-    full_dir = script.main(tiny_args(script, tmp_path / "full", **config))
-    full = read_scalars(full_dir)["charts/learning_rate"]
-
-    real_save, calls = script.save_checkpoint, []
-
-    def save_then_die(*a, **kw):
-        real_save(*a, **kw)
-        calls.append(a[0])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(script, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        script.main(tiny_args(script, tmp_path / "killed", **config))
-    monkeypatch.setattr(script, "save_checkpoint", real_save)
-    checkpoint_path = calls[-1]
-    assert load(checkpoint_path)["iteration"] == 2
-
-    resumed_dir = script.main(script.Args(resume=checkpoint_path))
-    assert resumed_dir == str(Path(checkpoint_path).parent)
-    assert load(f"{resumed_dir}/model.pt")["global_step"] == load(f"{full_dir}/model.pt")["global_step"]
-    assert load(f"{full_dir}/model.pt")["global_step"] == iterations * batch
-    # the interrupted run logged iterations 1-2, the resumed one 3-5, each once, at the same learning rates
-    resumed = read_scalars(resumed_dir)["charts/learning_rate"]
-    assert [step for step, _ in resumed] == [step for step, _ in full] == [k * batch for k in range(1, iterations + 1)]
-    assert [lr for _, lr in resumed] == pytest.approx([lr for _, lr in full], rel=1e-6)
-    assert len({lr for _, lr in full}) == iterations  # annealing happened, so the comparison means something
+    check_resume_after_interruption(script, lambda folder: tiny_args(script, tmp_path / folder, **config),
+                                    iterations, batch, monkeypatch)
 
 
 def test_resume_after_sigkill(tmp_path):
