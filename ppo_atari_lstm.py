@@ -52,9 +52,9 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, cuda is used when available"""
-    torch_threads: int = 1
-    """CPU threads for PyTorch; 1 was fastest on 2 cores even for the CNN, and much faster than 2 when another
-    process shares the machine (benchmark/throughput.py --busy); 0 keeps PyTorch's default"""
+    torch_threads: int = 2
+    """CPU threads for PyTorch; the CNN update is most of the time: on 2 idle cores 2 threads ran 1.5x faster than
+    1, and 15% slower with another process busy (benchmark/throughput.py --busy); 0 keeps PyTorch's default"""
     track: bool = False
     """if toggled, the run is tracked with Weights & Biases"""
     wandb_project_name: str = "ppo-lab"

@@ -17,10 +17,10 @@ kernel, NumPy's mean/var in the running statistics, and for the pixel scripts th
 default memory layout fed `frames.float() / 255` on one thread (the usual eager script under
 OMP_NUM_THREADS=1), and for the recurrent scripts the LSTM stepped one time step
 at a time (`lstm_step_by_step`); the algorithm and its numbers are the same.
-`--busy` compares the script's thread default (one thread) with PyTorch's own default thread count
-(`--torch-threads 0` and OMP_NUM_THREADS unset), on the idle machine and again while a busy-loop
-process occupies one core (as when several runs share a machine), to show why the scripts choose
-their thread count.
+`--busy` compares the script's thread default with another choice, on the idle machine and again
+while a busy-loop process occupies one core (as when several runs share a machine), to show why the
+scripts choose their thread count: the one-thread scripts against PyTorch's own default thread count
+(`--torch-threads 0` and OMP_NUM_THREADS unset), the CNN scripts (2 threads) against one thread.
 With `--repeats R` the variants are measured in turn, R rounds, and the table shows medians, so that
 a slow spell of the machine does not fall on one variant alone.
 """
@@ -63,12 +63,14 @@ def env_only_sps(script: str, env_id: str, steps: int) -> float:
     module = import_script(script)
     with tempfile.TemporaryDirectory() as tmp:
         args = module.Args(env_id=env_id, runs_dir=tmp)
-        if "run_dir" in inspect.signature(module.make_envs).parameters:  # Gymnasium vector envs
-            envs = module.make_envs(args, tmp)
-            envs.reset(seed=0)
-        else:  # envpool: make_envs(args, num_envs, seed)
-            envs = module.make_envs(args, args.num_envs, 0)
+        # the scripts' make_envs take some of: the number of envs, the run folder, the seed (envpool)
+        wanted = inspect.signature(module.make_envs).parameters
+        given = {"num_envs": args.num_envs, "run_dir": tmp, "seed": 0}
+        envs = module.make_envs(args, **{name: value for name, value in given.items() if name in wanted})
+        if "seed" in wanted:
             envs.reset()
+        else:
+            envs.reset(seed=0)
         space = getattr(envs, "single_action_space", envs.action_space)
         space.seed(0)
         actions = [np.array([space.sample() for _ in range(args.num_envs)]) for _ in range(steps // args.num_envs)]
@@ -121,6 +123,8 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
         if variant.startswith("pytorch threads"):
             command += ["--torch-threads", "0"]
             del env["OMP_NUM_THREADS"]
+        if variant.startswith("one thread"):
+            command += ["--torch-threads", "1"]
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "busy" in variant else None
         peak_mib = 0.0
         try:
@@ -151,7 +155,17 @@ VARIANTS = {  # name -> the setting column of the table
     "pytorch threads": "--torch-threads 0, OMP_NUM_THREADS unset",
     "default, busy": "default, +1 busy process",
     "pytorch threads, busy": "--torch-threads 0, OMP_NUM_THREADS unset, +1 busy process",
+    "one thread": "--torch-threads 1",
+    "one thread, busy": "--torch-threads 1, +1 busy process",
 }
+
+
+def thread_variants(script: str) -> list[str]:
+    """The thread settings compared with the script's default: a script that defaults to one thread
+    against PyTorch's own default, a script that defaults to more (the CNN scripts) against one thread."""
+    if import_script(script).Args.torch_threads == 1:
+        return ["pytorch threads", "default, busy", "pytorch threads, busy"]
+    return ["one thread", "default, busy", "one thread, busy"]
 
 
 def lstm_step_by_step(agent, hidden, starts, state):
@@ -248,8 +262,7 @@ def main():
     for script in args.scripts:
         env_id, default_steps = SCRIPTS[script]
         steps = args.steps or default_steps
-        variants = (["default"] + ["straightforward"] * args.straightforward
-                    + ["pytorch threads", "default, busy", "pytorch threads, busy"] * args.busy)
+        variants = ["default"] + ["straightforward"] * args.straightforward + thread_variants(script) * args.busy
         env_sps, runs = [], {variant: [] for variant in variants}
         for _ in range(args.repeats):
             env_sps.append(measure_in_child(script, env_id, steps))
