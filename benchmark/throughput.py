@@ -185,7 +185,11 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
     module = import_script(script)
 
     @torch.no_grad()
-    def act(agent, x):
+    def act(agent, x, *recurrent):
+        if recurrent:  # (starts, state): one time step through the recurrent agent's sequence method
+            starts, state = recurrent
+            action, logprob, _, value, state = agent.get_action_and_value(x.unsqueeze(0), starts.unsqueeze(0), state)
+            return action[0], logprob[0], value[0], state
         action, logprob, _, value = agent.get_action_and_value(x)
         return action, logprob, value
 
