@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -107,3 +108,18 @@ def check_resume_after_interruption(script, make_args, iterations: int, batch: i
     assert [step for step, _ in resumed] == [step for step, _ in full] == [k * batch for k in range(1, iterations + 1)]
     assert [lr for _, lr in resumed] == pytest.approx([lr for _, lr in full], rel=1e-6)
     assert len({lr for _, lr in full}) == iterations  # annealing happened, so the comparison means something
+
+
+def assert_one_line_per_iteration_with_episodes(stdout: str, line: re.Pattern, returns, iterations: int, batch: int):
+    """Each iteration in which episodes ended prints a line (`line` captures iteration, total, step, count,
+    mean) with its step, the number of episodes that ended in it and their mean return; the others print none."""
+    lines = {int(m[0]): m for m in line.findall(stdout)}
+    assert lines, stdout
+    for k in range(1, iterations + 1):
+        episodes = [value for step, value in returns if (k - 1) * batch < step <= k * batch]
+        if not episodes:
+            assert k not in lines
+            continue
+        _, total, step, count, mean = lines[k]
+        assert (int(total), int(step), int(count)) == (iterations, k * batch, len(episodes))
+        assert float(mean) == pytest.approx(np.mean(episodes), abs=0.006)

@@ -12,7 +12,8 @@ import torch
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo
 import ppo_atari as script
-from helpers import METRICS, assert_evaluate_flag_matches_training, check_resume_after_interruption, load, only_run_dir, read_scalars, run_script
+from helpers import (METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
+                     check_resume_after_interruption, load, only_run_dir, read_scalars, run_script)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
 BATCH = NUM_ENVS * NUM_STEPS
@@ -63,17 +64,8 @@ def test_games_are_logged_with_their_scores(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_games(e2e):
-    returns = e2e["scalars"]["charts/episodic_return"]
-    lines = {int(m[0]): m for m in LINE.findall(e2e["result"].stdout)}
-    assert lines, e2e["result"].stdout
-    for k in range(1, ITERATIONS + 1):
-        games = [value for step, value in returns if (k - 1) * BATCH < step <= k * BATCH]
-        if not games:
-            assert k not in lines
-            continue
-        _, total, step, count, mean = lines[k]
-        assert (int(total), int(step), int(count)) == (ITERATIONS, k * BATCH, len(games))
-        assert float(mean) == pytest.approx(np.mean(games), abs=0.006)
+    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+                                                ITERATIONS, BATCH)
 
 
 def test_ratio_is_one_at_the_first_minibatch(e2e):

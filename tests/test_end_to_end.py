@@ -4,10 +4,10 @@ first-minibatch ratio, and evaluation of the saved model."""
 import importlib
 import re
 
-import numpy as np
 import pytest
 
-from helpers import METRICS, MODULES, REAL_ENV, load, only_run_dir, read_scalars, run_script
+from helpers import (METRICS, MODULES, REAL_ENV, assert_one_line_per_iteration_with_episodes, load, only_run_dir,
+                     read_scalars, run_script)
 
 ITERATIONS, EVAL_EPISODES = 4, 3
 NUM_ENVS = {"ppo": 4, "ppo_continuous_action": 1}  # the scripts' defaults
@@ -52,17 +52,8 @@ def test_all_metrics_are_logged(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    batch, returns = e2e["batch"], e2e["scalars"]["charts/episodic_return"]
-    lines = {int(m[0]): m for m in LINE.findall(e2e["result"].stdout)}
-    assert lines, e2e["result"].stdout
-    for k in range(1, ITERATIONS + 1):
-        episodes = [value for step, value in returns if (k - 1) * batch < step <= k * batch]
-        if not episodes:
-            assert k not in lines
-            continue
-        _, total, step, count, mean = lines[k]
-        assert (int(total), int(step), int(count)) == (ITERATIONS, k * batch, len(episodes))
-        assert float(mean) == pytest.approx(np.mean(episodes), abs=0.006)
+    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+                                                ITERATIONS, e2e["batch"])
 
 
 def test_ratio_is_one_at_the_first_minibatch(e2e):
