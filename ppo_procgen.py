@@ -141,10 +141,6 @@ class Args:
         return self.num_envs * self.num_steps
 
     @property
-    def minibatch_size(self) -> int:
-        return self.batch_size // self.num_minibatches
-
-    @property
     def num_iterations(self) -> int:
         """updates in the whole run: total_timesteps // batch_size"""
         return self.total_timesteps // self.batch_size
