@@ -1,0 +1,1067 @@
+"""Data-parallel PPO on Atari over processes (DD-PPO style), launched by torchrun, on one machine or many.
+
+Run:
+    torchrun --standalone --nproc_per_node=2 ppo_atari_multigpu.py --env-id Breakout
+    torchrun --nnodes=2 --node_rank=R --nproc_per_node=G --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT \
+        ppo_atari_multigpu.py --env-id Breakout        # the same script on two machines
+    python ppo_atari_multigpu.py --env-id Breakout     # a world of one process, no launcher needed
+
+What this file shows: ppo_atari.py's PPO, Atari preprocessing and Nature CNN, trained by W processes
+that run identical code (decentralized and synchronous, as in DD-PPO, Wijmans et al. 2020): no
+parameter server and no stale data. Each process ("rank") steps its own share of the environments
+with the current weights, computes the gradient of its share of every minibatch, and one all-reduce
+per minibatch sums the gradients, weighted by sample counts, into the gradient of the whole
+minibatch. Every rank then takes the same optimizer step and keeps the same weights. With the same
+global batch (`--num-envs` is the global count) the update is the single-process update: W processes
+buy speed, not a different algorithm (tests/test_multigpu.py checks the gradient).
+
+What is special in this file (the places where distributed RL usually goes wrong):
+- torchrun gives each process RANK (global, it identifies the process everywhere: seeds, logging,
+  checkpoints), LOCAL_RANK (only for choosing the GPU) and WORLD_SIZE. gloo on CPU, nccl on CUDA.
+- Every rank starts from rank 0's weights (broadcast), not from the hope that seeding made them equal,
+  and the environment seeds of all ranks are distinct: global env k gets seed + k, as in ppo_atari.py.
+- Every decision that changes which collectives run is made from all-reduced numbers, so the ranks
+  always agree: early stopping at `--target-kl` (a rank deciding alone would skip all-reduces its peers
+  wait for: a hang), the advantage normalisation statistics of each minibatch (over the global
+  minibatch, as one process would compute them) and the end of training (the global step count).
+- Rank 0 alone writes logs and checkpoints, but of everyone's data: the games of all ranks, and per
+  iteration the time split into rollout, learning compute and all-reduce communication.
+- Failures end the job: if a rank dies, the collectives of the others fail (or time out after
+  `--timeout` seconds) and they exit non-zero with one line, and torchrun stops the rest.
+- Stragglers: `--preempt-fraction 0.6` ends a rank's rollout early once 60% of the ranks finished
+  theirs (and it has collected `--preempt-min-steps` of its steps), DD-PPO's preemption threshold; the
+  update weights each rank by the samples it brought.
+"""
+
+import hashlib
+import math
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import tyro
+from torch.distributions.categorical import Categorical
+
+gym.register_envs(ale_py)  # registers BreakoutNoFrameskip-v4, ALE/Breakout-v5, ...
+ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
+
+
+@dataclass
+class Args:
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (rank r's PyTorch, NumPy and Python RNGs get seed + r)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available (one GPU per local rank, see --device-ids)"""
+    device_ids: list[int] | None = None
+    """GPUs of this machine's ranks: local rank i uses device_ids[i % len]; `--device-ids 0` puts all on GPU 0
+    (several ranks per GPU need the gloo backend); default: local rank i uses GPU i"""
+    backend: str | None = None
+    """torch.distributed backend: `gloo` or `nccl`; default nccl on CUDA, gloo on CPU"""
+    timeout: float = 300.0
+    """seconds a collective waits for the other ranks before the job fails (a dead or hung rank)"""
+    torch_threads: int = 1
+    """CPU threads for PyTorch per process; 1, because the ranks of a machine share its cores; 0 keeps PyTorch's default"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases (by rank 0)"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """if toggled, videos of rank 0's environment 0 (the unpreprocessed RGB frames) are saved to `runs/<run>/videos`"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated (by rank 0)"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never), by rank 0"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (read by rank 0, sent to all; its saved arguments are used)"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates (on rank 0) and exits without training"""
+    eval_episodes: int = 10
+    """number of games of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the most probable action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the Atari game: `Breakout` (read as `BreakoutNoFrameskip-v4`), `BreakoutNoFrameskip-v4` or `ALE/Breakout-v5`"""
+    total_timesteps: int = 10_000_000
+    """total timesteps of the experiment, over all ranks"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments over all ranks (each rank runs num_envs / world size)"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches (each rank contributes its share of every minibatch)"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization (with the statistics of the global minibatch)"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping (of the averaged gradient)"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stops the epochs of an update early, on all ranks at once)"""
+    bootstrap_truncation: bool = True
+    """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
+    max_episode_steps: int = 27_000
+    """agent steps after which a game is truncated: ALE stops it at 4x this many frames (27,000 = 108,000 frames, the usual limit)"""
+    preempt_fraction: float | None = None
+    """straggler preemption (DD-PPO): once this fraction of the ranks finished their rollouts, the others end theirs
+    early; the run then takes more iterations to reach --total-timesteps (off by default)"""
+    preempt_min_steps: float = 0.25
+    """with --preempt-fraction: the fraction of its --num-steps a rank collects before it may be preempted"""
+    straggler_delay: float = 0.0
+    """seconds the last rank sleeps after each of its environment steps: an injected straggler for benchmarks"""
+
+    @property
+    def batch_size(self) -> int:
+        """transitions per update over all ranks: num_envs * num_steps"""
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        """updates in the whole run without preemption: total_timesteps // batch_size"""
+        return self.total_timesteps // self.batch_size
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work. Under torchrun
+    every rank checks the same things, so every rank prints the line and exits 2."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def atari_id(env_id: str) -> str:
+    """`Breakout` -> `BreakoutNoFrameskip-v4`; full ids (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`) as given."""
+    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
+
+
+def launch_info() -> tuple[int, int, int]:
+    """(rank, local rank, world size) from torchrun's environment variables; (0, 0, 1) without torchrun."""
+    return tuple(int(os.environ.get(name, default)) for name, default in
+                 (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+
+
+def check_args(args: Args, world_size: int):
+    """Reject arguments that would crash or silently misbehave later (on every rank, before any collective)."""
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
+                 "max_episode_steps", "timeout"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.checkpoint_every < 0 or args.torch_threads < 0 or args.straggler_delay < 0:
+        fail("--checkpoint-every, --torch-threads and --straggler-delay must not be negative")
+    if args.num_envs % world_size != 0:
+        fail(f"the world size {world_size} does not divide --num-envs {args.num_envs} (the global number of "
+             f"environments); pass a multiple of {world_size}")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.preempt_fraction is not None:
+        if not 0 < args.preempt_fraction <= 1 or not 0 < args.preempt_min_steps <= 1:
+            fail("--preempt-fraction and --preempt-min-steps must be in (0, 1]")
+        if math.ceil(args.preempt_min_steps * args.num_steps) * (args.num_envs // world_size) < args.num_minibatches:
+            fail("--preempt-min-steps leaves a rank fewer samples than --num-minibatches")
+    if args.backend not in (None, "gloo", "nccl"):
+        fail(f"--backend must be gloo or nccl, got {args.backend}")
+    if args.backend == "nccl" and not (args.cuda and torch.cuda.is_available()):
+        fail("--backend nccl needs CUDA (pass --backend gloo, or run on GPUs)")
+    if args.device_ids is not None and torch.cuda.is_available():
+        bad = [i for i in args.device_ids if not 0 <= i < torch.cuda.device_count()]
+        if bad or not args.device_ids:
+            fail(f"--device-ids {args.device_ids}: this machine has GPUs 0 to {torch.cuda.device_count() - 1}")
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        # only rank 0 reads these files (and sends what it read), so only its machine needs them
+        if path is not None and launch_info()[0] == 0 and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    env_id = atari_id(args.env_id)
+    try:
+        gym.spec(env_id)
+    except gym.error.Error:
+        fail(f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
+             "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
+             "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
+    try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
+        env = gym.make(env_id)
+        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
+        env.close()
+    except gym.error.Error as e:
+        fail(f"cannot make {env_id}: {e}")
+    if not atari:
+        fail(f"{env_id} is not an Atari game; ppo_atari_multigpu.py trains Atari games only")
+
+
+# ENVIRONMENTS ------------------------------------------------------------------------------------
+
+
+def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
+    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
+    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
+    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
+    obs, _, terminated, truncated, step_info = env.step(action)
+    episode = info.get("episode")
+    if terminated or truncated:
+        episode = step_info.get("episode", episode)
+        obs, step_info = env.reset()
+    return obs, step_info if episode is None else {**step_info, "episode": episode}
+
+
+class NoopReset(gym.Wrapper):
+    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
+    seeded RNG, so the games start in different states."""
+
+    def __init__(self, env: gym.Env, noop_max: int = 30):
+        super().__init__(env)
+        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, info = step_in_reset(self.env, 0, info)
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
+    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
+    an episode end, still with the max of the last two frames (the earlier one from the step before
+    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
+    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
+
+    def __init__(self, env: gym.Env, skip: int = 4):
+        super().__init__(env)
+        self.skip, self.frame = skip, None
+
+    def reset(self, **kwargs):
+        self.frame, info = self.env.reset(**kwargs)
+        return self.frame, info
+
+    def step(self, action):
+        total_reward = 0.0
+        for _ in range(self.skip):
+            previous = self.frame
+            self.frame, reward, terminated, truncated, info = self.env.step(action)
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
+    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
+    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
+    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, info = step_in_reset(self.env, 0, {})
+        self.game_over = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Ours. Games that wait for FIRE to start (Breakout's ball) get FIRE after every reset, then
+    action 2, as the usual wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife,
+    it also fires after each lost life."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, info = step_in_reset(self.env, self.fire, info)
+        return step_in_reset(self.env, 2, info)
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000):
+    """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
+
+    | wrapper                   | whose      | does                                                    |
+    |---------------------------|------------|---------------------------------------------------------|
+    | RecordVideo (env 0)       | Gymnasium  | `--capture-video`: the unpreprocessed RGB frames         |
+    | NoopReset                 | ours       | 1 to 30 no-op frames after a reset                      |
+    | MaxAndSkip                | ours       | action repeated 4 frames, max of the last two frames    |
+    | RecordEpisodeStatistics   | Gymnasium  | the game score: unclipped reward over all lives, length |
+    |                           |            | in agent steps; `info["episode"]` at the game's end     |
+    | EpisodicLife              | ours       | lost life = terminated, the game goes on                |
+    | FireReset (if FIRE)       | ours       | FIRE after every reset                                  |
+    | TransformReward(np.sign)  | Gymnasium  | reward clipped to its sign, -1, 0 or 1                  |
+    | ResizeObservation(84, 84) | Gymnasium  | cv2.resize with INTER_AREA                              |
+    | FrameStackObservation(4)  | Gymnasium  | the last 4 frames, (4, 84, 84) uint8; a reset repeats   |
+    |                           |            | its first frame                                         |
+
+    Grayscale comes from ALE itself (`obs_type="grayscale"`: ALE's luminance palette, the same values
+    as OpenCV's RGB2GRAY of the RGB screen on all 110 colours we met in 11 games), so the max of the
+    last two frames is taken in grayscale, as envpool, ale-py's vector environment and Gymnasium's
+    AtariPreprocessing do (OpenAI Baselines' wrappers take it in RGB, then convert).
+
+    Every id is made with the v4 NoFrameskip settings: ale-py registers BreakoutNoFrameskip-v4 with
+    frameskip=1, repeat_action_probability=0, full_action_space=False and ALE/Breakout-v5 with
+    frameskip=4, repeat_action_probability=0.25; both with max_num_frames_per_episode=108,000 and no
+    TimeLimit. We pass all four settings explicitly (ALE truncates the game at 4 x `max_episode_steps`
+    frames), so `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment.
+    """
+
+    def thunk():
+        settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
+                        max_num_frames_per_episode=4 * max_episode_steps)
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array", **settings)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+        else:
+            env = gym.make(env_id, **settings)
+        env = NoopReset(env, noop_max=30)
+        env = MaxAndSkip(env, skip=4)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = EpisodicLife(env)
+        if "FIRE" in env.unwrapped.get_action_meanings():
+            env = FireReset(env)
+        env = gym.wrappers.TransformReward(env, np.sign)
+        env = gym.wrappers.ResizeObservation(env, (84, 84))
+        return gym.wrappers.FrameStackObservation(env, 4)
+
+    return thunk
+
+
+def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
+    """The vector environment, with same-step autoreset (see the docstring at the top).
+
+    The games step one after the other in this process. On our 2-core machine, with other work on
+    it, that was as fast as one process per game (AsyncVectorEnv) or faster, in env-only steps/s and
+    in training SPS, without 8 more processes. ale-py's C++ vector environment
+    (`ale_py.vector_env.AtariVectorEnv`) steps faster still, but its preprocessing is not this
+    file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither
+    a no-op nor FIRE after a lost life.
+    """
+    return gym.vector.SyncVectorEnv(
+        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps) for i in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+def finished_games(infos: dict) -> list[tuple[int, float, int]]:
+    """The games that ended at this vector step: (env index, score, length in agent steps).
+
+    RecordEpisodeStatistics sits below EpisodicLife, so it reports whole games with the unclipped
+    score. With same-step autoreset the vector environment moves the info of a step that ended an
+    episode to `info["final_info"]` and returns the reset's info at the top level; a game ends in the
+    former at its last step, or, rarely, in the latter when it ended during a reset's own steps (a
+    truncation during the no-op after a lost life, see `step_in_reset`).
+    """
+    games = []
+    for source in (infos.get("final_info", {}), infos):
+        for i in np.flatnonzero(source.get("_episode", [])):
+            games.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
+    return games
+
+
+# THE NETWORK -------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std` and constant biases (detail 2 of the 37)."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature CNN (Mnih et al. 2015) shared by a policy head (std 0.01) and a value head (std 1).
+
+    Input: uint8 frames (B, 4, 84, 84), scaled to [0, 1] here. Weights are kept channels-last; the
+    result is the same network, computed in the layout oneDNN's CPU convolutions prefer.
+    """
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+        self.to(memory_format=torch.channels_last)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
+        return self.network(x.float().mul_(1.0 / 255.0))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.features(x)).squeeze(-1)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+        """Samples an action (or scores the given one): returns action, log-prob, entropy, value."""
+        hidden = self.features(x)
+        dist = Categorical(logits=self.actor(hidden))
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.critic(hidden).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, x: torch.Tensor):
+        """The rollout's policy step: action, log-prob and value without autograd and entropy.
+
+        Gumbel-max sampling: argmax(log p + g) with g = -log(Exponential(1)) noise is a sample of the
+        categorical distribution p, as `Categorical(logits).sample()` would draw.
+        """
+        hidden = self.features(x)
+        logprobs = self.actor(hidden).log_softmax(-1)
+        action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
+        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
+
+
+# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    final_values: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
+
+    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
+
+    | tensor         | meaning at step t                                                        |
+    |----------------|--------------------------------------------------------------------------|
+    | rewards[t]     | reward of the transition taken at step t                                  |
+    | values[t]      | V(obs[t]), the critic's value of the observation the action was taken in |
+    | dones[t]       | 1 if the episode ended at step t (terminated or truncated), else 0        |
+    | final_values[t]| where dones[t]: the value of the state the episode ended in: 0 after a    |
+    |                | termination, V(final observation) after a truncation (0 when truncation   |
+    |                | is treated as termination); ignored where not done                        |
+    | last_value     | V(observation after the last step), to bootstrap the unfinished episodes  |
+
+    With same-step autoreset obs[t+1] is the *next* episode's first observation where dones[t], so
+    the next state's value is final_values[t] there and values[t+1] elsewhere:
+
+        delta[t] = rewards[t] + gamma * next_value[t] - values[t]
+        adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
+
+    The trace is cut at every episode end (with episodic life: at every lost life); a truncated
+    episode still sees the value of where it stopped through delta. Returns (advantages, returns =
+    advantages + values), both (T, N).
+    """
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values)
+    deltas = rewards + gamma * next_values - values
+    not_done = 1.0 - dones
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + gamma * gae_lambda * not_done[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    entropy: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    oldvalues: torch.Tensor,
+    args: Args,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
+
+    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+    """
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss, optionally clipped around the values predicted during the rollout
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+    return loss, stats
+
+
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
+                    iteration: int, global_step: int, rng: list[dict]):
+    """Everything needed to continue or evaluate: weights, optimizer, progress, args, and the RNG
+    states of every rank (`rng[r]`). Written by rank 0 (the weights and optimizer are the same on all).
+
+    Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
+    """
+    checkpoint = {
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "args": asdict(args),
+        "rng": rng,
+    }
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def read_checkpoint(path: str) -> dict | str:
+    """Reads a checkpoint written by `save_checkpoint`; returns the problem as a string if it is not one."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say so in one line
+        return f"cannot read checkpoint {path}: {type(e).__name__}: {e}"
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
+        return f"{path} is not a checkpoint written by {Path(__file__).name}"
+    return checkpoint
+
+
+def load_checkpoint(path: str) -> dict:
+    """`read_checkpoint`, with a one-line error if the file is not a checkpoint."""
+    checkpoint = read_checkpoint(path)
+    if isinstance(checkpoint, str):
+        fail(checkpoint)
+    return checkpoint
+
+
+def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
+             device: torch.device) -> list[float]:
+    """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
+    and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
+    same model and seed score the same right after training and later from the saved file."""
+    envs = make_envs(args, episodes, "")
+    scores = np.full(episodes, np.nan)
+    obs, _ = envs.reset(seed=seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        while np.isnan(scores).any():
+            with torch.no_grad():
+                logits = agent.actor(agent.features(torch.as_tensor(obs, device=device)))
+                action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+            obs, _, _, _, infos = envs.step(action.cpu().numpy())
+            for i, score, _ in finished_games(infos):
+                if np.isnan(scores[i]):
+                    scores[i] = score
+    envs.close()
+    return scores.tolist()
+
+
+def run_evaluation(path: str, args: Args) -> list[float]:
+    """`--evaluate PATH`: scores a saved model or checkpoint on the game it was trained on (one process)."""
+    checkpoint = load_checkpoint(path)
+    saved = Args(**checkpoint["args"])
+    env = gym.make(atari_id(saved.env_id))
+    agent = Agent(int(env.action_space.n))
+    env.close()
+    agent.load_state_dict(checkpoint["model"])
+    # the trained run's seed: the same games as the evaluation reported right after training
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
+                       torch.device("cpu"))
+    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} games, "
+          f"mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    return returns
+
+
+# DISTRIBUTED PIECES ------------------------------------------------------------------------------
+# Every collective below is called by every rank, in the same order: that is the whole protocol.
+
+
+def select_device(args: Args, local_rank: int) -> torch.device:
+    """Local rank i uses GPU device_ids[i % len] (default: GPU i % GPU count), or the CPU."""
+    if not (args.cuda and torch.cuda.is_available()):
+        return torch.device("cpu")
+    ids = args.device_ids or list(range(torch.cuda.device_count()))
+    return torch.device("cuda", ids[local_rank % len(ids)])
+
+
+def select_backend(args: Args, device: torch.device) -> str:
+    """nccl when every local rank has a GPU of its own, else gloo (NCCL refuses two ranks on one GPU)."""
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    shared_gpu = device.type == "cuda" and len(
+        {select_device(args, i) for i in range(local_world_size)}) < local_world_size
+    if args.backend == "nccl" and shared_gpu:
+        fail("--backend nccl cannot put several ranks on one GPU; pass --backend gloo or other --device-ids")
+    return args.backend or ("nccl" if device.type == "cuda" and not shared_gpu else "gloo")
+
+
+def init_distributed(backend: str, world_size: int, timeout: float):
+    """Joins the job's process group. Under torchrun, `env://` finds the store of torchrun's rendezvous
+    through MASTER_ADDR and MASTER_PORT (and RANK, WORLD_SIZE); without torchrun the process is a world
+    of one, with an in-memory store. A collective that waits `timeout` seconds raises instead."""
+    kwargs = dict(backend=backend, timeout=timedelta(seconds=timeout))
+    if "MASTER_ADDR" in os.environ or world_size > 1:
+        dist.init_process_group(init_method="env://", **kwargs)
+    else:
+        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One 1-D tensor holding all `tensors` one after the other (a copy)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]):
+    """The inverse of `flatten`: copies the pieces of `flat` back into `tensors` (in their own layout)."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view(t.shape))
+        offset += t.numel()
+
+
+def from_rank0(value):
+    """Rank 0's `value` on every rank (pickled; for small objects and checkpoints)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def broadcast_weights(agent: Agent, comm_device: torch.device):
+    """Every rank takes rank 0's weights (one broadcast of all of them, flattened)."""
+    tensors = list(agent.state_dict().values())
+    flat = flatten(tensors).to(comm_device)
+    dist.broadcast(flat, src=0)
+    unflatten_into(flat, tensors)
+
+
+def global_advantage_stats(advantages: torch.Tensor, minibatches: list[torch.Tensor],
+                           comm_device: torch.device) -> torch.Tensor:
+    """Mean and standard deviation of each *global* minibatch's advantages, (num_minibatches, 2).
+
+    A global minibatch is the union of every rank's piece `advantages[minibatches[k]]`; normalising
+    with a rank's own statistics would give each rank a different objective. One all-reduce per
+    epoch sums (count, sum, sum of squares) in float64; the std is the unbiased one that a single
+    process computes with `Tensor.std()`.
+    """
+    adv = advantages.double()
+    sums = torch.stack([torch.stack((adv.new_tensor(len(mb)), adv[mb].sum(), adv[mb].square().sum()))
+                        for mb in minibatches]).to(comm_device)
+    dist.all_reduce(sums)
+    count, total, squares = sums.to(advantages.device).unbind(1)
+    mean = total / count
+    std = ((squares - count * mean.square()) / (count - 1)).clamp_min(0).sqrt()
+    return torch.stack((mean, std), dim=1).float()
+
+
+def all_reduce_gradients(params: list[nn.Parameter], count: int, scalars: torch.Tensor,
+                         comm_device: torch.device) -> torch.Tensor:
+    """The one all-reduce of a minibatch. On entry each parameter's .grad is the gradient of this
+    rank's mean loss over its `count` samples; on return it is the gradient of the mean loss over all
+    ranks' samples, sum_r count_r * grad_r / sum_r count_r (the plain average when the counts are
+    equal), the same on every rank. `scalars` (1-D, e.g. the loss statistics) are averaged the same
+    way and returned. Gradients, scalars and count travel in one flat buffer: one call, not one per
+    parameter."""
+    grads = [p.grad for p in params]
+    flat = torch.cat((flatten(grads), scalars.to(grads[0].device))).mul_(count)
+    flat = torch.cat((flat, flat.new_tensor([count]))).to(comm_device)
+    dist.all_reduce(flat)
+    flat = flat.to(grads[0].device)
+    flat = flat[:-1] / flat[-1]
+    unflatten_into(flat, grads)
+    return flat[len(flat) - len(scalars):]
+
+
+def preemption_store() -> dist.Store:
+    """A client of the job's key-value store (the one torchrun's rendezvous runs), in which the ranks
+    count the finished rollouts of each iteration: asking costs one round trip, no collective."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=60))
+    return dist.PrefixStore(f"{Path(__file__).stem}/finished_rollouts", store)
+
+
+def is_connection_failure(error: RuntimeError) -> bool:
+    """A collective that failed because another rank died, hung or closed its connection."""
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(
+        word in text for word in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out"))
+
+
+# TRAINING ----------------------------------------------------------------------------------------
+
+
+def main(args: Args):
+    """Checks the arguments, joins the process group, trains, and leaves the group on every path."""
+    rank, local_rank, world_size = launch_info()
+    check_args(args, world_size)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args) if rank == 0 else None
+
+    device = select_device(args, local_rank)
+    backend = select_backend(args, device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    init_distributed(backend, world_size, args.timeout)
+    # torchrun stops the other ranks of a failed job with SIGTERM: leave through `finally` too
+    previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        # gloo reduces CPU tensors; nccl reduces on the GPU
+        return train(args, rank, world_size, device, device if backend == "nccl" else torch.device("cpu"))
+    except RuntimeError as e:
+        if not is_connection_failure(e):
+            raise
+        print(f"{Path(sys.argv[0]).name}: rank {rank}: lost the other ranks (one died or hung for more than "
+              f"--timeout {args.timeout:g}s): {str(e).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        dist.destroy_process_group()
+
+
+def train(args: Args, rank: int, world_size: int, device: torch.device, comm_device: torch.device):
+    """The training loop of one rank; rank 0 also logs and saves. Returns the run folder."""
+    checkpoint = None
+    if args.resume is not None:
+        # rank 0 reads the checkpoint and sends it: only its machine needs the file
+        checkpoint = from_rank0(read_checkpoint(args.resume) if rank == 0 else None)
+        if isinstance(checkpoint, str):
+            fail(checkpoint)
+        resume_path = args.resume
+        args = Args(**checkpoint["args"])
+        args.resume = resume_path
+        check_args(args, world_size)  # the saved arguments with this job's world size
+        run_dir = str(Path(resume_path).parent)
+    else:
+        run_dir, problem = None, None
+        if rank == 0:
+            run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            run_dir = f"{args.runs_dir}/{run_name}"
+            if os.path.exists(run_dir):
+                problem = (f"run folder {run_dir} exists already (same env, name and seed started in the same "
+                           "second); pass another --exp-name")
+        run_dir, problem = from_rank0((run_dir, problem))
+        if problem:
+            fail(problem)
+
+    # Seeding: rank r seeds its RNGs with seed + r, so the ranks sample different actions
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # Distribution argument checks are pure overhead in the rollout's many small calls
+    torch.distributions.Distribution.set_default_validate_args(False)
+
+    T, N = args.num_steps, args.num_envs // world_size  # this rank's environments
+    envs = make_envs(args, N, run_dir, args.capture_video and rank == 0)
+    agent = Agent(int(envs.single_action_space.n)).to(device)
+    params = list(agent.parameters())
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
+
+    start_iteration, global_step = 1, 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        if len(checkpoint["rng"]) == world_size:  # same world size: every rank continues its own streams
+            torch.set_rng_state(checkpoint["rng"][rank]["torch"])
+            np.random.set_state(checkpoint["rng"][rank]["numpy"])
+            random.setstate(checkpoint["rng"][rank]["python"])
+        if rank == 0:
+            print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
+    broadcast_weights(agent, comm_device)  # every rank starts from rank 0's weights
+
+    writer = None
+    if rank == 0:
+        os.makedirs(run_dir, exist_ok=True)
+        if args.track:
+            import wandb  # imported only when used
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(run_dir)
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+            f"|{k}|{v}|" for k, v in {**asdict(args), "world_size": world_size}.items()))
+        print(f"{world_size} ranks x {N} environments, backend {dist.get_backend()}, rank 0 on {device}")
+
+    # Rollout storage of this rank, on the CPU and shared with NumPy, as in ppo_atari.py: observations
+    # uint8 and channels-last, allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84)
+    obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
+    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8).permute(0, 1, 4, 2, 3)
+    actions = torch.zeros((T, N), dtype=torch.long)
+    logprobs = torch.zeros((T, N))
+    rewards = torch.zeros((T, N))
+    dones = torch.zeros((T, N))
+    values = torch.zeros((T, N))
+    final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
+    actions_np, logprobs_np, rewards_np, dones_np, values_np = (
+        x.numpy() for x in (actions, logprobs, rewards, dones, values))
+
+    # Straggler preemption: the ranks count finished rollouts in the job's store
+    store = preemption_store() if args.preempt_fraction is not None and world_size > 1 else None
+    preempt_after = math.ceil((args.preempt_fraction or 1) * world_size)  # finished ranks that end the others'
+    min_steps = math.ceil(args.preempt_min_steps * T)
+    straggler_delay = args.straggler_delay if rank == world_size - 1 else 0.0
+
+    # Global env k = rank * N + i gets seed + k, like env k of ppo_atari.py; a resumed run reseeds
+    # its environments differently, so it does not replay the first games
+    next_obs, _ = envs.reset(seed=args.seed + global_step + rank * N)
+    total_steps = args.num_iterations * args.batch_size
+    start_time, start_step = time.time(), global_step
+    iteration = start_iteration - 1
+    while global_step < total_steps:  # the same global_step on every rank: they end together
+        iteration += 1
+        if args.anneal_lr:
+            frac = 1.0 - global_step / total_steps
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # COLLECT TRAJECTORIES ------------------------------------------------------------------
+        rollout_start = time.perf_counter()
+        final_values.zero_()
+        episodes = []  # (steps after global_step at which the game ended, score, length)
+        for step in range(T):
+            obs[step] = torch.from_numpy(next_obs)
+            action, logprob, value = agent.act(obs[step].to(device))
+            actions_np[step] = action.cpu().numpy()
+            logprobs_np[step] = logprob.cpu().numpy()
+            values_np[step] = value.cpu().numpy()
+            next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
+            if straggler_delay:
+                time.sleep(straggler_delay)
+
+            rewards_np[step] = reward  # clipped to the sign in make_env
+            dones_np[step] = terminated | truncated
+            # next_obs is already the next episode's first observation where an episode ended; the
+            # value of where a truncated (and not also terminated) episode stopped comes from final_obs
+            bootstrap = truncated & ~terminated
+            if args.bootstrap_truncation and bootstrap.any():
+                idx = np.flatnonzero(bootstrap)
+                with torch.no_grad():
+                    final_obs = torch.from_numpy(np.stack(infos["final_obs"][idx])).to(device)
+                    final_values[step, idx] = agent.get_value(final_obs).cpu()
+
+            for i, score, length in finished_games(infos):
+                # all ranks step together: global env k's step t is number t * num_envs + k + 1
+                episodes.append((step * args.num_envs + rank * N + i + 1, score, length))
+
+            if store is not None and min_steps <= step + 1 < T and store.add(str(iteration), 0) >= preempt_after:
+                break  # enough ranks have finished: end this rollout early (preempted)
+        steps = step + 1  # this rank's rollout length, T unless preempted
+        if store is not None:
+            store.add(str(iteration), 1)
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        with torch.no_grad():
+            last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
+        advantages, returns = compute_gae(rewards[:steps], values[:steps], dones[:steps], final_values[:steps],
+                                          last_value, args.gamma, args.gae_lambda)
+        rollout_time = time.perf_counter() - rollout_start
+
+        # Everyone's report reaches everyone (one collective): steps for the global step count,
+        # games and sums for the explained variance for rank 0's log
+        y, error = returns.double().numpy().ravel(), (returns - values[:steps]).double().numpy().ravel()
+        report = dict(steps=steps * N, episodes=episodes, rollout_time=rollout_time,
+                      sums=(y.size, y.sum(), (y**2).sum(), error.sum(), (error**2).sum()))
+        reports = [None] * world_size
+        dist.all_gather_object(reports, report)
+        iteration_start_step = global_step
+        global_step += sum(r["steps"] for r in reports)
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        # Each rank holds its share of every global minibatch: its own batch, shuffled, cut into
+        # num_minibatches pieces. The pieces' gradients are combined by all_reduce_gradients.
+        update_start = time.perf_counter()
+        allreduce_time = 0.0
+        local_batch = steps * N
+        b_obs = obs[:steps].reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
+        b_actions = actions[:steps].reshape(-1).to(device)
+        b_logprobs = logprobs[:steps].reshape(-1).to(device)
+        b_advantages = advantages.reshape(-1).to(device)
+        b_returns = returns.reshape(-1).to(device)
+        b_values = values[:steps].reshape(-1).to(device)
+
+        epochs = kl_disagreements = 0
+        for epoch in range(args.update_epochs):
+            minibatches = torch.randperm(local_batch, device=device).tensor_split(args.num_minibatches)
+            if args.norm_adv:
+                tick = time.perf_counter()
+                adv_stats = global_advantage_stats(b_advantages, minibatches, comm_device)
+                allreduce_time += time.perf_counter() - tick
+            for k, mb_inds in enumerate(minibatches):
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - adv_stats[k, 0]) / (adv_stats[k, 1] + 1e-8)
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb_inds], mb_advantages,
+                                       b_returns[mb_inds], b_values[mb_inds], args)
+                if epoch == 0 and k == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the stored log-probs do not belong to the stored observations
+                    first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                optimizer.zero_grad()
+                loss.backward()
+                # this rank's early-stopping vote; averaged, it tells whether the ranks would have disagreed
+                vote = stats["approx_kl"] > args.target_kl if args.target_kl is not None else stats["approx_kl"] < 0
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # time the communication, not the backward pass before it
+                tick = time.perf_counter()
+                averaged = all_reduce_gradients(params, len(mb_inds), torch.stack([*stats.values(), vote.float()]),
+                                                comm_device)
+                allreduce_time += time.perf_counter() - tick
+                nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # of the averaged gradient
+                optimizer.step()
+            epochs += 1
+            stats = dict(zip(stats, averaged[:-1]))  # the global minibatch's statistics, the same on every rank
+            kl_disagreements += bool(0 < averaged[-1] < 1)
+            # decided from all-reduced numbers: every rank stops after the same epoch
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+        update_time = time.perf_counter() - update_start
+
+        # LOGGING (rank 0, with everyone's games and sums) --------------------------------------
+        if rank == 0:
+            stats = {k: v.item() for k, v in stats.items()}
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            n, y_sum, y_squares, e_sum, e_squares = np.sum([r["sums"] for r in reports], axis=0)
+            var_y = y_squares / n - (y_sum / n) ** 2
+            explained = float("nan") if var_y <= 0 else 1 - (e_squares / n - (e_sum / n) ** 2) / var_y
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            for name, value in stats.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("losses/explained_variance", explained, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+            writer.add_scalar("debug/update_epochs", epochs, global_step)
+            writer.add_scalar("debug/kl_stop_disagreements", kl_disagreements, global_step)
+            writer.add_scalar("debug/preempted_ranks", sum(r["steps"] < T * N for r in reports), global_step)
+            writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+            writer.add_scalar("perf/rollout_time_max", max(r["rollout_time"] for r in reports), global_step)
+            writer.add_scalar("perf/update_time", update_time, global_step)
+            writer.add_scalar("perf/learn_time", update_time - allreduce_time, global_step)
+            writer.add_scalar("perf/allreduce_time", allreduce_time, global_step)
+            scores = []
+            for r in reports:
+                for offset, score, length in r["episodes"]:
+                    writer.add_scalar("charts/episodic_return", score, iteration_start_step + offset)
+                    writer.add_scalar("charts/episodic_length", length, iteration_start_step + offset)
+                    scores.append(score)
+            if scores:
+                print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} games={len(scores)} "
+                      f"mean_score={np.mean(scores):.2f} SPS={sps} (rollout {rollout_time:.2f}s, "
+                      f"learn {update_time - allreduce_time:.2f}s, allreduce {allreduce_time:.2f}s)")
+
+        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+            rng = [None] * world_size
+            dist.all_gather_object(rng, rng_state())
+            if rank == 0:
+                save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, rng)
+
+    # Every rank took the same optimizer steps, so the weights must be identical: check it
+    digest = hashlib.sha256(flatten(list(agent.state_dict().values())).cpu().numpy().tobytes()).hexdigest()[:16]
+    digests = [None] * world_size
+    dist.all_gather_object(digests, digest)
+    envs.close()
+    if len(set(digests)) > 1:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: rank {rank}: the weights differ across ranks: {digests}")
+    if rank != 0:
+        return run_dir
+    print(f"final weights of the {world_size} ranks: sha256 {' '.join(digests)}")
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        rng = [rng_state()]  # saved by rank 0 alone: a model is for evaluation, or a resume that reseeds
+        save_checkpoint(model_path, agent, optimizer, args, iteration, global_step, rng)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"))
+        for i, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        print(f"evaluation: {len(returns)} games, mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return run_dir
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
