@@ -1,0 +1,1170 @@
+"""Recurrent PPO with one learner process and N rollout worker processes that share memory (CPU).
+
+Run:
+    python ppo_shared_memory_lstm.py --env-id CartPole-v1                  # classic control, MLP + LSTM
+    python ppo_shared_memory_lstm.py --env-id CartPole-v1 --hide-velocity  # positions only: needs the memory
+    python ppo_shared_memory_lstm.py --env-id Pong --num-workers 4 --num-envs-per-worker 2 --seq-len 128 \\
+        --clip-coef 0.1 --torch-threads 2 --total-timesteps 10000000    # Atari, CNN + LSTM as ppo_atari_lstm.py
+    tensorboard --logdir runs
+
+The defaults are classic control's (the settings of ppo.py, 2 workers x 4 envs, 16-step chunks). For
+Atari change the flags of the Pong line above: 8 games x 128 steps, whole 128-step sequences, clip 0.1
+and 2 learner threads are ppo_atari_lstm.py's settings, so the two files train the same algorithm.
+
+What this file shows: how PPO's data collection is spread over processes on one machine without
+changing the algorithm. The learner (this process) owns the network and the optimizer. Each rollout
+worker (a process started with "spawn", one PyTorch thread) owns `--num-envs-per-worker` environments
+and a CPU copy of the policy. One iteration, synchronous:
+
+    learner: publish weights -> ("start", k) to every worker -> wait for every "done" -> check the
+             slices -> GAE -> PPO update -> publish ...
+    worker:  copy the weights in -> `--num-steps` steps of its envs -> write its slice of the
+             shared rollout buffer -> ("done", id, episodes, timings, checksum of its slice)
+
+Every rollout is collected by the policy the learner is about to update: no stale data, no
+off-policy correction. The rollout buffer and the weights are tensors in shared memory, allocated
+once at start-up (`share_memory_()`) and handed to the workers when they are created; the pipes
+between the processes carry only small commands, never tensors (`allocate_shared_buffer` tabulates
+the buffer).
+
+What is special in this file:
+- Recurrent PPO with truncated back-propagation through time: a rollout of `--num-steps` steps is
+  cut into chunks of `--seq-len` steps; the worker saves the LSTM state at the start of every chunk,
+  the state is reset where an episode starts inside a chunk, a minibatch is a set of whole chunks,
+  and the update replays each chunk from its saved state, so the first minibatch's ratio is 1.
+- Reliability: a worker that raises sends its traceback and exits; a worker that dies (killed,
+  crashed) is seen through its exit code; either way the learner names it, stops every worker and
+  exits non-zero within seconds. Ctrl-C or an error in the learner stops every worker too, and a
+  worker whose learner died exits by itself. With PyTorch's default `file_descriptor` sharing
+  strategy the shared memory is unlinked as soon as it is created: nothing is left in /dev/shm.
+- `--hide-velocity` makes CartPole partially observed (positions only) and `--no-memory` resets the
+  LSTM at every step: the pair shows what the memory is for.
+- Same-step autoreset, truncation bootstrapped with the LSTM state the final observation was reached
+  with, every episode logged at its own step with its true score, as in ppo_atari_lstm.py.
+"""
+
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+import zlib
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+import tyro
+from torch.distributions.categorical import Categorical
+
+gym.register_envs(ale_py)  # registers PongNoFrameskip-v4, ALE/Pong-v5, ...
+ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
+
+
+@dataclass
+class Args:
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python; each worker draws from its own stream)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, the learner uses cuda when available (the workers always act on the CPU)"""
+    torch_threads: int = 1
+    """CPU threads of the learner's PyTorch (each worker uses 1); 0 keeps PyTorch's default"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """if toggled, videos of worker 0's environment 0 are saved to `runs/<run>/videos`"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (its saved arguments are used)"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_episodes: int = 10
+    """number of episodes of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the most probable action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
+    # Algorithm specific arguments
+    env_id: str = "CartPole-v1"
+    """a classic-control id (`CartPole-v1`) or an Atari game (`Pong`, read as `PongNoFrameskip-v4`, or a full id)"""
+    hide_velocity: bool = False
+    """CartPole only: the agent sees the cart position and the pole angle, not their velocities"""
+    memory: bool = True
+    """`--no-memory`: reset the LSTM state at every step, so the agent sees only the current observation
+    (an ablation: same network and algorithm, no memory)"""
+    total_timesteps: int = 500_000
+    """total timesteps of the experiment"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_workers: int = 2
+    """the number of rollout worker processes"""
+    num_envs_per_worker: int = 4
+    """the number of environments each worker steps"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    seq_len: int = 16
+    """the length of the chunks the rollout is cut into for back-propagation through time (divides num_steps)"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches (each a set of whole chunks)"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient (0.1 for Atari)"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stops the epochs of an update early)"""
+    bootstrap_truncation: bool = True
+    """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
+    max_episode_steps: int = 27_000
+    """Atari only: agent steps after which a game is truncated (ALE stops it at 4x this many frames)"""
+
+    @property
+    def num_envs(self) -> int:
+        """environments over all workers: num_workers * num_envs_per_worker"""
+        return self.num_workers * self.num_envs_per_worker
+
+    @property
+    def batch_size(self) -> int:
+        """transitions per update: num_envs * num_steps"""
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_chunks(self) -> int:
+        """chunks of seq_len steps per update: num_envs * num_steps / seq_len"""
+        return self.num_envs * (self.num_steps // self.seq_len)
+
+    @property
+    def num_iterations(self) -> int:
+        """updates in the whole run: total_timesteps // batch_size"""
+        return self.total_timesteps // self.batch_size
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def atari_id(env_id: str) -> str:
+    """`Pong` -> `PongNoFrameskip-v4`; full ids (`CartPole-v1`, `PongNoFrameskip-v4`, `ALE/Pong-v5`) as given."""
+    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether the id names an ale-py game (else it is a vector-observation environment). Ids of the
+    form `module:Name-v0` import `module` first, as `gym.make` does, so it can register the id."""
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        __import__(module)
+    return str(gym.spec(atari_id(env_id)).entry_point).startswith("ale_py")
+
+
+def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
+    """Reject arguments that would crash or silently misbehave later; returns the observation and
+    action spaces of one environment (made with this file's wrappers)."""
+    for name in ("total_timesteps", "num_workers", "num_envs_per_worker", "num_steps", "seq_len", "num_minibatches",
+                 "update_epochs", "eval_episodes", "max_episode_steps"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.checkpoint_every < 0 or args.torch_threads < 0:
+        fail("--checkpoint-every and --torch-threads must not be negative")
+    if args.num_steps % args.seq_len != 0:
+        fail(f"--seq-len {args.seq_len} does not divide --num-steps {args.num_steps} (the rollout is cut into chunks)")
+    if args.num_chunks % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the {args.num_chunks} chunks "
+             f"(--num-workers {args.num_workers} x --num-envs-per-worker {args.num_envs_per_worker} x "
+             f"--num-steps {args.num_steps} / --seq-len {args.seq_len}; a minibatch is a set of whole chunks)")
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    try:
+        atari = is_atari(args.env_id)
+    except (gym.error.Error, ImportError) as e:
+        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}: {e}; gymnasium.pprint_registry() lists "
+             "the ids: CartPole-v1, ..., and the Atari games as Pong, PongNoFrameskip-v4 or ALE/Pong-v5)")
+    if args.hide_velocity and (atari or "CartPole" not in args.env_id):
+        fail(f"--hide-velocity is for CartPole only, not {args.env_id}")
+    env = make_env(args, 0, "")()
+    observation_space, action_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(action_space, gym.spaces.Discrete):
+        fail(f"{args.env_id} has action space {action_space}; this script supports Discrete actions only "
+             "(ppo_continuous_action.py trains Box actions)")
+    return observation_space, action_space
+
+
+# ENVIRONMENTS ------------------------------------------------------------------------------------
+
+
+def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
+    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
+    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
+    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
+    obs, _, terminated, truncated, step_info = env.step(action)
+    episode = info.get("episode")
+    if terminated or truncated:
+        episode = step_info.get("episode", episode)
+        obs, step_info = env.reset()
+    return obs, step_info if episode is None else {**step_info, "episode": episode}
+
+
+class NoopReset(gym.Wrapper):
+    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
+    seeded RNG, so the games start in different states."""
+
+    def __init__(self, env: gym.Env, noop_max: int = 30):
+        super().__init__(env)
+        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, info = step_in_reset(self.env, 0, info)
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
+    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
+    an episode end, still with the max of the last two frames (the earlier one from the step before
+    when the end came at the first frame)."""
+
+    def __init__(self, env: gym.Env, skip: int = 4):
+        super().__init__(env)
+        self.skip, self.frame = skip, None
+
+    def reset(self, **kwargs):
+        self.frame, info = self.env.reset(**kwargs)
+        return self.frame, info
+
+    def step(self, action):
+        total_reward = 0.0
+        for _ in range(self.skip):
+            previous = self.frame
+            self.frame, reward, terminated, truncated, info = self.env.step(action)
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
+    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
+    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
+    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, info = step_in_reset(self.env, 0, {})
+        self.game_over = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Ours. Games that wait for FIRE to start get FIRE after every reset, then action 2, as the usual
+    wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife, it also fires after each
+    lost life."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, info = step_in_reset(self.env, self.fire, info)
+        return step_in_reset(self.env, 2, info)
+
+
+class HideVelocity(gym.ObservationWrapper):
+    """Ours. CartPole observes (cart position, cart velocity, pole angle, pole angular velocity); this
+    keeps the positions (indices 0 and 2) only. A policy without memory cannot tell where the pole is
+    going; one with memory can work the velocities out from consecutive positions."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(space.low[[0, 2]], space.high[[0, 2]], dtype=space.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[[0, 2]]
+
+
+def make_env(args: Args, idx: int, run_dir: str, capture_video: bool = False):
+    """A thunk that builds one environment; only the environment with `capture_video` records videos.
+
+    Atari games get ppo_atari_lstm.py's preprocessing (bottom to top):
+
+    | wrapper                   | whose      | does                                                    |
+    |---------------------------|------------|---------------------------------------------------------|
+    | RecordVideo (if asked)    | Gymnasium  | `--capture-video`: the unpreprocessed RGB frames         |
+    | NoopReset                 | ours       | 1 to 30 no-op frames after a reset                      |
+    | MaxAndSkip                | ours       | action repeated 4 frames, max of the last two frames    |
+    | RecordEpisodeStatistics   | Gymnasium  | the game score: unclipped reward over all lives, length |
+    |                           |            | in agent steps; `info["episode"]` at the game's end     |
+    | EpisodicLife              | ours       | lost life = terminated, the game goes on                |
+    | FireReset (if FIRE)       | ours       | FIRE after every reset                                  |
+    | TransformReward(np.sign)  | Gymnasium  | reward clipped to its sign, -1, 0 or 1                  |
+    | ResizeObservation(84, 84) | Gymnasium  | cv2.resize with INTER_AREA                              |
+    | FrameStackObservation(1)  | Gymnasium  | one frame, (1, 84, 84) uint8: the LSTM remembers        |
+
+    with grayscale from ALE itself and the v4 NoFrameskip settings passed explicitly, so `Pong`,
+    `PongNoFrameskip-v4` and `ALE/Pong-v5` are the same environment (see ppo_atari_lstm.py).
+    Other environments get RecordEpisodeStatistics (return and length) and, with `--hide-velocity`,
+    HideVelocity below it.
+    """
+    env_id = atari_id(args.env_id)
+
+    def thunk():
+        if not is_atari(args.env_id):
+            if capture_video:
+                env = gym.make(env_id, render_mode="rgb_array")
+                env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+            else:
+                env = gym.make(env_id)
+            if args.hide_velocity:
+                env = HideVelocity(env)
+            return gym.wrappers.RecordEpisodeStatistics(env)
+        settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
+                        max_num_frames_per_episode=4 * args.max_episode_steps)
+        if capture_video:
+            env = gym.make(env_id, render_mode="rgb_array", **settings)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+        else:
+            env = gym.make(env_id, **settings)
+        env = NoopReset(env, noop_max=30)
+        env = MaxAndSkip(env, skip=4)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = EpisodicLife(env)
+        if "FIRE" in env.unwrapped.get_action_meanings():
+            env = FireReset(env)
+        env = gym.wrappers.TransformReward(env, np.sign)
+        env = gym.wrappers.ResizeObservation(env, (84, 84))
+        return gym.wrappers.FrameStackObservation(env, 1)  # one frame: the LSTM is the memory
+
+    return thunk
+
+
+def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
+    """One worker's vector environment, stepped in the worker's own process, with same-step autoreset:
+    the step that ends an episode returns the next episode's first observation (the last one of the
+    old episode is in `info["final_obs"]`), so every stored transition is real experience."""
+    return gym.vector.SyncVectorEnv(
+        [make_env(args, i, run_dir, capture_video and i == 0) for i in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+def finished_games(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes that ended at this vector step: (env index, return, length in agent steps).
+
+    RecordEpisodeStatistics wraps each environment (for Atari below EpisodicLife, so it reports whole
+    games with the unclipped score). With same-step autoreset the vector environment moves the info of
+    a step that ended an episode to `info["final_info"]`; an Atari game can also end during a reset's
+    own steps (see `step_in_reset`), and then its statistics are in the top-level info.
+    """
+    games = []
+    for source in (infos.get("final_info", {}), infos):
+        for i in np.flatnonzero(source.get("_episode", [])):
+            games.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
+    return games
+
+
+# THE NETWORK -------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std` and constant biases (detail 2 of the 37)."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Encoder -> LSTM -> policy head (std 0.01) and value head (std 1).
+
+    | observations            | encoder                              | LSTM       |
+    |-------------------------|--------------------------------------|------------|
+    | Atari, (1, 84, 84) uint8 | Nature CNN -> 512 (scaled to [0, 1]) | (512, 128) |
+    | vectors, (d,) float32    | MLP d -> 64 -> 64, tanh              | (64, 64)   |
+
+    The recurrent state is a pair (h, c), each (1, B, H): one layer, B environments.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
+        super().__init__()
+        self.pixels = len(obs_shape) == 3
+        if self.pixels:
+            self.network = nn.Sequential(
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)),
+                nn.ReLU(),
+            )
+            self.lstm = nn.LSTM(512, 128)
+        else:
+            self.network = nn.Sequential(
+                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, 64)),
+                nn.Tanh(),
+            )
+            self.lstm = nn.LSTM(64, 64)
+        for name, param in self.lstm.named_parameters():  # recurrent detail 1: orthogonal, zero bias
+            if "bias" in name:
+                nn.init.constant_(param, 0)
+            elif "weight" in name:
+                nn.init.orthogonal_(param, 1.0)
+        self.actor = layer_init(nn.Linear(self.lstm.hidden_size, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(self.lstm.hidden_size, 1), std=1)
+        if self.pixels:
+            self.to(memory_format=torch.channels_last)
+
+    def initial_state(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Recurrent detail 2: every environment starts from the zero state."""
+        return (torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
+                torch.zeros(1, num_envs, self.lstm.hidden_size, device=device))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pixels:  # uint8 -> float32 in the input's own layout, then scaled in place
+            return self.network(x.float().mul_(1.0 / 255.0))
+        return self.network(x)
+
+    def run_lstm(self, hidden: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """Runs the LSTM over T steps of B sequences, resetting the state where an episode starts.
+
+        | tensor  | shape      | meaning                                                             |
+        |---------|------------|---------------------------------------------------------------------|
+        | hidden  | (T, B, F)  | encoder features of the observations, in time order                 |
+        | starts  | (T, B)     | 1 where the observation at step t is the first of an episode        |
+        | state   | 2x(1, B, H)| (h, c) before step 0                                                |
+        | returns | (T, B, H), | the LSTM outputs, and the state after step T-1                      |
+        |         | 2x(1, B, H)|                                                                     |
+
+        Recurrent detail 3: the state is zeroed where an episode starts. The steps between two resets
+        run in one `nn.LSTM` call; the sequence is cut only where some sequence starts an episode
+        (ppo_atari_lstm.py shows that this gives the numbers of a step-by-step loop).
+        """
+        T = hidden.shape[0]
+        cuts = [0] + (torch.nonzero(starts[1:].any(dim=1)).squeeze(1) + 1).tolist() + [T]
+        h, c = state
+        outputs = []
+        for t0, t1 in zip(cuts[:-1], cuts[1:]):
+            keep = (1.0 - starts[t0]).view(1, -1, 1)
+            out, (h, c) = self.lstm(hidden[t0:t1], (h * keep, c * keep))
+            outputs.append(out)
+        return torch.cat(outputs), (h, c)
+
+    def get_states(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """Observations (T, B, *obs_shape) -> LSTM outputs (T, B, H) and the state after step T-1."""
+        T, B = starts.shape
+        hidden = self.features(x.reshape((T * B,) + x.shape[2:])).view(T, B, -1)
+        return self.run_lstm(hidden, starts, state)
+
+    def get_value(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Values of one step of observations (B, *obs_shape), given the state before it."""
+        out, _ = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
+        return self.critic(out[0]).squeeze(-1)
+
+    def get_action_and_value(self, x, starts, state, action=None):
+        """For T steps of B sequences: action (sampled if not given), log-prob, entropy and value,
+        each (T, B), and the state after step T-1."""
+        out, state = self.get_states(x, starts, state)
+        dist = Categorical(logits=self.actor(out))
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.critic(out).squeeze(-1), state
+
+    @torch.no_grad()
+    def act(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """The worker's policy step for one step of observations (B, *obs_shape): action, log-prob,
+        value and the new state, in one LSTM call, without autograd and entropy. Gumbel-max sampling
+        draws what `Categorical(logits).sample()` would."""
+        keep = (1.0 - starts).view(1, -1, 1)
+        out, state = self.lstm(self.features(x).unsqueeze(0), (state[0] * keep, state[1] * keep))
+        logprobs = self.actor(out[0]).log_softmax(-1)
+        action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
+        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(out[0]).squeeze(-1), state
+
+
+# SHARED MEMORY -----------------------------------------------------------------------------------
+
+
+def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
+                           hidden_size: int) -> dict[str, torch.Tensor]:
+    """The rollout buffer, allocated once in shared memory and reused every iteration.
+
+    T = num_steps, N = num_workers * num_envs_per_worker, K = T / seq_len chunks per environment,
+    H = the LSTM's hidden size. Dimension 1 is always the environment: worker w writes the columns
+    [w * num_envs_per_worker, (w + 1) * num_envs_per_worker) of every tensor, and nothing else.
+
+    | name         | shape            | dtype         | meaning                                            |
+    |--------------|------------------|---------------|----------------------------------------------------|
+    | obs          | (T, N, *obs)     | uint8 (Atari) | the observation the action at step t was taken in  |
+    |              |                  | else float32  |                                                    |
+    | starts       | (T, N)           | float32       | 1 where obs[t] is an episode's first observation:  |
+    |              |                  |               | the LSTM state is zeroed before step t             |
+    | actions      | (T, N)           | int64         | the action taken at step t                         |
+    | logprobs     | (T, N)           | float32       | its log-probability under the rollout's policy     |
+    | values       | (T, N)           | float32       | V(obs[t]) with the rollout's LSTM state            |
+    | rewards      | (T, N)           | float32       | the reward of step t                               |
+    | dones        | (T, N)           | float32       | 1 if the episode ended at step t                   |
+    | final_values | (T, N)           | float32       | where an episode was truncated at step t: V(final  |
+    |              |                  |               | observation) with the state after step t; else 0   |
+    | last_values  | (1, N)           | float32       | V(observation after step T-1), to bootstrap        |
+    | chunk_h      | (K, N, H)        | float32       | h of the LSTM before step k * seq_len (before the  |
+    | chunk_c      | (K, N, H)        | float32       | reset at that step): where chunk k is replayed from|
+    """
+    T, N, K = args.num_steps, args.num_envs, args.num_steps // args.seq_len
+    buffer = {"obs": torch.zeros((T, N) + tuple(obs_shape), dtype=obs_dtype),
+              "starts": torch.zeros(T, N),
+              "actions": torch.zeros(T, N, dtype=torch.long)}
+    for name in ("logprobs", "values", "rewards", "dones", "final_values"):
+        buffer[name] = torch.zeros(T, N)
+    buffer["last_values"] = torch.zeros(1, N)
+    buffer["chunk_h"] = torch.zeros(K, N, hidden_size)
+    buffer["chunk_c"] = torch.zeros(K, N, hidden_size)
+    return {name: x.share_memory_() for name, x in buffer.items()}
+
+
+def mib(tensors) -> float:
+    return sum(x.numel() * x.element_size() for x in tensors) / 2**20
+
+
+def slice_checksum(buffer: dict[str, torch.Tensor], lo: int, hi: int) -> int:
+    """CRC-32 of the columns [lo, hi) of every tensor of the buffer: the worker computes it after
+    writing its slice, the learner again before training on it; equal sums mean that the learner's
+    batch holds exactly what the worker wrote."""
+    checksum = 0
+    for name in sorted(buffer):
+        checksum = zlib.crc32(np.ascontiguousarray(buffer[name][:, lo:hi].numpy()), checksum)
+    return checksum
+
+
+@torch.no_grad()
+def publish_weights(agent: Agent, weights: torch.Tensor):
+    """The learner's parameters, flattened into the shared weight vector (from the GPU if there)."""
+    weights.copy_(torch.nn.utils.parameters_to_vector(agent.parameters()))
+
+
+@torch.no_grad()
+def load_weights(agent: Agent, weights: torch.Tensor):
+    """A worker copies the shared weight vector into its own model's parameters."""
+    offset = 0
+    for param in agent.parameters():
+        param.copy_(weights[offset : offset + param.numel()].view_as(param))
+        offset += param.numel()
+
+
+# ROLLOUT WORKERS ---------------------------------------------------------------------------------
+
+
+def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str, torch.Tensor], carry: tuple,
+                    args: Args) -> tuple[tuple, list, float, float]:
+    """`--num-steps` steps of one worker's environments, written into `rollout` (the worker's
+    column slice of the shared buffer, see `allocate_shared_buffer`).
+
+    `carry` = (next observation, next episode starts, LSTM state) goes from one rollout to the next.
+    Returns the new carry, the episodes that ended as (step, env, return, length), and the seconds
+    spent acting and stepping the environments.
+    """
+    next_obs, next_start, state = carry
+    obs_np, starts_np, actions_np, logprobs_np, values_np, rewards_np, dones_np = (
+        rollout[name].numpy() for name in ("obs", "starts", "actions", "logprobs", "values", "rewards", "dones"))
+    final_values = rollout["final_values"]
+    final_values.zero_()
+    episodes, act_time, env_time = [], 0.0, 0.0
+    for step in range(args.num_steps):
+        if step % args.seq_len == 0:  # recurrent detail 5: the state each chunk will be replayed from
+            rollout["chunk_h"][step // args.seq_len] = state[0][0]
+            rollout["chunk_c"][step // args.seq_len] = state[1][0]
+        obs_np[step] = next_obs
+        starts_np[step] = next_start
+        tick = time.perf_counter()
+        action, logprob, value, state = agent.act(rollout["obs"][step], rollout["starts"][step], state)
+        actions_np[step] = action.numpy()
+        logprobs_np[step] = logprob.numpy()
+        values_np[step] = value.numpy()
+        tock = time.perf_counter()
+        next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
+        env_time += time.perf_counter() - tock
+        act_time += tock - tick
+
+        rewards_np[step] = reward
+        dones_np[step] = terminated | truncated
+        # --no-memory: every step "starts an episode" for the LSTM, so its state is always zero
+        next_start = dones_np[step].copy() if args.memory else np.ones_like(dones_np[step])
+        # next_obs is already the next episode's first observation where an episode ended; the value of
+        # where a truncated episode stopped comes from info["final_obs"], with the state after this step
+        if args.bootstrap_truncation and truncated.any():
+            idx = np.flatnonzero(truncated)
+            final_obs = torch.as_tensor(np.stack(infos["final_obs"][idx]))
+            with torch.no_grad():
+                final_values[step, idx] = agent.get_value(
+                    final_obs, torch.full((len(idx),), 1.0 - args.memory), (state[0][:, idx], state[1][:, idx]))
+        for i, episodic_return, episodic_length in finished_games(infos):
+            episodes.append((step, i, episodic_return, episodic_length))
+    with torch.no_grad():
+        rollout["last_values"][0] = agent.get_value(torch.as_tensor(next_obs), torch.as_tensor(next_start), state)
+    return (next_obs, next_start, state), episodes, act_time, env_time
+
+
+def next_command(conn, parent_pid: int):
+    """The learner's next command. Polls, so that a worker whose learner died (its pipe closed, or
+    this process handed to another parent) returns "stop" within a second instead of waiting forever."""
+    while not conn.poll(0.5):
+        if os.getppid() != parent_pid:
+            return "stop"
+    try:
+        return conn.recv()
+    except EOFError:
+        return "stop"
+
+
+def rollout_worker(worker_id: int, args: Args, buffer: dict[str, torch.Tensor], weights: torch.Tensor, conn,
+                   parent_pid: int, start_step: int, run_dir: str):
+    """A rollout worker process: builds its environments and policy copy, replies ("ready", id), then
+    for every ("start", iteration): loads the weights, collects a rollout into its slice of `buffer`
+    and replies ("done", id, stats). Stops at "stop"; on an exception replies ("error", id, traceback)
+    and exits with code 1."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's: it stops the workers
+    torch.set_num_threads(1)
+    envs = None
+    try:
+        n = args.num_envs_per_worker
+        lo = worker_id * n
+        # its own random stream: a function of the seed, the worker and the step a (resumed) run starts at
+        torch.manual_seed(int(np.random.SeedSequence([args.seed, worker_id, start_step]).generate_state(1)[0]))
+        envs = make_envs(args, n, run_dir, args.capture_video and worker_id == 0)
+        agent = Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
+        rollout = {name: x[:, lo : lo + n] for name, x in buffer.items()}
+        # env j of worker w gets seed + w * num_envs_per_worker + j: no two envs share a seed; a resumed
+        # run adds its global step, so it does not replay the first episodes
+        next_obs, _ = envs.reset(seed=args.seed + start_step + lo)
+        carry = (next_obs, np.ones(n, dtype=np.float32), agent.initial_state(n, torch.device("cpu")))
+        conn.send(("ready", worker_id))
+        while (command := next_command(conn, parent_pid)) != "stop":
+            load_weights(agent, weights)
+            carry, episodes, act_time, env_time = collect_rollout(agent, envs, rollout, carry, args)
+            conn.send(("done", worker_id, {"episodes": episodes, "act_time": act_time, "env_time": env_time,
+                                           "checksum": slice_checksum(buffer, lo, lo + n)}))
+    except Exception:
+        try:
+            conn.send(("error", worker_id, traceback.format_exc()))
+        except OSError:  # the learner is gone
+            pass
+        raise SystemExit(1)
+    finally:
+        if envs is not None:
+            envs.close()
+
+
+class WorkerFailed(Exception):
+    """A rollout worker raised an exception or died."""
+
+
+def wait_for_workers(workers: list, conns: list, expected: str) -> list:
+    """One reply `expected` from each worker, in worker order. Waits on the pipes and on the
+    processes themselves (their sentinels), so a worker that dies without a word (killed, crashed)
+    is noticed at once; raises WorkerFailed naming the worker and its error or exit code."""
+    replies, pending = [None] * len(workers), set(range(len(workers)))
+    while pending:
+        wait([conns[i] for i in pending] + [workers[i].sentinel for i in pending], timeout=1.0)
+        for i in sorted(pending):
+            if conns[i].poll():  # read before looking at the exit code: an error is sent just before exiting
+                try:
+                    reply = conns[i].recv()
+                except EOFError:
+                    reply = None
+                if reply is not None and reply[0] == "error":
+                    print(reply[2], file=sys.stderr, end="")
+                    last_line = reply[2].strip().splitlines()[-1]
+                    raise WorkerFailed(f"rollout worker {i} failed: {last_line} (its traceback is above)")
+                if reply is not None:
+                    assert reply[0] == expected, reply
+                    replies[i] = reply
+                    pending.discard(i)
+                    continue
+            exitcode = workers[i].exitcode
+            if exitcode is not None:
+                how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
+                raise WorkerFailed(f"rollout worker {i} (pid {workers[i].pid}) died ({how})")
+    return replies
+
+
+def stop_workers(workers: list, conns: list, graceful: bool):
+    """Stops every worker: with `graceful`, a "stop" and a moment to close their environments; then
+    SIGTERM for those still there, SIGKILL after a grace period, and join, so no process is left."""
+    for conn in conns:
+        try:
+            if graceful:
+                conn.send("stop")
+        except OSError:  # that worker is gone
+            pass
+    deadline = time.monotonic() + (5.0 if graceful else 0.0)
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in workers:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + 2.0
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for conn in conns:
+        conn.close()
+
+
+# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+
+
+def to_chunks(x: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(T, N, ...) -> (seq_len, K * N, ...) with K = T / seq_len: chunk c = k * N + n holds steps
+    [k * seq_len, (k + 1) * seq_len) of environment n, in time order; the same c indexes the chunk
+    states `chunk_h.reshape(1, K * N, H)`."""
+    T, N = x.shape[:2]
+    K = T // seq_len
+    return x.reshape((K, seq_len, N) + x.shape[2:]).transpose(0, 1).reshape((seq_len, K * N) + x.shape[2:])
+
+
+def chunk_minibatches(num_chunks: int, num_minibatches: int, device: torch.device) -> list[torch.Tensor]:
+    """A random partition of the chunks into `num_minibatches` equal minibatches (recurrent detail 4:
+    a minibatch is a set of whole chunks, so each is replayed in time order from its saved state)."""
+    return list(torch.randperm(num_chunks, device=device).chunk(num_minibatches))
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    final_values: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
+
+    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
+
+    | tensor         | meaning at step t                                                        |
+    |----------------|--------------------------------------------------------------------------|
+    | rewards[t]     | reward of the transition taken at step t                                  |
+    | values[t]      | V(obs[t]), the critic's value of the observation the action was taken in |
+    | dones[t]       | 1 if the episode ended at step t (terminated or truncated), else 0        |
+    | final_values[t]| where dones[t]: the value of the state the episode ended in: 0 after a    |
+    |                | termination, V(final observation) after a truncation (0 when truncation   |
+    |                | is treated as termination); ignored where not done                        |
+    | last_value     | V(observation after the last step), to bootstrap the unfinished episodes  |
+
+    With same-step autoreset obs[t+1] is the *next* episode's first observation where dones[t], so
+    the next state's value is final_values[t] there and values[t+1] elsewhere:
+
+        delta[t] = rewards[t] + gamma * next_value[t] - values[t]
+        adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
+
+    The trace is cut at every episode end, not at chunk boundaries: chunks only concern the LSTM.
+    Returns (advantages, returns = advantages + values), both (T, N).
+    """
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values)
+    deltas = rewards + gamma * next_values - values
+    not_done = 1.0 - dones
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + gamma * gae_lambda * not_done[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    entropy: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    oldvalues: torch.Tensor,
+    args: Args,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
+
+    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+    """
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss, optionally clipped around the values predicted during the rollout
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+    return loss, stats
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
+                    iteration: int, global_step: int):
+    """Everything needed to continue or evaluate: weights, optimizer, progress, RNG states, args.
+    (The workers' random streams are drawn anew from the seed and the global step on resume.)
+
+    Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
+    """
+    checkpoint = {
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "args": asdict(args),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Reads a checkpoint written by `save_checkpoint` (a one-line error if it is not one)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say so in one line
+        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {e}")
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
+        fail(f"{path} is not a checkpoint written by {Path(__file__).name}")
+    return checkpoint
+
+
+def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
+             device: torch.device) -> list[float]:
+    """Plays `episodes` whole episodes (Atari: games, all lives), one per environment, in this process
+    with the training preprocessing, and returns their returns (unclipped scores). The action sampling
+    uses its own seeded RNG stream, so the same model and seed score the same right after training
+    and later from the saved file."""
+    envs = make_envs(args, episodes, "")
+    scores = np.full(episodes, np.nan)
+    obs, _ = envs.reset(seed=seed)
+    state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        while np.isnan(scores).any():
+            with torch.no_grad():
+                out, state = agent.get_states(torch.as_tensor(obs, device=device).unsqueeze(0), starts, state)
+                logits = agent.actor(out[0])
+                action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+            obs, _, terminated, truncated, infos = envs.step(action.cpu().numpy())
+            ended = np.ones_like(terminated) if not args.memory else terminated | truncated
+            starts = torch.as_tensor(ended, dtype=torch.float32, device=device).unsqueeze(0)
+            for i, score, _ in finished_games(infos):
+                if np.isnan(scores[i]):
+                    scores[i] = score
+    envs.close()
+    return scores.tolist()
+
+
+def run_evaluation(path: str, args: Args) -> list[float]:
+    """`--evaluate PATH`: scores a saved model or checkpoint on the environment it was trained on."""
+    checkpoint = load_checkpoint(path)
+    saved = Args(**checkpoint["args"])
+    env = make_env(saved, 0, "")()
+    agent = Agent(env.observation_space.shape, int(env.action_space.n))
+    env.close()
+    agent.load_state_dict(checkpoint["model"])
+    # the trained run's seed: the same episodes as the evaluation reported right after training
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
+                       torch.device("cpu"))
+    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
+          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    return returns
+
+
+# TRAINING ----------------------------------------------------------------------------------------
+
+
+def main(args: Args):
+    observation_space, action_space = check_args(args)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args)
+
+    checkpoint = None
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        resume_path = args.resume
+        args = Args(**checkpoint["args"])
+        args.resume = resume_path
+        run_dir = str(Path(resume_path).parent)
+    else:
+        run_name = f"{atari_id(args.env_id).replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"{args.runs_dir}/{run_name}"
+        if os.path.exists(run_dir):
+            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+                 "pass another --exp-name")
+
+    # Seeding: same seed, same machine, same thread count -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.distributions.Distribution.set_default_validate_args(False)
+
+    obs_shape = observation_space.shape
+    agent = Agent(obs_shape, int(action_space.n)).to(device)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    start_iteration, global_step = 1, 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        random.setstate(checkpoint["rng"]["python"])
+        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
+
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb  # imported only when used
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=Path(run_dir).name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+
+    # Shared memory, allocated once: the rollout buffer and the weights, handed to the workers at creation
+    obs_dtype = torch.uint8 if observation_space.dtype == np.uint8 else torch.float32
+    buffer = allocate_shared_buffer(args, obs_shape, obs_dtype, agent.lstm.hidden_size)
+    weights = torch.zeros(sum(p.numel() for p in agent.parameters())).share_memory_()
+    publish_weights(agent, weights)
+    print(f"shared memory: rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB; "
+          f"{args.num_workers} workers x {args.num_envs_per_worker} envs", flush=True)
+
+    N, n = args.num_envs, args.num_envs_per_worker
+    context = mp.get_context("spawn")  # a fresh interpreter per worker: safe with a CUDA learner
+    workers, conns = [], []
+    finished = False
+    try:
+        for w in range(args.num_workers):
+            conn, child_conn = context.Pipe()
+            process = context.Process(target=rollout_worker, name=f"rollout-worker-{w}", daemon=True,
+                                      args=(w, args, buffer, weights, child_conn, os.getpid(), global_step, run_dir))
+            process.start()
+            child_conn.close()
+            workers.append(process)
+            conns.append(conn)
+        wait_for_workers(workers, conns, "ready")
+
+        start_time, start_step = time.time(), global_step
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            if args.anneal_lr:
+                frac = 1.0 - (iteration - 1.0) / args.num_iterations
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+            # COLLECT TRAJECTORIES --------------------------------------------------------------
+            # The workers step their environments with the weights published last; the learner waits.
+            collection_start = time.perf_counter()
+            for conn in conns:
+                conn.send(("start", iteration))
+            replies = wait_for_workers(workers, conns, "done")
+            collection_time = time.perf_counter() - collection_start
+            iteration_step = global_step
+            global_step += args.batch_size
+
+            learning_start = time.perf_counter()
+            # the batch is what the workers wrote: each slice's checksum as its worker computed it
+            mismatches = sum(slice_checksum(buffer, w * n, (w + 1) * n) != stats["checksum"]
+                             for w, (_, _, stats) in enumerate(replies))
+            if mismatches:
+                print(f"warning: {mismatches} slices of the rollout buffer differ from what their workers wrote",
+                      file=sys.stderr)
+            episode_returns = []
+            for w, (_, _, stats) in enumerate(replies):
+                for step, i, episodic_return, episodic_length in stats["episodes"]:
+                    episode_step = iteration_step + step * N + w * n + i + 1  # the step this episode ended at
+                    writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
+                    writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
+                    episode_returns.append(episodic_return)
+
+            # CALCULATE ADVANTAGES --------------------------------------------------------------
+            advantages, returns = compute_gae(buffer["rewards"], buffer["values"], buffer["dones"],
+                                              buffer["final_values"], buffer["last_values"][0], args.gamma,
+                                              args.gae_lambda)
+
+            # UPDATE THE NETWORK ----------------------------------------------------------------
+            # Recurrent detail 4: a minibatch is a set of whole chunks, each replayed in time order
+            # from the state the worker saved at its start (recurrent detail 5).
+            c_obs, c_starts, c_actions, c_logprobs, c_values, c_advantages, c_returns = (
+                to_chunks(x, args.seq_len).to(device) for x in (
+                    buffer["obs"], buffer["starts"], buffer["actions"], buffer["logprobs"], buffer["values"],
+                    advantages, returns))
+            H = agent.lstm.hidden_size
+            c_state = (buffer["chunk_h"].reshape(1, -1, H).to(device), buffer["chunk_c"].reshape(1, -1, H).to(device))
+            for epoch in range(args.update_epochs):
+                for k, mb in enumerate(chunk_minibatches(args.num_chunks, args.num_minibatches, device)):
+                    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
+                        c_obs[:, mb], c_starts[:, mb], (c_state[0][:, mb], c_state[1][:, mb]), c_actions[:, mb])
+                    mb_advantages = c_advantages[:, mb]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    loss, stats = ppo_loss(newlogprob, entropy, newvalue, c_logprobs[:, mb], mb_advantages,
+                                           c_returns[:, mb], c_values[:, mb], args)
+                    if epoch == 0 and k == 0:
+                        # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                        # deviation means the replayed recurrent states differ from the workers'
+                        first_ratio_deviation = (newlogprob - c_logprobs[:, mb]).exp().sub(1).abs().max().item()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                    break
+            learning_time = time.perf_counter() - learning_start
+
+            publish_start = time.perf_counter()
+            publish_weights(agent, weights)  # the next rollout's policy
+            publish_time = time.perf_counter() - publish_start
+
+            # LOGGING ---------------------------------------------------------------------------
+            stats = {k: v.item() for k, v in stats.items()}
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            for name, value in stats.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("losses/explained_variance",
+                              explained_variance(buffer["values"].numpy(), returns.numpy()), global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/experience_SPS", args.batch_size / collection_time, global_step)
+            writer.add_scalar("charts/learning_SPS", args.batch_size / learning_time, global_step)
+            writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+            writer.add_scalar("debug/slice_checksum_mismatches", mismatches, global_step)
+            writer.add_scalar("perf/collection_time", collection_time, global_step)
+            writer.add_scalar("perf/learning_time", learning_time, global_step)
+            writer.add_scalar("perf/publish_time", publish_time, global_step)
+            # the workers' own split of the collection (means over workers)
+            writer.add_scalar("perf/act_time", np.mean([r[2]["act_time"] for r in replies]), global_step)
+            writer.add_scalar("perf/env_time", np.mean([r[2]["env_time"] for r in replies]), global_step)
+            if episode_returns:
+                print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
+                      f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
+                      f"(collect {collection_time:.3f}s, learn {learning_time:.3f}s, publish {publish_time:.4f}s)")
+
+            if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+                save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
+        finished = True
+    except WorkerFailed as e:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: error: {e}; stopped all workers") from None
+    finally:  # also on Ctrl-C and on any error of the learner: no worker is left behind
+        stop_workers(workers, conns, graceful=finished)
+
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"))
+        for i, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return run_dir
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,329 @@
+"""ppo_shared_memory_lstm.py: a short run with 2 workers (files, metrics, every worker's episodes, ratio
+1, the workers' slices equal to the learner's batch), the recurrent chunks (saved states, resets inside
+a chunk, chunk and minibatch indexing), bad input, and what happens when a worker raises or is killed,
+when the learner gets Ctrl-C or is killed: a bounded stop, no process and no shared memory left."""
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ppo_shared_memory_lstm as script
+from helpers import (METRICS, assert_one_line_per_iteration_with_episodes, load, only_run_dir, read_scalars,
+                     run_script, start_script)
+
+NAME = "ppo_shared_memory_lstm"
+WORKERS, ENVS_PER_WORKER, STEPS = 2, 2, 32
+BATCH, ITERATIONS = WORKERS * ENVS_PER_WORKER * STEPS, 3
+SMALL = ("--num-workers", WORKERS, "--num-envs-per-worker", ENVS_PER_WORKER, "--num-steps", STEPS, "--seq-len", 8,
+         "--num-minibatches", 2, "--update-epochs", 2)
+# this script splits the time into collection, learning and publication instead of rollout and update
+NEW_METRICS = ["charts/experience_SPS", "charts/learning_SPS", "perf/collection_time", "perf/learning_time",
+               "perf/publish_time", "perf/act_time", "perf/env_time", "debug/slice_checksum_mismatches"]
+EXPECTED_METRICS = [tag for tag in METRICS if tag not in ("perf/rollout_time", "perf/update_time")] + NEW_METRICS
+LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean_return=(-?[\d.]+) SPS=\d+", re.M)
+
+
+# PROCESSES AND SHARED MEMORY ---------------------------------------------------------------------
+
+
+def process_table() -> dict[int, tuple[int, str, int]]:
+    """pid -> (parent pid, state, start time in clock ticks) of every process, from /proc."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        table[int(stat.parent.name)] = (int(fields[1]), fields[0], int(fields[19]))
+    return table
+
+
+def descendants(pid: int) -> set[tuple[int, int]]:
+    """(pid, start time) of every living descendant of `pid` (the start time tells a reused pid apart)."""
+    table, found, frontier = process_table(), set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, state, start) in table.items():
+            if ppid == parent and state != "Z" and (child, start) not in found:
+                found.add((child, start))
+                frontier.append(child)
+    return found
+
+
+def still_running(processes: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    table = process_table()
+    return {(pid, start) for pid, start in processes
+            if pid in table and table[pid][2] == start and table[pid][1] != "Z"}
+
+
+def is_worker(pid: int) -> bool:
+    try:
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def torch_shm() -> set[str]:
+    """PyTorch's shared-memory segments that have a name in /dev/shm (file_system strategy, or leaks)."""
+    return {p.name for p in Path("/dev/shm").glob("torch_*")}
+
+
+def interrupted_run(cwd, action, *argv):
+    """Starts a long run of the script with 2 workers, waits until its first checkpoint (an iteration
+    done, so the workers are at work), does `action(learner_pid, worker_pids)` (None: nothing), and
+    waits at most 30 s for the learner to end. Returns (returncode, stderr, the learner's descendants
+    seen while it ran, the worker pids); leaves nothing running even when the test fails."""
+    shm_before = torch_shm()
+    proc = start_script(NAME, *SMALL, "--total-timesteps", 10**7, "--checkpoint-every", 1, *argv, cwd=cwd)
+    seen, workers = set(), set()
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            new = descendants(proc.pid) - seen
+            workers |= {(start, pid) for pid, start in new if is_worker(pid)}  # while its command line is there
+            seen |= new
+            if proc.poll() is not None or list(Path(cwd).glob("runs/*/checkpoint.pt")):
+                break
+            assert time.monotonic() < deadline, "no iteration finished in 120 s"
+            time.sleep(0.05)
+        worker_pids = [pid for _, pid in sorted(workers)]
+        if action is not None:
+            action(proc.pid, worker_pids)
+        _, stderr = proc.communicate(timeout=30)
+        # the workers and multiprocessing's resource tracker end with the learner (a moment for the tracker)
+        deadline = time.monotonic() + 10
+        while still_running(seen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not still_running(seen), still_running(seen)
+        assert torch_shm() <= shm_before
+        return proc.returncode, stderr, worker_pids
+    finally:
+        for pid, _ in still_running(seen | {(proc.pid, 0)}) | {(proc.pid, 0)}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait()
+
+
+# A SHORT RUN -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    """One short run from the command line with 2 workers x 2 CartPoles, shared by the tests below."""
+    cwd = tmp_path_factory.mktemp("shared_memory_lstm")
+    shm_before = torch_shm()
+    result = run_script(NAME, *SMALL, "--total-timesteps", ITERATIONS * BATCH, "--save-model", "--eval-episodes", 2,
+                        "--checkpoint-every", 1, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(cwd / "runs")
+    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir), shm_before=shm_before)
+
+
+def test_run_writes_its_files_metrics_and_stdout(e2e):
+    result, scalars = e2e["result"], e2e["scalars"]
+    assert "Traceback" not in result.stderr
+    assert re.search(r"^shared memory: rollout buffer [\d.]+ MiB, weights [\d.]+ MiB; 2 workers x 2 envs$",
+                     result.stdout, re.M)
+    assert load(e2e["run_dir"] / "checkpoint.pt")["global_step"] == ITERATIONS * BATCH
+    assert load(e2e["run_dir"] / "model.pt")["iteration"] == ITERATIONS
+    assert not [tag for tag in EXPECTED_METRICS if tag not in scalars]
+    for tag in EXPECTED_METRICS:
+        if not tag.startswith("charts/episodic"):
+            assert [step for step, _ in scalars[tag]] == [BATCH * k for k in range(1, ITERATIONS + 1)], tag
+    assert len(scalars["eval/episodic_return"]) == 2
+    assert_one_line_per_iteration_with_episodes(result.stdout, LINE, scalars["charts/episodic_return"], ITERATIONS,
+                                                BATCH)
+    assert torch_shm() <= e2e["shm_before"]  # nothing left in /dev/shm
+
+
+def test_first_minibatch_replays_the_workers_rollouts(e2e):
+    deviations = [value for _, value in e2e["scalars"]["debug/first_minibatch_ratio_deviation"]]
+    assert len(deviations) == ITERATIONS and max(deviations) < 1e-5
+
+
+def test_learner_trains_on_what_the_workers_wrote(e2e):
+    mismatches = [value for _, value in e2e["scalars"]["debug/slice_checksum_mismatches"]]
+    assert mismatches == [0] * ITERATIONS
+
+
+def test_episodes_of_every_worker_are_logged_at_their_own_steps(e2e):
+    """An episode of environment i (0..3; worker i // 2) that ends at vector step t of an iteration is
+    logged at step (iteration start) + t * 4 + i + 1, so its step tells its environment: all appear,
+    and CartPole's random-policy episodes of about 20 steps fit the steps between them."""
+    steps = [step for step, _ in e2e["scalars"]["charts/episodic_return"]]
+    envs = WORKERS * ENVS_PER_WORKER
+    assert {(step - 1) % envs for step in steps} == set(range(envs))
+    for i in range(envs):
+        ends = [(step - 1) // envs for step in steps if (step - 1) % envs == i]
+        lengths = [value for step, value in e2e["scalars"]["charts/episodic_length"] if (step - 1) % envs == i]
+        assert ends[0] + 1 == lengths[0]  # the first episode of each env started at step 0
+        assert np.diff(ends).tolist() == lengths[1:]  # and each later one right after the one before
+
+
+def test_saved_model_evaluates_as_after_training(e2e):
+    logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
+    returns = script.run_evaluation(str(e2e["run_dir"] / "model.pt"), script.Args(eval_episodes=2))
+    assert returns == pytest.approx(logged, rel=1e-6)
+
+
+# RECURRENT CHUNKS --------------------------------------------------------------------------------
+
+
+def test_to_chunks_and_minibatches_index_whole_chunks():
+    T, N, L = 12, 3, 4
+    x = torch.arange(T * N).reshape(T, N) * 10  # x[t, n] = (t * N + n) * 10
+    chunks = script.to_chunks(x.unsqueeze(-1).repeat(1, 1, 2), L)
+    assert chunks.shape == (L, T // L * N, 2)
+    for i in range(L):
+        for c in range(T // L * N):  # chunk c = k * N + n: steps k * L ... k * L + L - 1 of env n
+            k, n = divmod(c, N)
+            assert chunks[i, c].tolist() == [x[k * L + i, n].item()] * 2
+    states = torch.arange(T // L * N).reshape(T // L, N, 1)  # chunk_h[k, n]
+    assert states.reshape(1, -1, 1)[0, :, 0].tolist() == list(range(T // L * N))  # same c
+    minibatches = script.chunk_minibatches(9, 3, torch.device("cpu"))
+    assert [len(mb) for mb in minibatches] == [3, 3, 3]
+    assert sorted(torch.cat(minibatches).tolist()) == list(range(9))
+
+
+@pytest.fixture
+def worker_rollout():
+    """Worker 1 of 2 (3 envs each) collects 12 steps of FixedLength-v0 (episodes of exactly 3 steps, so
+    episodes start at steps 0, 3, 6, 9: inside the 4-step chunks) into its slice of a shared buffer."""
+    torch.manual_seed(0)
+    args = script.Args(env_id="FixedLength-v0", num_workers=2, num_envs_per_worker=3, num_steps=12, seq_len=4)
+    envs = script.make_envs(args, 3, "")
+    agent = script.Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
+    buffer = script.allocate_shared_buffer(args, envs.single_observation_space.shape, torch.float32,
+                                           agent.lstm.hidden_size)
+    rollout = {name: x[:, 3:6] for name, x in buffer.items()}
+    next_obs, _ = envs.reset(seed=0)
+    # a nonzero carried-in state, as after an earlier rollout
+    carry = (next_obs, np.zeros(3, dtype=np.float32), (torch.randn(1, 3, 64), torch.randn(1, 3, 64)))
+    carry, episodes, _, _ = script.collect_rollout(agent, envs, rollout, carry, args)
+    envs.close()
+    return dict(args=args, agent=agent, buffer=buffer, episodes=episodes, state=carry[2])
+
+
+def test_rollout_fills_its_own_slice_with_episode_starts_inside_chunks(worker_rollout):
+    buffer = worker_rollout["buffer"]
+    for name, x in buffer.items():  # worker 0's columns are untouched
+        assert not x[:, :3].any(), name
+    assert buffer["starts"][:, 3:].tolist() == [[float(t % 3 == 0 and t > 0)] * 3 for t in range(12)]
+    assert buffer["obs"][:, 3:, 0].tolist() == [[float(t % 3)] * 3 for t in range(12)]
+    assert buffer["dones"][:, 3:].tolist() == [[float(t % 3 == 2)] * 3 for t in range(12)]
+    assert [(step, i, ret, length) for step, i, ret, length in worker_rollout["episodes"]] == \
+        [(step, i, 3.0, 3) for step in (2, 5, 8, 11) for i in range(3)]
+
+
+def test_chunks_replayed_from_their_saved_states_give_the_rollout(worker_rollout):
+    """The update's view: every chunk run from its saved start state reproduces the worker's
+    log-probs and values (ratio 1), and ends in the state the next chunk was saved with."""
+    args, agent, buffer = worker_rollout["args"], worker_rollout["agent"], worker_rollout["buffer"]
+    own = {name: x[:, 3:] for name, x in buffer.items()}
+    c = {name: script.to_chunks(own[name], args.seq_len) for name in ("obs", "starts", "actions", "logprobs", "values")}
+    h0, c0 = own["chunk_h"].reshape(1, -1, 64), own["chunk_c"].reshape(1, -1, 64)
+    assert h0[:, :3].abs().sum() > 0  # chunk 0 starts from the carried-in (nonzero) state
+    with torch.no_grad():
+        _, logprob, _, value, (h, c_) = agent.get_action_and_value(c["obs"], c["starts"], (h0, c0), c["actions"])
+    torch.testing.assert_close(logprob, c["logprobs"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(value, c["values"], rtol=0, atol=1e-6)
+    # chunk k = 0, 1 of env n ends in the state saved at the start of chunk k + 1 (chunk index (k + 1) * 3 + n)
+    torch.testing.assert_close(h[:, :6], h0[:, 3:], rtol=0, atol=1e-6)
+    torch.testing.assert_close(c_[:, :6], c0[:, 3:], rtol=0, atol=1e-6)
+    torch.testing.assert_close(h[:, 6:], worker_rollout["state"][0], rtol=0, atol=1e-6)  # the carry to the next rollout
+
+
+def test_state_is_reset_where_an_episode_starts_inside_a_chunk(worker_rollout):
+    """Chunk 1 (steps 4-7) has an episode start at step 6: from there on the outputs do not depend on the
+    state the chunk starts with; before it they do."""
+    args, agent, buffer = worker_rollout["args"], worker_rollout["agent"], worker_rollout["buffer"]
+    own = {name: x[:, 3:] for name, x in buffer.items()}
+    obs, starts = script.to_chunks(own["obs"], 4)[:, 3:6], script.to_chunks(own["starts"], 4)[:, 3:6]
+    with torch.no_grad():
+        out_a, _ = agent.get_states(obs, starts, (own["chunk_h"][1:2], own["chunk_c"][1:2]))
+        out_b, _ = agent.get_states(obs, starts, (torch.randn(1, 3, 64), torch.randn(1, 3, 64)))
+    assert starts[:, 0].tolist() == [0, 0, 1, 0]
+    torch.testing.assert_close(out_a[2:], out_b[2:])
+    assert not torch.allclose(out_a[:2], out_b[:2])
+
+
+def test_slice_checksum_sees_a_change_in_its_slice_only():
+    args = script.Args(num_workers=2, num_envs_per_worker=2, num_steps=8, seq_len=4)
+    buffer = script.allocate_shared_buffer(args, (4,), torch.float32, 8)
+    for x in buffer.values():
+        x.copy_(torch.randint(0, 100, x.shape))
+    worker0, worker1 = script.slice_checksum(buffer, 0, 2), script.slice_checksum(buffer, 2, 4)
+    for name in buffer:
+        buffer[name][-1, 3].view(-1)[0] += 1  # one number of worker 1's slice
+        assert script.slice_checksum(buffer, 0, 2) == worker0, name
+        assert script.slice_checksum(buffer, 2, 4) != worker1, name
+        buffer[name][-1, 3].view(-1)[0] -= 1
+    assert script.slice_checksum(buffer, 2, 4) == worker1
+
+
+# BAD INPUT ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(num_steps=32, seq_len=12), "--seq-len 12 does not divide --num-steps 32"),
+    (dict(num_workers=3, num_envs_per_worker=1, num_steps=16, seq_len=16, num_minibatches=2),
+     "--num-minibatches 2 does not divide the 3 chunks"),
+    (dict(env_id="Pendulum-v1"), "supports Discrete actions only"),
+    (dict(env_id="NoSuchEnv-v0"), "unknown environment id 'NoSuchEnv-v0'"),
+    (dict(env_id="Acrobot-v1", hide_velocity=True), "--hide-velocity is for CartPole only"),
+])
+def test_bad_input_gets_one_line_and_exit_code_2(overrides, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(script.Args(runs_dir=str(tmp_path), **overrides))
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert message in line and "error" in line
+    assert not list(tmp_path.iterdir())  # before any work: not even a run folder
+
+
+def test_bad_input_on_the_command_line_exits_before_starting_workers(tmp_path):
+    result = run_script(NAME, "--num-steps", 100, "--seq-len", 16, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line == f"{NAME}.py: error: --seq-len 16 does not divide --num-steps 100 (the rollout is cut into chunks)"
+
+
+# FAILURES ----------------------------------------------------------------------------------------
+
+
+def test_worker_that_raises_stops_the_run(tmp_path):
+    returncode, stderr, workers = interrupted_run(tmp_path, None, "--env-id", "tests.crashing_envs:CrashingCartPole-v0")
+    assert len(workers) == WORKERS
+    assert returncode == 1
+    assert "RuntimeError: injected failure after 40 steps" in stderr  # the worker's traceback
+    assert stderr.strip().splitlines()[-1] == (
+        f"{NAME}.py: error: rollout worker 1 failed: RuntimeError: injected failure after 40 steps "
+        "(its traceback is above); stopped all workers")
+
+
+def test_worker_killed_stops_the_run(tmp_path):
+    returncode, stderr, workers = interrupted_run(tmp_path, lambda learner, workers: os.kill(workers[1], signal.SIGKILL))
+    assert len(workers) == WORKERS
+    assert returncode == 1
+    assert stderr.strip().splitlines()[-1] == (
+        f"{NAME}.py: error: rollout worker 1 (pid {workers[1]}) died (signal SIGKILL); stopped all workers")
+
+
+def test_ctrl_c_stops_the_learner_and_every_worker(tmp_path):
+    returncode, stderr, workers = interrupted_run(tmp_path, lambda learner, workers: os.kill(learner, signal.SIGINT))
+    assert len(workers) == WORKERS
+    assert returncode != 0 and "KeyboardInterrupt" in stderr
+
+
+def test_workers_end_by_themselves_when_the_learner_is_killed(tmp_path):
+    returncode, _, workers = interrupted_run(tmp_path, lambda learner, workers: os.kill(learner, signal.SIGKILL))
+    assert len(workers) == WORKERS
+    assert returncode == -signal.SIGKILL  # and interrupted_run saw every worker end (within 10 s)
