@@ -943,7 +943,9 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         report = dict(steps=steps * N, episodes=episodes, rollout_time=rollout_time,
                       sums=(y.size, y.sum(), (y**2).sum(), error.sum(), (error**2).sum()))
         reports = [None] * world_size
-        dist.all_gather_object(reports, report)
+        tick = time.perf_counter()
+        dist.all_gather_object(reports, report)  # waits here for the slowest rank's rollout
+        comm_time = gather_time = time.perf_counter() - tick
         iteration_start_step = global_step
         global_step += sum(r["steps"] for r in reports)
 
@@ -951,7 +953,6 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         # Each rank holds its share of every global minibatch: its own batch, shuffled, cut into
         # num_minibatches pieces. The pieces' gradients are combined by all_reduce_gradients.
         update_start = time.perf_counter()
-        allreduce_time = 0.0
         local_batch = steps * N
         b_obs = obs[:steps].reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
         b_actions = actions[:steps].reshape(-1).to(device)
@@ -966,7 +967,7 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
             if args.norm_adv:
                 tick = time.perf_counter()
                 adv_stats = global_advantage_stats(b_advantages, minibatches, comm_device)
-                allreduce_time += time.perf_counter() - tick
+                comm_time += time.perf_counter() - tick
             for k, mb_inds in enumerate(minibatches):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 mb_advantages = b_advantages[mb_inds]
@@ -987,7 +988,7 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
                 tick = time.perf_counter()
                 averaged = all_reduce_gradients(params, len(mb_inds), torch.stack([*stats.values(), vote.float()]),
                                                 comm_device)
-                allreduce_time += time.perf_counter() - tick
+                comm_time += time.perf_counter() - tick
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # of the averaged gradient
                 optimizer.step()
             epochs += 1
@@ -996,7 +997,9 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
             # decided from all-reduced numbers: every rank stops after the same epoch
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
+        # the iteration's time: rollout_time + learn_time + comm_time (all collectives, waits included)
         update_time = time.perf_counter() - update_start
+        learn_time = update_time - (comm_time - gather_time)
 
         # LOGGING (rank 0, with everyone's games and sums) --------------------------------------
         if rank == 0:
@@ -1016,9 +1019,9 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
             writer.add_scalar("debug/preempted_ranks", sum(r["steps"] < T * N for r in reports), global_step)
             writer.add_scalar("perf/rollout_time", rollout_time, global_step)
             writer.add_scalar("perf/rollout_time_max", max(r["rollout_time"] for r in reports), global_step)
-            writer.add_scalar("perf/update_time", update_time, global_step)
-            writer.add_scalar("perf/learn_time", update_time - allreduce_time, global_step)
-            writer.add_scalar("perf/allreduce_time", allreduce_time, global_step)
+            writer.add_scalar("perf/update_time", update_time, global_step)  # learn_time + the update's all-reduces
+            writer.add_scalar("perf/learn_time", learn_time, global_step)
+            writer.add_scalar("perf/comm_time", comm_time, global_step)
             scores = []
             for r in reports:
                 for offset, score, length in r["episodes"]:
@@ -1026,9 +1029,10 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
                     writer.add_scalar("charts/episodic_length", length, iteration_start_step + offset)
                     scores.append(score)
             if scores:
-                print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} games={len(scores)} "
+                planned = "" if args.preempt_fraction is not None else f"/{args.num_iterations}"  # unknown when preempting
+                print(f"iteration {iteration}{planned} global_step={global_step} games={len(scores)} "
                       f"mean_score={np.mean(scores):.2f} SPS={sps} (rollout {rollout_time:.2f}s, "
-                      f"learn {update_time - allreduce_time:.2f}s, allreduce {allreduce_time:.2f}s)")
+                      f"learn {learn_time:.2f}s, comm {comm_time:.2f}s)")
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             rng = [None] * world_size

@@ -1,0 +1,333 @@
+"""ppo_atari_multigpu.py: the gradient of 2 ranks equals the gradient of 1 process, runs under torchrun
+(2 processes; two launches joined by a c10d rendezvous as two "nodes"; a resume), identical weights on
+every rank, collective early stopping and straggler preemption, a killed or hung rank ending the job,
+bad input on every rank, and a world of one that trains like ppo_atari.py."""
+
+import multiprocessing
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
+import ppo_atari
+import ppo_atari_multigpu as script
+from helpers import METRICS, REPO, load, only_run_dir, read_scalars
+
+ITERATIONS, NUM_ENVS, NUM_STEPS = 6, 4, 32
+BATCH = NUM_ENVS * NUM_STEPS
+TINY = ["--env-id", "Breakout", "--num-envs", NUM_ENVS, "--num-steps", NUM_STEPS, "--num-minibatches", 2,
+        "--max-episode-steps", 60]
+HASHES = re.compile(r"^final weights of the (\d+) ranks: sha256 (.+)$", re.M)
+
+
+def torchrun(*argv, cwd, launcher=("--standalone", "--nproc_per_node=2"), timeout=300, popen=False):
+    """`torchrun <launcher> ppo_atari_multigpu.py argv...` (as `python -m torch.distributed.run`), one
+    thread per process, stdout and stderr together."""
+    command = [sys.executable, "-m", "torch.distributed.run", *launcher, str(REPO / "ppo_atari_multigpu.py"),
+               *map(str, argv)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if popen:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    return subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+
+
+def weight_hashes(output: str) -> list[str]:
+    """The per-rank weight checksums that rank 0 printed at the end."""
+    match = HASHES.search(output)
+    assert match, output
+    hashes = match[2].split()
+    assert len(hashes) == int(match[1])
+    return hashes
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    """2 ranks x 2 Breakout environments for ITERATIONS iterations, with a KL target small enough to
+    stop some updates early, and small enough that the ranks' own KLs sometimes fall on both sides."""
+    cwd = tmp_path_factory.mktemp("multigpu")
+    result = torchrun(*TINY, "--total-timesteps", ITERATIONS * BATCH, "--checkpoint-every", 1, "--save-model",
+                      "--eval-episodes", 1, "--no-anneal-lr", "--target-kl", 0.0001, cwd=cwd)
+    run_dir = only_run_dir(cwd / "runs") if result.returncode == 0 else None
+    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir) if run_dir else None)
+
+
+def test_two_ranks_train_one_model_with_identical_weights(e2e):
+    result = e2e["result"]
+    assert result.returncode == 0, result.stdout
+    assert "2 ranks x 2 environments, backend gloo" in result.stdout
+    hashes = weight_hashes(result.stdout)
+    assert len(hashes) == 2 and hashes[0] == hashes[1]
+    model = load(e2e["run_dir"] / "model.pt")
+    assert model["global_step"] == ITERATIONS * BATCH
+    assert len(load(e2e["run_dir"] / "checkpoint.pt")["rng"]) == 2  # every rank's RNG streams
+
+
+def test_rank_zero_logs_every_metric_once_per_iteration(e2e):
+    scalars = e2e["scalars"]
+    for tag in METRICS + ["perf/learn_time", "perf/comm_time", "perf/rollout_time_max", "debug/update_epochs"]:
+        assert tag in scalars, tag
+        if not tag.startswith("charts/episodic"):
+            assert [step for step, _ in scalars[tag]] == [BATCH * k for k in range(1, ITERATIONS + 1)], tag
+    assert max(value for _, value in scalars["debug/first_minibatch_ratio_deviation"]) < 1e-5
+    assert len(scalars["eval/episodic_return"]) == 1
+
+
+def test_games_of_every_rank_are_logged(e2e):
+    # a game of global env k ends at a step numbered base + t * NUM_ENVS + k + 1; ranks hold envs 0-1 and 2-3
+    steps = [step for step, _ in e2e["scalars"]["charts/episodic_return"]]
+    assert {(step - 1) % NUM_ENVS for step in steps} == set(range(NUM_ENVS))
+    assert len(steps) == len(set(steps))
+
+
+def test_early_stopping_is_collective(e2e):
+    scalars = e2e["scalars"]
+    epochs = [value for _, value in scalars["debug/update_epochs"]]
+    assert min(epochs) < 4  # some updates stopped early ...
+    # ... including one in which the ranks' own KL values fell on both sides of the target: deciding
+    # alone, one rank would have stopped while the other waited in its next all-reduce
+    assert max(value for _, value in scalars["debug/kl_stop_disagreements"]) >= 1
+    assert e2e["result"].returncode == 0  # no hang, and identical weights (above)
+
+
+def test_resume_under_torchrun_continues_on_every_rank(e2e, tmp_path):
+    checkpoint = load(e2e["run_dir"] / "checkpoint.pt")
+    checkpoint["args"]["total_timesteps"] = (ITERATIONS + 1) * BATCH  # one iteration more to run
+    (tmp_path / "run").mkdir()
+    torch.save(checkpoint, tmp_path / "run" / "checkpoint.pt")
+    result = torchrun("--resume", tmp_path / "run" / "checkpoint.pt", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert f"at iteration {ITERATIONS}, global step {ITERATIONS * BATCH}" in result.stdout
+    hashes = weight_hashes(result.stdout)
+    assert hashes[0] == hashes[1]
+    steps = [step for step, _ in read_scalars(tmp_path / "run")["charts/learning_rate"]]
+    assert steps == [(ITERATIONS + 1) * BATCH]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_launches_with_a_c10d_rendezvous_form_one_job_with_preemption(tmp_path):
+    """Two torchrun launches, as two machines would start them, join through a c10d rendezvous on
+    127.0.0.1. The last rank is a straggler (slept 0.05 s per step): with --preempt-fraction 0.5 its
+    rollouts end early once the other rank is done, and the update still agrees on every rank."""
+    launcher = ("--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                "--rdzv-id=test")
+    argv = [*TINY, "--total-timesteps", 3 * BATCH, "--update-epochs", 1, "--preempt-fraction", 0.5,
+            "--straggler-delay", 0.05]
+    nodes = [torchrun(*argv, cwd=tmp_path, launcher=launcher, popen=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    rank0 = next(output for output in outputs if "final weights" in output)
+    assert "2 ranks x 2 environments" in rank0
+    hashes = weight_hashes(rank0)
+    assert len(hashes) == 2 and hashes[0] == hashes[1]
+    scalars = read_scalars(only_run_dir(tmp_path / "runs"))
+    preempted = [value for _, value in scalars["debug/preempted_ranks"]]
+    assert preempted and all(value == 1 for value in preempted)
+    steps = [step for step, _ in scalars["charts/SPS"]]
+    assert steps[-1] >= 3 * BATCH and len(steps) > 3  # shorter rollouts: more iterations for the same steps
+    assert all(b - a < BATCH for a, b in zip([0] + steps, steps))
+
+
+def rank_processes(launcher_pid: int) -> dict[int, int]:
+    """{RANK: pid} of the training processes that a torchrun process started (read from /proc)."""
+    ranks = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == launcher_pid:
+                environ = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
+                ranks[int(environ["RANK"])] = int(entry.name)
+        except (OSError, KeyError, ValueError):
+            continue  # gone meanwhile, or not a rank
+    return ranks
+
+
+def alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_a_killed_or_hung_rank_ends_the_job_within_the_timeout(fault, tmp_path):
+    """Rank 1 is killed (SIGKILL) or frozen (SIGSTOP) mid-run: the job ends non-zero within the
+    collective timeout plus torchrun's grace period, and no rank is left running."""
+    job = torchrun(*TINY, "--total-timesteps", 1000 * BATCH, "--timeout", 10, cwd=tmp_path, popen=True)
+    try:
+        deadline = time.time() + 120
+        while not list((tmp_path / "runs").glob("*/events.out.tfevents.*")) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # into the training loop
+        ranks = rank_processes(job.pid)
+        assert sorted(ranks) == [0, 1]
+        os.kill(ranks[1], signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+        start = time.time()
+        output = job.communicate(timeout=90)[0]
+        elapsed = time.time() - start
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0
+    assert elapsed < 90
+    if fault == "killed":
+        assert "Signal 9 (SIGKILL) received by PID" in output
+    else:  # rank 0's collective timed out: our one line, then torchrun stopped rank 1
+        assert "ppo_atari_multigpu.py: rank 0: lost the other ranks" in output, output
+    time.sleep(1)
+    assert not any(alive(pid) for pid in ranks.values())
+
+
+def test_world_size_not_dividing_the_environments_fails_on_every_rank(tmp_path):
+    """Every rank checks before joining the process group, so each prints the line and exits 2; torchrun
+    stops the job at the first exit, so a slower rank may be ended by its SIGTERM before (or while) it does."""
+    result = torchrun(*TINY[:2], "--num-envs", 3, cwd=tmp_path, timeout=120)
+    assert result.returncode != 0
+    line = "ppo_atari_multigpu.py: error: the world size 2 does not divide --num-envs 3"
+    exit_codes = re.findall(r"exitcode\s*: (-?\d+) ", result.stdout)
+    assert sorted(exit_codes) in (["2", "2"], ["-15", "2"]), result.stdout
+    assert result.stdout.count(line) >= exit_codes.count("2"), result.stdout  # every rank that exited 2 said why
+    assert "Traceback" not in result.stdout.split("torch.distributed.elastic")[0]  # none from our processes
+    assert not (tmp_path / "runs").exists()
+
+
+# The gradient of two ranks, each on its share of one minibatch, against one process on all of it -----
+
+MINIBATCH = 16
+
+
+def gradient_problem():
+    """A fixed agent and minibatch: uint8 frames, actions, old log-probs and values, advantages, returns."""
+    torch.manual_seed(0)
+    agent = script.Agent(4)
+    g = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 256, (MINIBATCH, 4, 84, 84), dtype=torch.uint8, generator=g)
+    actions = torch.randint(0, 4, (MINIBATCH,), generator=g)
+    with torch.no_grad():
+        _, logprobs, _, values = agent.get_action_and_value(obs, actions)
+    logprobs = logprobs + 0.1 * torch.randn(MINIBATCH, generator=g)  # ratios away from 1: clipping matters
+    advantages = 3 + 2 * torch.randn(MINIBATCH, generator=g)
+    returns = values + torch.randn(MINIBATCH, generator=g)
+    return agent, (obs, actions, logprobs, advantages, returns, values)
+
+
+def loss_of(agent, batch, idx, adv_mean, adv_std):
+    obs, actions, logprobs, advantages, returns, values = (x[idx] for x in batch)
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    return script.ppo_loss(newlogprob, entropy, newvalue, logprobs, (advantages - adv_mean) / (adv_std + 1e-8),
+                           returns, values, script.Args())
+
+
+def rank_gradient(rank: int, store: str, shares: list[list[int]], out: str):
+    """One rank: its share of the minibatch, the global advantage statistics, one all-reduce."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=len(shares))
+    agent, batch = gradient_problem()
+    idx = torch.tensor(shares[rank])
+    (adv_mean, adv_std), = script.global_advantage_stats(batch[3], [idx], torch.device("cpu"))
+    loss, stats = loss_of(agent, batch, idx, adv_mean, adv_std)
+    loss.backward()
+    local = [p.grad.clone() for p in agent.parameters()]
+    averaged = script.all_reduce_gradients(list(agent.parameters()), len(idx), torch.stack(list(stats.values())),
+                                           torch.device("cpu"))
+    torch.save(dict(local=local, grads=[p.grad for p in agent.parameters()], stats=averaged), out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("split", [8, 5])
+def test_two_ranks_average_to_the_gradient_of_the_whole_minibatch(split, tmp_path):
+    """Each rank takes its piece of a shuffled minibatch (8 + 8 samples, or unequal 5 + 11 as after a
+    preemption); the all-reduced gradient equals one process's gradient of the whole minibatch, with
+    advantages normalised over the whole minibatch as ppo_atari.py does, and so do the loss statistics."""
+    order = torch.randperm(MINIBATCH, generator=torch.Generator().manual_seed(2)).tolist()
+    shares = [order[:split], order[split:]]
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=rank_gradient, args=(r, str(tmp_path / "store"), shares, str(tmp_path / f"{r}.pt")))
+             for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    results = [load(tmp_path / f"{r}.pt") for r in range(2)]
+
+    agent, batch = gradient_problem()
+    everything = torch.arange(MINIBATCH)
+    loss, stats = loss_of(agent, batch, everything, batch[3].mean(), batch[3].std())
+    loss.backward()
+    for rank in results:
+        for averaged, single in zip(rank["grads"], (p.grad for p in agent.parameters())):
+            torch.testing.assert_close(averaged, single, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(rank["stats"], torch.stack(list(stats.values())), rtol=1e-5, atol=1e-7)
+    # the check has teeth: a rank's own gradient differs from the whole minibatch's, and with unequal
+    # shares so does the plain (unweighted) average of the two
+    plain = [(a + b) / 2 for a, b in zip(results[0]["local"], results[1]["local"])]
+    assert not torch.allclose(results[0]["local"][-1], agent.critic.bias.grad, rtol=1e-3)
+    if split != MINIBATCH // 2:
+        assert not torch.allclose(plain[-1], agent.critic.bias.grad, rtol=1e-3)
+
+
+# A world of one (no torchrun), in-process ----------------------------------------------------------
+
+
+def fake_args(module, runs_dir, **overrides):
+    fields = dict(env_id="FakeAtari-v0", runs_dir=str(runs_dir), num_envs=2, num_steps=32, num_minibatches=2,
+                  update_epochs=2, total_timesteps=2 * 32 * 2, torch_threads=1)
+    return module.Args(**{**fields, **overrides})
+
+
+def test_a_world_of_one_trains_like_ppo_atari(tmp_path):
+    """Same seed, same games, same minibatches: the losses of ppo_atari.py, up to the float rounding of
+    the global advantage statistics and the count-weighted gradient."""
+    runs = [read_scalars(module.main(fake_args(module, tmp_path / module.__name__)))
+            for module in (ppo_atari, script)]
+    assert runs[0]["charts/episodic_return"] == runs[1]["charts/episodic_return"]
+    for tag in ("losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/approx_kl"):
+        assert [step for step, _ in runs[0][tag]] == [step for step, _ in runs[1][tag]]
+        assert [v for _, v in runs[1][tag]] == pytest.approx([v for _, v in runs[0][tag]], rel=1e-3, abs=1e-6), tag
+
+
+def test_bad_input_fails_before_joining(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(fake_args(script, tmp_path, num_envs=6))
+    assert exit_info.value.code == 2
+    assert "the world size 4 does not divide --num-envs 6" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    for overrides, words in ((dict(preempt_fraction=1.5), "--preempt-fraction"),
+                             (dict(backend="mpi"), "--backend must be gloo or nccl"),
+                             (dict(backend="nccl"), "--backend nccl needs CUDA")):
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(fake_args(script, tmp_path, **overrides))
+        assert exit_info.value.code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ranks_sharing_a_gpu_use_gloo(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    args = script.Args()
+    assert [script.select_device(args, i) for i in range(2)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert script.select_backend(args, torch.device("cuda", 0)) == "nccl"
+    shared = script.Args(device_ids=[1])
+    assert script.select_device(shared, 0) == script.select_device(shared, 1) == torch.device("cuda", 1)
+    assert script.select_backend(shared, torch.device("cuda", 1)) == "gloo"
+    with pytest.raises(SystemExit):
+        script.select_backend(script.Args(device_ids=[1], backend="nccl"), torch.device("cuda", 1))
+    assert script.select_device(script.Args(cuda=False), 1) == torch.device("cpu")
