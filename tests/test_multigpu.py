@@ -200,7 +200,7 @@ def test_world_size_not_dividing_the_environments_fails_on_every_rank(tmp_path):
     exit_codes = re.findall(r"exitcode\s*: (-?\d+) ", result.stdout)
     assert sorted(exit_codes) in (["2", "2"], ["-15", "2"]), result.stdout
     assert result.stdout.count(line) >= exit_codes.count("2"), result.stdout  # every rank that exited 2 said why
-    assert "Traceback" not in result.stdout.split("torch.distributed.elastic")[0]  # none from our processes
+    assert 'ppo_atari_multigpu.py", line' not in result.stdout  # no traceback through our file
     assert not (tmp_path / "runs").exists()
 
 
