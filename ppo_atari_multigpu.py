@@ -739,13 +739,25 @@ def all_reduce_gradients(params: list[nn.Parameter], count: int, scalars: torch.
     way and returned. Gradients, scalars and count travel in one flat buffer: one call, not one per
     parameter."""
     grads = [p.grad for p in params]
-    flat = torch.cat((flatten(grads), scalars.to(grads[0].device))).mul_(count)
-    flat = torch.cat((flat, flat.new_tensor([count]))).to(comm_device)
-    dist.all_reduce(flat)
-    flat = flat.to(grads[0].device)
-    flat = flat[:-1] / flat[-1]
-    unflatten_into(flat, grads)
-    return flat[len(flat) - len(scalars):]
+    flat = torch.empty(sum(g.numel() for g in grads) + len(scalars) + 1, device=grads[0].device)
+    offset = 0
+    for g in grads:  # count * gradient, written straight into its piece of the buffer
+        torch.mul(g, count, out=flat[offset : offset + g.numel()].view(g.shape))
+        offset += g.numel()
+    flat[offset:-1] = scalars * count
+    flat[-1] = count
+    if flat.device == comm_device:
+        dist.all_reduce(flat)
+    else:  # gloo with the gradients on a GPU: reduce a CPU copy
+        reduced = flat.to(comm_device)
+        dist.all_reduce(reduced)
+        flat.copy_(reduced)
+    total = flat[-1]  # all ranks' samples
+    offset = 0
+    for g in grads:  # the weighted average, written back in the gradient's own layout
+        torch.div(flat[offset : offset + g.numel()].view(g.shape), total, out=g)
+        offset += g.numel()
+    return flat[offset:-1] / total
 
 
 def preemption_store() -> dist.Store:
