@@ -1,0 +1,29 @@
+"""benchmark.scaling on event files written here with known wall times: SPS after the first iteration,
+the time split, speedup S = SPS_W / SPS_1 and efficiency E = S / W."""
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from benchmark.scaling import measure, scaling_table
+
+
+def write_run(path, batch, seconds_per_iteration, split, iterations=5):
+    """A run whose iteration k ends at 100 + k * seconds_per_iteration (wall time), after a slow first one."""
+    writer = SummaryWriter(path)
+    for k in range(1, iterations + 1):
+        wall = 100 + 30 + (k - 1) * seconds_per_iteration  # the first iteration took 30 s
+        writer.add_scalar("charts/SPS", 1, k * batch, walltime=wall)
+        for part, seconds in split.items():
+            writer.add_scalar(f"perf/{part}_time", seconds * (10 if k == 1 else 1), k * batch, walltime=wall)
+    writer.close()
+    return path
+
+
+def test_sps_speedup_and_efficiency_follow_from_the_iterations_after_the_first(tmp_path):
+    one = measure(write_run(tmp_path / "w1", 1024, 4.0, dict(rollout=1, learn=3, comm=0)))
+    two = measure(write_run(tmp_path / "w2", 1024, 2.5, dict(rollout=0.5, learn=1.5, comm=0.5)))
+    assert one["sps"] == pytest.approx(1024 / 4.0) and two["sps"] == pytest.approx(1024 / 2.5)
+    assert (two["rollout"], two["learn"], two["comm"]) == pytest.approx((0.2, 0.6, 0.2))
+    rows = scaling_table({("global", 1): one, ("global", 2): two}, cpus=1)
+    assert [(row["world_size"], row["oversubscribed"]) for row in rows] == [(1, False), (2, True)]
+    assert rows[1]["speedup"] == pytest.approx(4.0 / 2.5) and rows[1]["efficiency"] == pytest.approx(0.8)
