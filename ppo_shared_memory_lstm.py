@@ -601,8 +601,11 @@ def slice_checksum(buffer: dict[str, torch.Tensor], lo: int, hi: int) -> int:
 
 @torch.no_grad()
 def publish_weights(agent: Agent, weights: torch.Tensor):
-    """The learner's parameters, flattened into the shared weight vector (from the GPU if there)."""
-    weights.copy_(torch.nn.utils.parameters_to_vector(agent.parameters()))
+    """The learner copies its parameters into the shared weight vector (from the GPU if there)."""
+    offset = 0
+    for param in agent.parameters():
+        weights[offset : offset + param.numel()].view(param.shape).copy_(param)
+        offset += param.numel()
 
 
 @torch.no_grad()
@@ -610,7 +613,7 @@ def load_weights(agent: Agent, weights: torch.Tensor):
     """A worker copies the shared weight vector into its own model's parameters."""
     offset = 0
     for param in agent.parameters():
-        param.copy_(weights[offset : offset + param.numel()].view_as(param))
+        param.copy_(weights[offset : offset + param.numel()].view(param.shape))
         offset += param.numel()
 
 

@@ -255,6 +255,36 @@ def test_state_is_reset_where_an_episode_starts_inside_a_chunk(worker_rollout):
     assert not torch.allclose(out_a[:2], out_b[:2])
 
 
+def test_atari_rollout_keeps_uint8_frames_and_replays():
+    """Pong through the Atari wrappers: one 84x84 uint8 frame per step in the buffer, CNN + LSTM(512, 128),
+    and the replay from the saved chunk states gives the rollout's log-probs."""
+    torch.manual_seed(0)
+    args = script.Args(env_id="Pong", num_workers=1, num_envs_per_worker=2, num_steps=8, seq_len=4)
+    envs = script.make_envs(args, 2, "")
+    agent = script.Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
+    buffer = script.allocate_shared_buffer(args, envs.single_observation_space.shape, torch.uint8, 128)
+    next_obs, _ = envs.reset(seed=0)
+    carry = (next_obs, np.ones(2, dtype=np.float32), agent.initial_state(2, torch.device("cpu")))
+    script.collect_rollout(agent, envs, buffer, carry, args)
+    envs.close()
+    assert buffer["obs"].shape == (8, 2, 1, 84, 84) and buffer["obs"].dtype == torch.uint8 and buffer["obs"].any()
+    c = {name: script.to_chunks(buffer[name], 4) for name in ("obs", "starts", "actions", "logprobs")}
+    state = (buffer["chunk_h"].reshape(1, -1, 128), buffer["chunk_c"].reshape(1, -1, 128))
+    with torch.no_grad():
+        _, logprob, _, _, _ = agent.get_action_and_value(c["obs"], c["starts"], state, c["actions"])
+    torch.testing.assert_close(logprob, c["logprobs"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("obs_shape", [(1, 84, 84), (4,)])
+def test_weights_a_worker_loads_are_the_learners(obs_shape):
+    learner, worker = script.Agent(obs_shape, 3), script.Agent(obs_shape, 3)  # two different initialisations
+    weights = torch.zeros(sum(p.numel() for p in learner.parameters()))
+    script.publish_weights(learner, weights)
+    script.load_weights(worker, weights)
+    for (name, a), b in zip(learner.named_parameters(), worker.parameters()):
+        assert torch.equal(a, b), name
+
+
 def test_slice_checksum_sees_a_change_in_its_slice_only():
     args = script.Args(num_workers=2, num_envs_per_worker=2, num_steps=8, seq_len=4)
     buffer = script.allocate_shared_buffer(args, (4,), torch.float32, 8)
