@@ -16,7 +16,14 @@ learning compute and communication (all collectives, including the wait for slow
 fractions of the measured iterations. A world size above the CPU count is oversubscribed: its ranks
 take turns on the cores, and the table says so.
 
-Prints a markdown table and, with `--out DIR`, writes it to DIR/multigpu_scaling.md and a plot of S and
+`--target-return R --target-steps S` adds the time to a return: for each W, a job with the fixed global
+batch trains for S steps (its learning-rate schedule spans S), and the table gives the wall time (from
+the run's first event) and the step at which the mean score of the last `--target-games` games first
+reached R. The W jobs run the same algorithm with the same seed, so they need about the same number of
+steps, and the time shows what the speed buys.
+
+Prints a markdown table and, with `--out DIR`, writes it to DIR/multigpu_scaling.md (with
+`--skip-sps`: DIR/multigpu_scaling_extra.md) and a plot of S and
 E against W to DIR/plots/multigpu_scaling.png.
 """
 
@@ -103,6 +110,38 @@ def straggler_rows(args: argparse.Namespace, tmp: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def time_to_return(run_dir: Path, target: float, games: int) -> tuple[float, int] | None:
+    """(seconds since the run's first event, global step) at which the mean score of the last `games`
+    games first reached `target`; None if it never did."""
+    start, scalars = read_timed_scalars(run_dir)
+    scores = scalars.get("charts/episodic_return", [])
+    for k in range(games, len(scores) + 1):
+        if sum(value for _, _, value in scores[k - games : k]) / games >= target:
+            step, wall, _ = scores[k - 1]
+            return wall - start, step
+    return None
+
+
+def target_rows(args: argparse.Namespace, tmp: Path) -> str:
+    """For each W, the fixed-global-batch job trained for --target-steps: when it reached the target."""
+    lines = [f"Time to a mean score of {args.target_return:g} over {args.target_games} games, fixed global batch "
+             f"({args.num_envs} environments), {args.target_steps} steps per job, seed 1.", "",
+             "| W | reached at step | wall time (s) | speedup in time |", "|---|---|---|---|"]
+    times = {}
+    for world_size in args.world_sizes:
+        steps = args.target_steps // (args.num_envs * args.num_steps)
+        run_dir = run_job(world_size, args.num_envs, argparse.Namespace(**{**vars(args), "iterations": steps}),
+                          tmp / f"target-{world_size}")
+        reached = time_to_return(run_dir, args.target_return, args.target_games)
+        times[world_size] = reached[0] if reached else None
+        print(f"time to return, W={world_size}: {reached}", file=sys.stderr)
+        baseline = times.get(1)
+        speedup = f"{baseline / reached[0]:.2f}" if reached and baseline else "-"
+        lines.append(f"| {world_size} | {reached[1] if reached else 'not reached'} | "
+                     f"{f'{reached[0]:.0f}' if reached else '-'} | {speedup} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(rows: list[dict], path: Path):
     import matplotlib
 
@@ -140,6 +179,10 @@ def main(argv=None):
     parser.add_argument("--straggler-delay", type=float, default=0.0,
                         help="also run the largest W (fixed global batch) with its last rank sleeping this many seconds "
                              "per step, without and with --preempt-fraction 0.5")
+    parser.add_argument("--target-return", type=float, help="also measure the time to this mean score")
+    parser.add_argument("--target-steps", type=int, default=200_000, help="steps of each time-to-return job")
+    parser.add_argument("--target-games", type=int, default=20, help="games in the mean score of --target-return")
+    parser.add_argument("--skip-sps", action="store_true", help="only the straggler and time-to-return jobs")
     parser.add_argument("--out", type=Path, help="folder for multigpu_scaling.md and plots/multigpu_scaling.png")
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
@@ -150,22 +193,22 @@ def main(argv=None):
     cpus = os.cpu_count()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in args.modes:
+        for mode in [] if args.skip_sps else args.modes:
             for world_size in args.world_sizes:
                 envs = num_envs(mode, world_size, args.envs_per_rank, args.num_envs)
                 results[(mode, world_size)] = measure(run_job(world_size, envs, args, Path(tmp) / f"{mode}-{world_size}"))
                 print(f"{MODES[mode]}, W={world_size}: {results[(mode, world_size)]['sps']:.0f} SPS", file=sys.stderr)
-        if args.straggler_delay:
-            straggler = straggler_rows(args, Path(tmp))
+        extra = [straggler_rows(args, Path(tmp))] if args.straggler_delay else []
+        extra += [target_rows(args, Path(tmp))] if args.target_return is not None else []
     rows = scaling_table(results, cpus)
-    table = markdown(rows, args, cpus)
-    if args.straggler_delay:
-        table += "\n" + straggler
+    table = "\n".join([markdown(rows, args, cpus)] * bool(rows) + extra)
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "multigpu_scaling.md").write_text(table)
-        plot(rows, args.out / "plots" / "multigpu_scaling.png")
+        # with --skip-sps the straggler and time-to-return tables go beside the scaling table, not over it
+        (args.out / ("multigpu_scaling.md" if rows else "multigpu_scaling_extra.md")).write_text(table)
+        if rows:
+            plot(rows, args.out / "plots" / "multigpu_scaling.png")
 
 
 if __name__ == "__main__":

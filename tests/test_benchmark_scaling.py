@@ -4,7 +4,8 @@ the time split, speedup S = SPS_W / SPS_1 and efficiency E = S / W."""
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmark.scaling import measure, scaling_table
+from benchmark.events import read_timed_scalars
+from benchmark.scaling import measure, scaling_table, time_to_return
 
 
 def write_run(path, batch, seconds_per_iteration, split, iterations=5):
@@ -27,3 +28,15 @@ def test_sps_speedup_and_efficiency_follow_from_the_iterations_after_the_first(t
     rows = scaling_table({("global", 1): one, ("global", 2): two}, cpus=1)
     assert [(row["world_size"], row["oversubscribed"]) for row in rows] == [(1, False), (2, True)]
     assert rows[1]["speedup"] == pytest.approx(4.0 / 2.5) and rows[1]["efficiency"] == pytest.approx(0.8)
+
+
+def test_time_to_return_is_the_first_time_the_mean_of_the_last_games_reaches_the_target(tmp_path):
+    writer = SummaryWriter(tmp_path)
+    scores = [0, 1, 0, 2, 3, 1, 5, 0]  # means of 2 games: 0.5, 0.5, 1, 2.5, 2, 3, 2.5
+    for k, score in enumerate(scores, start=1):
+        writer.add_scalar("charts/episodic_return", score, 100 * k, walltime=1000 + 10 * k)
+    writer.close()
+    start, _ = read_timed_scalars(tmp_path)
+    wall, step = time_to_return(tmp_path, 2.5, games=2)
+    assert step == 500 and wall == pytest.approx(1050 - start)
+    assert time_to_return(tmp_path, 3.5, games=2) is None
