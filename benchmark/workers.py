@@ -98,7 +98,8 @@ def atari_side_by_side(game: str, iterations: int) -> list[str]:
     print(rows[-1], flush=True)
     for workers in (2, 4):
         result = summarize(run(SCRIPT, iterations, batch, *common, "--num-workers", workers, "--num-envs-per-worker",
-                               8 // workers, "--seq-len", 128, "--clip-coef", 0.1, "--torch-threads", 2))
+                               8 // workers, "--seq-len", 128, "--clip-coef", 0.1, "--learning-rate", 2.5e-4,
+                               "--torch-threads", 2))
         rows.append(f"| {SCRIPT}.py | 1 learner + {workers} workers ({8 // workers} games each) | {batch} | "
                     f"{result['sps']:,.0f} | {result['collection_share']:.0%} collect / "
                     f"{result['learning_share']:.0%} learn / {result['publish_share']:.1%} publish |")

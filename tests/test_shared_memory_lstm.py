@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import ppo_shared_memory_lstm as script
-from helpers import (METRICS, assert_one_line_per_iteration_with_episodes, load, only_run_dir, read_scalars,
-                     run_script, start_script)
+from helpers import (METRICS, assert_one_line_per_iteration_with_episodes, check_resume_after_interruption, load,
+                     only_run_dir, read_scalars, run_script, start_script)
 
 NAME = "ppo_shared_memory_lstm"
 WORKERS, ENVS_PER_WORKER, STEPS = 2, 2, 32
@@ -172,6 +172,18 @@ def test_saved_model_evaluates_as_after_training(e2e):
     logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
     returns = script.run_evaluation(str(e2e["run_dir"] / "model.pt"), script.Args(eval_episodes=2))
     assert returns == pytest.approx(logged, rel=1e-6)
+
+
+def test_run_interrupted_and_resumed_ends_like_an_uninterrupted_one(tmp_path, monkeypatch):
+    """In this process (the learner), so the interruption is a KeyboardInterrupt right after a checkpoint:
+    the worker is stopped, and the resumed run starts a new one."""
+    def make_args(folder):
+        return script.Args(runs_dir=str(tmp_path / folder), num_workers=1, num_envs_per_worker=2, num_steps=16,
+                           seq_len=8, num_minibatches=2, update_epochs=1, total_timesteps=4 * 32, checkpoint_every=1,
+                           save_model=True, eval_episodes=1)
+
+    check_resume_after_interruption(script, make_args, 4, 32, monkeypatch)
+    assert not [pid for pid, _ in descendants(os.getpid()) if is_worker(pid)]
 
 
 # RECURRENT CHUNKS --------------------------------------------------------------------------------
