@@ -1022,16 +1022,6 @@ def main(args: Args):
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     os.makedirs(run_dir, exist_ok=True)
-    if args.track:
-        import wandb  # imported only when used
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=Path(run_dir).name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
     # Shared memory, allocated once: the rollout buffer and the weights, handed to the workers at creation
     obs_dtype = torch.uint8 if observation_space.dtype == np.uint8 else torch.float32
     buffer = allocate_shared_buffer(args, obs_shape, obs_dtype, agent.lstm.hidden_size)
@@ -1053,6 +1043,16 @@ def main(args: Args):
             child_conn.close()
             workers.append(process)
             conns.append(conn)
+        # while the workers start (a fresh interpreter imports PyTorch: seconds), the learner opens its logs
+        if args.track:
+            import wandb  # imported only when used
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(run_dir)
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
         wait_for_workers(workers, conns, "ready")
 
         start_time, start_step = time.time(), global_step
