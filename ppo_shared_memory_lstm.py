@@ -1065,7 +1065,10 @@ def main(args: Args):
             # The workers step their environments with the weights published last; the learner waits.
             collection_start = time.perf_counter()
             for conn in conns:
-                conn.send(("start", iteration))
+                try:
+                    conn.send(("start", iteration))
+                except OSError:  # that worker died (a broken pipe): wait_for_workers names it
+                    pass
             replies = wait_for_workers(workers, conns, "done")
             collection_time = time.perf_counter() - collection_start
             iteration_step = global_step
