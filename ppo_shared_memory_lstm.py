@@ -436,15 +436,40 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+class ActorCriticLSTM(nn.Module):
+    """Two LSTMs side by side, the actor's and the critic's, used like one `nn.LSTM` whose input,
+    output and state are the two halves concatenated, [actor | critic]: the rest of the file (state
+    storage, resets, chunk replay) treats it as one LSTM of twice the hidden size."""
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__()
+        self.actor, self.critic = nn.LSTM(input_size, hidden_size), nn.LSTM(input_size, hidden_size)
+        self.hidden_size = 2 * hidden_size
+
+    def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        (x_a, x_c), (h_a, h_c), (c_a, c_c) = (t.chunk(2, dim=-1) for t in (x, *state))
+        out_a, (h_a, c_a) = self.actor(x_a, (h_a.contiguous(), c_a.contiguous()))
+        out_c, (h_c, c_c) = self.critic(x_c, (h_c.contiguous(), c_c.contiguous()))
+        return torch.cat((out_a, out_c), -1), (torch.cat((h_a, h_c), -1), torch.cat((c_a, c_c), -1))
+
+
 class Agent(nn.Module):
     """Encoder -> LSTM -> policy head (std 0.01) and value head (std 1).
 
-    | observations            | encoder                              | LSTM       |
-    |-------------------------|--------------------------------------|------------|
-    | Atari, (1, 84, 84) uint8 | Nature CNN -> 512 (scaled to [0, 1]) | (512, 128) |
-    | vectors, (d,) float32    | MLP d -> 64 -> 64, tanh              | (64, 64)   |
+    | observations             | encoder                              | LSTM                           |
+    |--------------------------|--------------------------------------|--------------------------------|
+    | Atari, (1, 84, 84) uint8 | Nature CNN -> 512 (scaled to [0, 1]) | (512, 128), shared             |
+    | vectors, (d,) float32    | MLP d -> 64 -> 64, tanh, one each    | (64, 64), one each for the     |
+    |                          | for the actor and the critic         | actor and the critic           |
 
-    The recurrent state is a pair (h, c), each (1, B, H): one layer, B environments.
+    Atari shares one CNN and LSTM between the heads, as ppo_atari_lstm.py does (clipped rewards keep
+    the values small). Classic control gets separate actor and critic towers, as ppo.py has separate
+    actor and critic networks: CartPole's values reach about 100, and with one shared LSTM the value
+    loss's gradients pulled the shared features away from the policy's (measured: the return rose to
+    about 125 in 20k steps, then fell back to 50-90 for the rest of 200k steps).
+
+    The recurrent state is a pair (h, c), each (1, B, H): one layer, B environments (for the towers,
+    H = 128 = the actor's 64 then the critic's 64).
     """
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
@@ -463,21 +488,22 @@ class Agent(nn.Module):
                 nn.ReLU(),
             )
             self.lstm = nn.LSTM(512, 128)
+            head_size = 128
         else:
-            self.network = nn.Sequential(
-                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 64)),
-                nn.Tanh(),
-            )
-            self.lstm = nn.LSTM(64, 64)
+            def tower():
+                return nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(),
+                                     layer_init(nn.Linear(64, 64)), nn.Tanh())
+
+            self.network, self.critic_network = tower(), tower()
+            self.lstm = ActorCriticLSTM(64, 64)
+            head_size = 64
         for name, param in self.lstm.named_parameters():  # recurrent detail 1: orthogonal, zero bias
             if "bias" in name:
                 nn.init.constant_(param, 0)
             elif "weight" in name:
                 nn.init.orthogonal_(param, 1.0)
-        self.actor = layer_init(nn.Linear(self.lstm.hidden_size, n_actions), std=0.01)
-        self.critic = layer_init(nn.Linear(self.lstm.hidden_size, 1), std=1)
+        self.actor = layer_init(nn.Linear(head_size, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(head_size, 1), std=1)
         if self.pixels:
             self.to(memory_format=torch.channels_last)
 
@@ -489,7 +515,13 @@ class Agent(nn.Module):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         if self.pixels:  # uint8 -> float32 in the input's own layout, then scaled in place
             return self.network(x.float().mul_(1.0 / 255.0))
-        return self.network(x)
+        return torch.cat((self.network(x), self.critic_network(x)), -1)  # [actor | critic], for ActorCriticLSTM
+
+    def heads(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Policy logits and values of LSTM outputs (..., H): each head reads its own tower's half
+        (classic control) or the whole shared output (Atari)."""
+        actor_out, critic_out = (out, out) if self.pixels else out.chunk(2, dim=-1)
+        return self.actor(actor_out), self.critic(critic_out).squeeze(-1)
 
     def run_lstm(self, hidden: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
         """Runs the LSTM over T steps of B sequences, resetting the state where an episode starts.
@@ -525,16 +557,17 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Values of one step of observations (B, *obs_shape), given the state before it."""
         out, _ = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
-        return self.critic(out[0]).squeeze(-1)
+        return self.heads(out[0])[1]
 
     def get_action_and_value(self, x, starts, state, action=None):
         """For T steps of B sequences: action (sampled if not given), log-prob, entropy and value,
         each (T, B), and the state after step T-1."""
         out, state = self.get_states(x, starts, state)
-        dist = Categorical(logits=self.actor(out))
+        logits, value = self.heads(out)
+        dist = Categorical(logits=logits)
         if action is None:
             action = dist.sample()
-        return action, dist.log_prob(action), dist.entropy(), self.critic(out).squeeze(-1), state
+        return action, dist.log_prob(action), dist.entropy(), value, state
 
     @torch.no_grad()
     def act(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
@@ -543,9 +576,10 @@ class Agent(nn.Module):
         draws what `Categorical(logits).sample()` would."""
         keep = (1.0 - starts).view(1, -1, 1)
         out, state = self.lstm(self.features(x).unsqueeze(0), (state[0] * keep, state[1] * keep))
-        logprobs = self.actor(out[0]).log_softmax(-1)
+        logits, value = self.heads(out[0])
+        logprobs = logits.log_softmax(-1)
         action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
-        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(out[0]).squeeze(-1), state
+        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value, state
 
 
 # SHARED MEMORY -----------------------------------------------------------------------------------
@@ -945,7 +979,7 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
         while np.isnan(scores).any():
             with torch.no_grad():
                 out, state = agent.get_states(torch.as_tensor(obs, device=device).unsqueeze(0), starts, state)
-                logits = agent.actor(out[0])
+                logits = agent.heads(out[0])[0]
                 action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, _, terminated, truncated, infos = envs.step(action.cpu().numpy())
             ended = np.ones_like(terminated) if not args.memory else terminated | truncated

@@ -218,7 +218,8 @@ def worker_rollout():
     rollout = {name: x[:, 3:6] for name, x in buffer.items()}
     next_obs, _ = envs.reset(seed=0)
     # a nonzero carried-in state, as after an earlier rollout
-    carry = (next_obs, np.zeros(3, dtype=np.float32), (torch.randn(1, 3, 64), torch.randn(1, 3, 64)))
+    H = agent.lstm.hidden_size  # the actor's and the critic's LSTM, side by side
+    carry = (next_obs, np.zeros(3, dtype=np.float32), (torch.randn(1, 3, H), torch.randn(1, 3, H)))
     carry, episodes, _, _ = script.collect_rollout(agent, envs, rollout, carry, args)
     envs.close()
     return dict(args=args, agent=agent, buffer=buffer, episodes=episodes, state=carry[2])
@@ -241,7 +242,8 @@ def test_chunks_replayed_from_their_saved_states_give_the_rollout(worker_rollout
     args, agent, buffer = worker_rollout["args"], worker_rollout["agent"], worker_rollout["buffer"]
     own = {name: x[:, 3:] for name, x in buffer.items()}
     c = {name: script.to_chunks(own[name], args.seq_len) for name in ("obs", "starts", "actions", "logprobs", "values")}
-    h0, c0 = own["chunk_h"].reshape(1, -1, 64), own["chunk_c"].reshape(1, -1, 64)
+    H = agent.lstm.hidden_size
+    h0, c0 = own["chunk_h"].reshape(1, -1, H), own["chunk_c"].reshape(1, -1, H)
     assert h0[:, :3].abs().sum() > 0  # chunk 0 starts from the carried-in (nonzero) state
     with torch.no_grad():
         _, logprob, _, value, (h, c_) = agent.get_action_and_value(c["obs"], c["starts"], (h0, c0), c["actions"])
@@ -261,7 +263,8 @@ def test_state_is_reset_where_an_episode_starts_inside_a_chunk(worker_rollout):
     obs, starts = script.to_chunks(own["obs"], 4)[:, 3:6], script.to_chunks(own["starts"], 4)[:, 3:6]
     with torch.no_grad():
         out_a, _ = agent.get_states(obs, starts, (own["chunk_h"][1:2], own["chunk_c"][1:2]))
-        out_b, _ = agent.get_states(obs, starts, (torch.randn(1, 3, 64), torch.randn(1, 3, 64)))
+        H = agent.lstm.hidden_size
+        out_b, _ = agent.get_states(obs, starts, (torch.randn(1, 3, H), torch.randn(1, 3, H)))
     assert starts[:, 0].tolist() == [0, 0, 1, 0]
     torch.testing.assert_close(out_a[2:], out_b[2:])
     assert not torch.allclose(out_a[:2], out_b[:2])
@@ -369,3 +372,18 @@ def test_workers_end_by_themselves_when_the_learner_is_killed(tmp_path):
     returncode, _, workers = interrupted_run(tmp_path, lambda learner, workers: os.kill(learner, signal.SIGKILL))
     assert len(workers) == WORKERS
     assert returncode == -signal.SIGKILL  # and interrupted_run saw every worker end (within 10 s)
+
+
+def test_classic_control_actor_and_critic_towers_are_separate():
+    """The value's gradient reaches only the critic's tower and head, the policy's only the actor's."""
+    torch.manual_seed(0)
+    agent = script.Agent((4,), 2)
+    obs, starts = torch.randn(5, 3, 4), torch.zeros(5, 3)
+    _, logprob, _, value, _ = agent.get_action_and_value(obs, starts, agent.initial_state(3, torch.device("cpu")))
+    actor, critic = ("network.", "lstm.actor.", "actor."), ("critic_network.", "lstm.critic.", "critic.")
+    for output, tower in ((value, critic), (logprob, actor)):
+        agent.zero_grad(set_to_none=True)
+        output.sum().backward(retain_graph=True)
+        touched = {name for name, p in agent.named_parameters() if p.grad is not None and p.grad.any()}
+        assert {prefix for prefix in tower if any(name.startswith(prefix) for name in touched)} == set(tower)
+        assert all(name.startswith(tower) for name in touched), touched
