@@ -137,7 +137,11 @@ def target_rows(args: argparse.Namespace, tmp: Path) -> str:
         print(f"time to return, W={world_size}: {reached}", file=sys.stderr)
         baseline = times.get(1)
         speedup = f"{baseline / reached[0]:.2f}" if reached and baseline else "-"
-        lines.append(f"| {world_size} | {reached[1] if reached else 'not reached'} | "
+        if not reached:
+            scores = [value for _, _, value in read_timed_scalars(run_dir)[1].get("charts/episodic_return", [])]
+            best = max((sum(scores[k - args.target_games : k]) / args.target_games
+                        for k in range(args.target_games, len(scores) + 1)), default=float("nan"))
+        lines.append(f"| {world_size} | {reached[1] if reached else f'not reached (best mean {best:.2f})'} | "
                      f"{f'{reached[0]:.0f}' if reached else '-'} | {speedup} |")
     return "\n".join(lines) + "\n"
 
