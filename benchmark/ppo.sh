@@ -15,11 +15,14 @@
 #             Pong-v5 BeamRider-v5 Breakout-v5, 10M steps
 #   procgen   ppo_procgen.py on starpilot bossfight bigfish, 25M steps
 #   multigpu  ppo_atari_multigpu.py on Breakout through `torchrun --standalone --nproc_per_node=2`, 10M steps
+#   sharedmem ppo_shared_memory_lstm.py on CartPole-v1 (500k steps) and, with its Atari flags, on
+#             Breakout (10M steps)
 #
 # Variables (default):
 #   BLOCKS       the blocks to run, in this order (all of them)
 #   SEEDS        the seeds of every script and env ("1 2 3")
-#   WORKERS      jobs at once (CPU count); the multigpu block runs half as many, each of 2 processes
+#   WORKERS      jobs at once (CPU count); the multigpu and sharedmem blocks run half as many (their jobs
+#                are several processes each)
 #   RUNS_DIR     run folders go to RUNS_DIR/<block>/, one log per job to RUNS_DIR/<block>/logs/
 #                (runs/benchmark; with QUICK=1 runs/benchmark-quick)
 #   RESULTS_DIR  the table of a block goes to RESULTS_DIR/<block>.md, its plots to RESULTS_DIR/<block>/
@@ -33,7 +36,7 @@
 # jobs and the script.
 set -uo pipefail
 
-ALL_BLOCKS="classic mujoco atari procgen multigpu"
+ALL_BLOCKS="classic mujoco atari procgen multigpu sharedmem"
 here=$PWD
 absolute() { if [[ $1 = /* ]]; then echo "$1"; else echo "$here/$1"; fi; }
 [[ -n ${RUNS_DIR:-} ]] && RUNS_DIR=$(absolute "$RUNS_DIR")
@@ -60,6 +63,7 @@ trap 'echo "ppo.sh: interrupted" >&2; exit 130' INT
 status=0
 
 # bench BLOCK SCRIPT STEPS QUICK_ARGS ENV_ID...: the script on every env id and seed, through benchmark.run
+# (STEPS: the step budget, then any flags the script needs there; QUICK_ARGS replaces both with QUICK=1)
 bench() {
     local block=$1 script=$2 steps=$3 quick_args=$4
     shift 4
@@ -72,6 +76,8 @@ bench() {
     [[ $QUICK == 1 ]] && args=$quick_args
     if [[ $block == multigpu ]]; then
         launch="$TORCHRUN --standalone --nproc_per_node=2"
+    fi
+    if [[ $block == multigpu || $block == sharedmem ]]; then
         workers=$(( WORKERS > 1 ? WORKERS / 2 : 1 ))
     fi
     echo "== $block: $script on $* (seeds $SEEDS) $args"
@@ -113,6 +119,12 @@ for block in $BLOCKS; do
         echo "== multigpu needs: torchrun (installed with torch), ale-py (requirements.txt);" \
              "one GPU per process for the published setting"
         bench multigpu ppo_atari_multigpu.py 10000000 "--total-timesteps 2048" Breakout
+        ;;
+    sharedmem)
+        echo "== sharedmem needs: gymnasium[classic-control], ale-py (requirements.txt)"
+        bench sharedmem ppo_shared_memory_lstm.py 500000 "--total-timesteps 2048" CartPole-v1
+        atari_flags="--num-workers 4 --num-envs-per-worker 2 --seq-len 128 --clip-coef 0.1 --learning-rate 2.5e-4"
+        bench sharedmem ppo_shared_memory_lstm.py "10000000 $atari_flags" "--total-timesteps 2048 $atari_flags" Breakout
         ;;
     esac
     results "$block"
