@@ -11,9 +11,9 @@ The defaults are for classic control: ppo.py's settings (4 minibatches, 4 epochs
 with 2 workers x 4 envs, 16-step chunks, and a learning rate of 1e-3 instead of 2.5e-4. We measured
 (seed 1, one run each): on CartPole with hidden velocities the LSTM agent's last 20 episodes averaged
 35 after 49k steps at 2.5e-4 and 189 at 1e-3 (55 without memory); with full observations the mean
-return over 40k-80k steps was 311 at 1e-3 and 250 at 2.5e-4 (README, Results). For Atari change the flags of the Pong line: 8 games x 128 steps, whole 128-step
-sequences, clip 0.1, learning rate 2.5e-4 and 2 learner threads are ppo_atari_lstm.py's settings, so
-the two files then train the same algorithm.
+return over 40k-80k steps was 311 at 1e-3 and 250 at 2.5e-4 (README, Results). For Atari change the
+flags of the Pong line: 8 games x 128 steps, whole 128-step sequences, clip 0.1, learning rate 2.5e-4
+and 2 learner threads are ppo_atari_lstm.py's settings, so the two files then train the same algorithm.
 
 What this file shows: how PPO's data collection is spread over processes on one machine without
 changing the algorithm. The learner (this process) owns the network and the optimizer. Each rollout
