@@ -1,4 +1,4 @@
-"""Shared test helpers: the modules under test, fast Args, TensorBoard reading, running a script."""
+"""Shared test helpers: the modules under test, fast Args, TensorBoard reading, running a script, the process table."""
 
 import os
 import re
@@ -123,3 +123,15 @@ def assert_one_line_per_iteration_with_episodes(stdout: str, line: re.Pattern, r
         _, total, step, count, mean = lines[k]
         assert (int(total), int(step), int(count)) == (iterations, k * batch, len(episodes))
         assert float(mean) == pytest.approx(np.mean(episodes), abs=0.006)
+
+
+def process_table() -> dict[int, tuple[int, str, int]]:
+    """pid -> (parent pid, state, start time in clock ticks) of every process, from /proc."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        table[int(stat.parent.name)] = (int(fields[1]), fields[0], int(fields[19]))
+    return table

@@ -19,7 +19,7 @@ import torch
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari
 import ppo_atari_multigpu as script
-from helpers import METRICS, REPO, load, only_run_dir, read_scalars
+from helpers import METRICS, REPO, load, only_run_dir, process_table, read_scalars
 
 ITERATIONS, NUM_ENVS, NUM_STEPS = 6, 4, 32
 BATCH = NUM_ENVS * NUM_STEPS
@@ -143,23 +143,21 @@ def test_two_launches_with_a_c10d_rendezvous_form_one_job_with_preemption(tmp_pa
 
 
 def rank_processes(launcher_pid: int) -> dict[int, int]:
-    """{RANK: pid} of the training processes that a torchrun process started (read from /proc)."""
+    """{RANK: pid} of the training processes that a torchrun process started (their environment, from /proc)."""
     ranks = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == launcher_pid:
-                environ = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
-                ranks[int(environ["RANK"])] = int(entry.name)
-        except (OSError, KeyError, ValueError):
-            continue  # gone meanwhile, or not a rank
+    for pid, (ppid, _, _) in process_table().items():
+        if ppid == launcher_pid:
+            try:
+                environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile
+                continue
+            ranks.update({int(item[5:]): pid for item in environ if item.startswith(b"RANK=")})
     return ranks
 
 
 def alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    entry = process_table().get(pid)
+    return entry is not None and entry[1] != "Z"
 
 
 @pytest.mark.parametrize("fault", ["killed", "hung"])

@@ -15,7 +15,7 @@ import torch
 
 import ppo_shared_memory_lstm as script
 from helpers import (METRICS, assert_one_line_per_iteration_with_episodes, check_resume_after_interruption, load,
-                     only_run_dir, read_scalars, run_script, start_script)
+                     only_run_dir, process_table, read_scalars, run_script, start_script)
 
 NAME = "ppo_shared_memory_lstm"
 WORKERS, ENVS_PER_WORKER, STEPS = 2, 2, 32
@@ -30,18 +30,6 @@ LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean
 
 
 # PROCESSES AND SHARED MEMORY ---------------------------------------------------------------------
-
-
-def process_table() -> dict[int, tuple[int, str, int]]:
-    """pid -> (parent pid, state, start time in clock ticks) of every process, from /proc."""
-    table = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        table[int(stat.parent.name)] = (int(fields[1]), fields[0], int(fields[19]))
-    return table
 
 
 def descendants(pid: int) -> set[tuple[int, int]]:
