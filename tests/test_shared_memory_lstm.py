@@ -278,6 +278,22 @@ def test_atari_rollout_keeps_uint8_frames_and_replays():
     torch.testing.assert_close(logprob, c["logprobs"], rtol=0, atol=1e-5)
 
 
+def test_atari_run_with_workers_from_the_command_line(tmp_path):
+    """Breakout with 2 workers x 2 games for 2 iterations, as a user runs it: the CNN + LSTM learner
+    replays the workers' uint8 rollouts exactly (ratio 1, matching checksums)."""
+    result = run_script(NAME, "--env-id", "Breakout", "--num-workers", 2, "--num-envs-per-worker", 2, "--num-steps", 32,
+                        "--seq-len", 16, "--num-minibatches", 2, "--update-epochs", 1, "--total-timesteps", 2 * 128,
+                        "--max-episode-steps", 20, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    # 2 x 32 x 4 frames of 84 x 84 bytes (uint8), plus the rest of the buffer
+    size = float(re.search(r"shared memory: rollout buffer ([\d.]+) MiB", result.stdout)[1])
+    assert 4 * 32 * 84 * 84 / 2**20 < size < 4 * 32 * 84 * 84 * 1.5 / 2**20
+    scalars = read_scalars(only_run_dir(tmp_path / "runs"))
+    assert max(value for _, value in scalars["debug/first_minibatch_ratio_deviation"]) < 1e-5
+    assert [value for _, value in scalars["debug/slice_checksum_mismatches"]] == [0, 0]
+    assert scalars["charts/episodic_return"]  # games cut at 20 steps ended and were logged
+
+
 @pytest.mark.parametrize("obs_shape", [(1, 84, 84), (4,)])
 def test_weights_a_worker_loads_are_the_learners(obs_shape):
     learner, worker = script.Agent(obs_shape, 3), script.Agent(obs_shape, 3)  # two different initialisations
