@@ -26,8 +26,9 @@ What is special in this file (the places where distributed RL usually goes wrong
   minibatch, as one process would compute them) and the end of training (the global step count).
 - Rank 0 alone writes logs and checkpoints, but of everyone's data: the games of all ranks, and per
   iteration the time split into rollout, learning compute and all-reduce communication.
-- Failures end the job: if a rank dies, the collectives of the others fail (or time out after
-  `--timeout` seconds) and they exit non-zero with one line, and torchrun stops the rest.
+- Failures end the job: if a rank dies, torchrun stops the others and exits non-zero; if a rank hangs,
+  the others' next collective fails after `--timeout` seconds, they exit 1 with one line, and torchrun
+  stops the rest.
 - Stragglers: `--preempt-fraction 0.6` ends a rank's rollout early once 60% of the ranks finished
   theirs (and it has collected `--preempt-min-steps` of its steps), DD-PPO's preemption threshold; the
   update weights each rank by the samples it brought.
