@@ -995,11 +995,13 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
                 optimizer.zero_grad()
                 loss.backward()
                 # this rank's early-stopping vote; averaged, it tells whether the ranks would have disagreed
-                vote = stats["approx_kl"] > args.target_kl if args.target_kl is not None else stats["approx_kl"] < 0
+                vote = torch.zeros((), device=device)  # no --target-kl: never a stop
+                if args.target_kl is not None:
+                    vote = (stats["approx_kl"] > args.target_kl).float()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)  # time the communication, not the backward pass before it
                 tick = time.perf_counter()
-                averaged = all_reduce_gradients(params, len(mb_inds), torch.stack([*stats.values(), vote.float()]),
+                averaged = all_reduce_gradients(params, len(mb_inds), torch.stack([*stats.values(), vote]),
                                                 comm_device)
                 comm_time += time.perf_counter() - tick
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # of the averaged gradient
