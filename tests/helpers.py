@@ -24,6 +24,11 @@ TIME_LIMIT = 10  # Constant*: truncated by a TimeLimit after this many steps
 FIXED_ENV = {"ppo": "FixedLength-v0", "ppo_continuous_action": "FixedLengthBox-v0"}
 CONSTANT_ENV = {"ppo": "Constant-v0", "ppo_continuous_action": "ConstantBox-v0"}
 
+# The per-iteration line every script prints on iterations in which episodes ended: captures iteration,
+# total, step, episode count, mean return
+LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean_return=(-?[\d.]+) SPS=\d+ "
+                  r"ETA=\d+:\d\d:\d\d \(rollout [\d.]+s, update [\d.]+s[^)]*\)$", re.M)
+
 METRICS = [
     "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
     "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
@@ -34,24 +39,30 @@ METRICS = [
 
 def tiny_args(script, runs_dir, **overrides):
     """Args for a run of a few seconds: 2 envs x 16 steps, 3 iterations, small update."""
-    fields = dict(runs_dir=str(runs_dir), num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2,
+    fields = dict(runs_dir=str(runs_dir), cuda=False, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2,
                   total_timesteps=2 * 16 * 3, eval_episodes=2, env_id=REAL_ENV[script.__name__])
     fields.update(overrides)
     return script.Args(**fields)
 
 
+def script_command(name: str, *argv) -> list[str]:
+    """`python <repo>/<name>.py argv... --no-cuda`: the suite runs on the CPU wherever it runs, so it
+    gives the same verdict on a machine with a GPU (the GPU tests in test_gpu.py ask for CUDA)."""
+    return [sys.executable, str(REPO / f"{name}.py"), *map(str, argv), "--no-cuda"]
+
+
 def run_script(name: str, *argv, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python <repo>/<name>.py argv...` as a user runs it, with one thread, output captured."""
+    """`python <repo>/<name>.py argv...` as a user runs it, on the CPU with one thread, output captured."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, str(REPO / f"{name}.py"), *map(str, argv)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(script_command(name, *argv), cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def start_script(name: str, *argv, cwd) -> subprocess.Popen:
     """Like run_script, but returns the running process."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, str(REPO / f"{name}.py"), *map(str, argv)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(script_command(name, *argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def only_run_dir(runs_dir) -> Path:
@@ -65,10 +76,10 @@ def load(path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def assert_evaluate_flag_matches_training(name: str, e2e: dict, episodes: int, unit: str = "games"):
-    """`--evaluate model.pt` (with another --seed) prints the mean score that the evaluation right after
+def assert_evaluate_flag_matches_training(name: str, e2e: dict, episodes: int):
+    """`--evaluate model.pt` (with another --seed) prints the mean return that the evaluation right after
     training printed: it plays the trained run's own seeded episodes."""
-    pattern = rf": {episodes} {unit}, mean (?:score|return) (-?[\d.]+)"
+    pattern = rf": {episodes} episodes, mean return (-?[\d.]+)"
     trained = re.search(rf"^evaluation{pattern}", e2e["result"].stdout, re.M)
     result = run_script(name, "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", episodes, "--seed", 7,
                         cwd=e2e["cwd"])
