@@ -584,79 +584,7 @@ class Agent(nn.Module):
         return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value, state
 
 
-# SHARED MEMORY -----------------------------------------------------------------------------------
-
-
-def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
-                           hidden_size: int) -> dict[str, torch.Tensor]:
-    """The rollout buffer, allocated once in shared memory and reused every iteration.
-
-    T = num_steps, N = num_workers * num_envs_per_worker, K = T / seq_len chunks per environment,
-    H = the LSTM's hidden size. Dimension 1 is always the environment: worker w writes the columns
-    [w * num_envs_per_worker, (w + 1) * num_envs_per_worker) of every tensor, and nothing else.
-
-    | name         | shape            | dtype         | meaning                                            |
-    |--------------|------------------|---------------|----------------------------------------------------|
-    | obs          | (T, N, *obs)     | uint8 (Atari) | the observation the action at step t was taken in  |
-    |              |                  | else float32  |                                                    |
-    | starts       | (T, N)           | float32       | 1 where obs[t] is an episode's first observation:  |
-    |              |                  |               | the LSTM state is zeroed before step t             |
-    | actions      | (T, N)           | int64         | the action taken at step t                         |
-    | logprobs     | (T, N)           | float32       | its log-probability under the rollout's policy     |
-    | values       | (T, N)           | float32       | V(obs[t]) with the rollout's LSTM state            |
-    | rewards      | (T, N)           | float32       | the reward of step t                               |
-    | dones        | (T, N)           | float32       | 1 if the episode ended at step t                   |
-    | final_values | (T, N)           | float32       | where an episode was truncated at step t: V(final  |
-    |              |                  |               | observation) with the state after step t; else 0   |
-    | last_values  | (1, N)           | float32       | V(observation after step T-1), to bootstrap        |
-    | chunk_h      | (K, N, H)        | float32       | h of the LSTM before step k * seq_len (before the  |
-    | chunk_c      | (K, N, H)        | float32       | reset at that step): where chunk k is replayed from|
-    """
-    T, N, K = args.num_steps, args.num_envs, args.num_steps // args.seq_len
-    buffer = {"obs": torch.zeros((T, N) + tuple(obs_shape), dtype=obs_dtype),
-              "starts": torch.zeros(T, N),
-              "actions": torch.zeros(T, N, dtype=torch.long)}
-    for name in ("logprobs", "values", "rewards", "dones", "final_values"):
-        buffer[name] = torch.zeros(T, N)
-    buffer["last_values"] = torch.zeros(1, N)
-    buffer["chunk_h"] = torch.zeros(K, N, hidden_size)
-    buffer["chunk_c"] = torch.zeros(K, N, hidden_size)
-    return {name: x.share_memory_() for name, x in buffer.items()}
-
-
-def mib(tensors) -> float:
-    return sum(x.numel() * x.element_size() for x in tensors) / 2**20
-
-
-def slice_checksum(buffer: dict[str, torch.Tensor], lo: int, hi: int) -> int:
-    """CRC-32 of the columns [lo, hi) of every tensor of the buffer: the worker computes it after
-    writing its slice, the learner again before training on it; equal sums mean that the learner's
-    batch holds exactly what the worker wrote."""
-    checksum = 0
-    for name in sorted(buffer):
-        checksum = zlib.crc32(np.ascontiguousarray(buffer[name][:, lo:hi].numpy()), checksum)
-    return checksum
-
-
-@torch.no_grad()
-def publish_weights(agent: Agent, weights: torch.Tensor):
-    """The learner copies its parameters into the shared weight vector (from the GPU if there)."""
-    offset = 0
-    for param in agent.parameters():
-        weights[offset : offset + param.numel()].view(param.shape).copy_(param)
-        offset += param.numel()
-
-
-@torch.no_grad()
-def load_weights(agent: Agent, weights: torch.Tensor):
-    """A worker copies the shared weight vector into its own model's parameters."""
-    offset = 0
-    for param in agent.parameters():
-        param.copy_(weights[offset : offset + param.numel()].view(param.shape))
-        offset += param.numel()
-
-
-# ROLLOUT WORKERS ---------------------------------------------------------------------------------
+# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
 
 
 def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str, torch.Tensor], carry: tuple,
@@ -707,117 +635,6 @@ def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str,
     with torch.no_grad():
         rollout["last_values"][0] = agent.get_value(torch.as_tensor(next_obs), torch.as_tensor(next_start), state)
     return (next_obs, next_start, state), episodes, act_time, env_time
-
-
-def next_command(conn, parent_pid: int):
-    """The learner's next command. Polls, so that a worker whose learner died (its pipe closed, or
-    this process handed to another parent) returns "stop" within a second instead of waiting forever."""
-    while not conn.poll(0.5):
-        if os.getppid() != parent_pid:
-            return "stop"
-    try:
-        return conn.recv()
-    except EOFError:
-        return "stop"
-
-
-def rollout_worker(worker_id: int, args: Args, buffer: dict[str, torch.Tensor], weights: torch.Tensor, conn,
-                   parent_pid: int, start_step: int, run_dir: str):
-    """A rollout worker process: builds its environments and policy copy, replies ("ready", id), then
-    for every ("start", iteration): loads the weights, collects a rollout into its slice of `buffer`
-    and replies ("done", id, stats). Stops at "stop"; on an exception replies ("error", id, traceback)
-    and exits with code 1."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's: it stops the workers
-    torch.set_num_threads(1)
-    envs = None
-    try:
-        n = args.num_envs_per_worker
-        lo = worker_id * n
-        # its own random stream: a function of the seed, the worker and the step a (resumed) run starts at
-        torch.manual_seed(int(np.random.SeedSequence([args.seed, worker_id, start_step]).generate_state(1)[0]))
-        envs = make_envs(args, n, run_dir, args.capture_video and worker_id == 0)
-        agent = Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
-        rollout = {name: x[:, lo : lo + n] for name, x in buffer.items()}
-        # env j of worker w gets seed + w * num_envs_per_worker + j: no two envs share a seed; a resumed
-        # run adds its global step, so it does not replay the first episodes
-        next_obs, _ = envs.reset(seed=args.seed + start_step + lo)
-        carry = (next_obs, np.ones(n, dtype=np.float32), agent.initial_state(n, torch.device("cpu")))
-        conn.send(("ready", worker_id))
-        while (command := next_command(conn, parent_pid)) != "stop":
-            load_weights(agent, weights)
-            carry, episodes, act_time, env_time = collect_rollout(agent, envs, rollout, carry, args)
-            conn.send(("done", worker_id, {"episodes": episodes, "act_time": act_time, "env_time": env_time,
-                                           "checksum": slice_checksum(buffer, lo, lo + n)}))
-    except Exception:
-        try:
-            conn.send(("error", worker_id, traceback.format_exc()))
-        except OSError:  # the learner is gone
-            pass
-        raise SystemExit(1)
-    finally:
-        if envs is not None:
-            envs.close()
-
-
-class WorkerFailed(Exception):
-    """A rollout worker raised an exception or died."""
-
-
-def wait_for_workers(workers: list, conns: list, expected: str) -> list:
-    """One reply `expected` from each worker, in worker order. Waits on the pipes and on the
-    processes themselves (their sentinels), so a worker that dies without a word (killed, crashed)
-    is noticed at once; raises WorkerFailed naming the worker and its error or exit code."""
-    replies, pending = [None] * len(workers), set(range(len(workers)))
-    while pending:
-        wait([conns[i] for i in pending] + [workers[i].sentinel for i in pending], timeout=1.0)
-        for i in sorted(pending):
-            if conns[i].poll():  # read before looking at the exit code: an error is sent just before exiting
-                try:
-                    reply = conns[i].recv()
-                except EOFError:
-                    reply = None
-                if reply is not None and reply[0] == "error":
-                    print(reply[2], file=sys.stderr, end="")
-                    last_line = reply[2].strip().splitlines()[-1]
-                    raise WorkerFailed(f"rollout worker {i} failed: {last_line} (its traceback is above)")
-                if reply is not None:
-                    assert reply[0] == expected, reply
-                    replies[i] = reply
-                    pending.discard(i)
-                    continue
-            exitcode = workers[i].exitcode
-            if exitcode is not None:
-                how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
-                raise WorkerFailed(f"rollout worker {i} (pid {workers[i].pid}) died ({how})")
-    return replies
-
-
-def stop_workers(workers: list, conns: list, graceful: bool):
-    """Stops every worker: with `graceful`, a "stop" and a moment to close their environments; then
-    SIGTERM for those still there, SIGKILL after a grace period, and join, so no process is left."""
-    for conn in conns:
-        try:
-            if graceful:
-                conn.send("stop")
-        except OSError:  # that worker is gone
-            pass
-    deadline = time.monotonic() + (5.0 if graceful else 0.0)
-    for process in workers:
-        process.join(max(0.0, deadline - time.monotonic()))
-    for process in workers:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + 2.0
-    for process in workers:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
-    for conn in conns:
-        conn.close()
-
-
-# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
 
 
 def to_chunks(x: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -1007,6 +824,189 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns
+
+
+# SHARED MEMORY -----------------------------------------------------------------------------------
+
+
+def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
+                           hidden_size: int) -> dict[str, torch.Tensor]:
+    """The rollout buffer, allocated once in shared memory and reused every iteration.
+
+    T = num_steps, N = num_workers * num_envs_per_worker, K = T / seq_len chunks per environment,
+    H = the LSTM's hidden size. Dimension 1 is always the environment: worker w writes the columns
+    [w * num_envs_per_worker, (w + 1) * num_envs_per_worker) of every tensor, and nothing else.
+
+    | name         | shape            | dtype         | meaning                                            |
+    |--------------|------------------|---------------|----------------------------------------------------|
+    | obs          | (T, N, *obs)     | uint8 (Atari) | the observation the action at step t was taken in  |
+    |              |                  | else float32  |                                                    |
+    | starts       | (T, N)           | float32       | 1 where obs[t] is an episode's first observation:  |
+    |              |                  |               | the LSTM state is zeroed before step t             |
+    | actions      | (T, N)           | int64         | the action taken at step t                         |
+    | logprobs     | (T, N)           | float32       | its log-probability under the rollout's policy     |
+    | values       | (T, N)           | float32       | V(obs[t]) with the rollout's LSTM state            |
+    | rewards      | (T, N)           | float32       | the reward of step t                               |
+    | dones        | (T, N)           | float32       | 1 if the episode ended at step t                   |
+    | final_values | (T, N)           | float32       | where an episode was truncated at step t: V(final  |
+    |              |                  |               | observation) with the state after step t; else 0   |
+    | last_values  | (1, N)           | float32       | V(observation after step T-1), to bootstrap        |
+    | chunk_h      | (K, N, H)        | float32       | h of the LSTM before step k * seq_len (before the  |
+    | chunk_c      | (K, N, H)        | float32       | reset at that step): where chunk k is replayed from|
+    """
+    T, N, K = args.num_steps, args.num_envs, args.num_steps // args.seq_len
+    buffer = {"obs": torch.zeros((T, N) + tuple(obs_shape), dtype=obs_dtype),
+              "starts": torch.zeros(T, N),
+              "actions": torch.zeros(T, N, dtype=torch.long)}
+    for name in ("logprobs", "values", "rewards", "dones", "final_values"):
+        buffer[name] = torch.zeros(T, N)
+    buffer["last_values"] = torch.zeros(1, N)
+    buffer["chunk_h"] = torch.zeros(K, N, hidden_size)
+    buffer["chunk_c"] = torch.zeros(K, N, hidden_size)
+    return {name: x.share_memory_() for name, x in buffer.items()}
+
+
+def mib(tensors) -> float:
+    return sum(x.numel() * x.element_size() for x in tensors) / 2**20
+
+
+def slice_checksum(buffer: dict[str, torch.Tensor], lo: int, hi: int) -> int:
+    """CRC-32 of the columns [lo, hi) of every tensor of the buffer: the worker computes it after
+    writing its slice, the learner again before training on it; equal sums mean that the learner's
+    batch holds exactly what the worker wrote."""
+    checksum = 0
+    for name in sorted(buffer):
+        checksum = zlib.crc32(np.ascontiguousarray(buffer[name][:, lo:hi].numpy()), checksum)
+    return checksum
+
+
+@torch.no_grad()
+def publish_weights(agent: Agent, weights: torch.Tensor):
+    """The learner copies its parameters into the shared weight vector (from the GPU if there)."""
+    offset = 0
+    for param in agent.parameters():
+        weights[offset : offset + param.numel()].view(param.shape).copy_(param)
+        offset += param.numel()
+
+
+@torch.no_grad()
+def load_weights(agent: Agent, weights: torch.Tensor):
+    """A worker copies the shared weight vector into its own model's parameters."""
+    offset = 0
+    for param in agent.parameters():
+        param.copy_(weights[offset : offset + param.numel()].view(param.shape))
+        offset += param.numel()
+
+
+# ROLLOUT WORKERS ---------------------------------------------------------------------------------
+
+
+def next_command(conn, parent_pid: int):
+    """The learner's next command. Polls, so that a worker whose learner died (its pipe closed, or
+    this process handed to another parent) returns "stop" within a second instead of waiting forever."""
+    while not conn.poll(0.5):
+        if os.getppid() != parent_pid:
+            return "stop"
+    try:
+        return conn.recv()
+    except EOFError:
+        return "stop"
+
+
+def rollout_worker(worker_id: int, args: Args, buffer: dict[str, torch.Tensor], weights: torch.Tensor, conn,
+                   parent_pid: int, start_step: int, run_dir: str):
+    """A rollout worker process: builds its environments and policy copy, replies ("ready", id), then
+    for every ("start", iteration): loads the weights, collects a rollout into its slice of `buffer`
+    and replies ("done", id, stats). Stops at "stop"; on an exception replies ("error", id, traceback)
+    and exits with code 1."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's: it stops the workers
+    torch.set_num_threads(1)
+    envs = None
+    try:
+        n = args.num_envs_per_worker
+        lo = worker_id * n
+        # its own random stream: a function of the seed, the worker and the step a (resumed) run starts at
+        torch.manual_seed(int(np.random.SeedSequence([args.seed, worker_id, start_step]).generate_state(1)[0]))
+        envs = make_envs(args, n, run_dir, args.capture_video and worker_id == 0)
+        agent = Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
+        rollout = {name: x[:, lo : lo + n] for name, x in buffer.items()}
+        # env j of worker w gets seed + w * num_envs_per_worker + j: no two envs share a seed; a resumed
+        # run adds its global step, so it does not replay the first episodes
+        next_obs, _ = envs.reset(seed=args.seed + start_step + lo)
+        carry = (next_obs, np.ones(n, dtype=np.float32), agent.initial_state(n, torch.device("cpu")))
+        conn.send(("ready", worker_id))
+        while (command := next_command(conn, parent_pid)) != "stop":
+            load_weights(agent, weights)
+            carry, episodes, act_time, env_time = collect_rollout(agent, envs, rollout, carry, args)
+            conn.send(("done", worker_id, {"episodes": episodes, "act_time": act_time, "env_time": env_time,
+                                           "checksum": slice_checksum(buffer, lo, lo + n)}))
+    except Exception:
+        try:
+            conn.send(("error", worker_id, traceback.format_exc()))
+        except OSError:  # the learner is gone
+            pass
+        raise SystemExit(1)
+    finally:
+        if envs is not None:
+            envs.close()
+
+
+class WorkerFailed(Exception):
+    """A rollout worker raised an exception or died."""
+
+
+def wait_for_workers(workers: list, conns: list, expected: str) -> list:
+    """One reply `expected` from each worker, in worker order. Waits on the pipes and on the
+    processes themselves (their sentinels), so a worker that dies without a word (killed, crashed)
+    is noticed at once; raises WorkerFailed naming the worker and its error or exit code."""
+    replies, pending = [None] * len(workers), set(range(len(workers)))
+    while pending:
+        wait([conns[i] for i in pending] + [workers[i].sentinel for i in pending], timeout=1.0)
+        for i in sorted(pending):
+            if conns[i].poll():  # read before looking at the exit code: an error is sent just before exiting
+                try:
+                    reply = conns[i].recv()
+                except EOFError:
+                    reply = None
+                if reply is not None and reply[0] == "error":
+                    print(reply[2], file=sys.stderr, end="")
+                    last_line = reply[2].strip().splitlines()[-1]
+                    raise WorkerFailed(f"rollout worker {i} failed: {last_line} (its traceback is above)")
+                if reply is not None:
+                    assert reply[0] == expected, reply
+                    replies[i] = reply
+                    pending.discard(i)
+                    continue
+            exitcode = workers[i].exitcode
+            if exitcode is not None:
+                how = f"signal {signal.Signals(-exitcode).name}" if exitcode < 0 else f"exit code {exitcode}"
+                raise WorkerFailed(f"rollout worker {i} (pid {workers[i].pid}) died ({how})")
+    return replies
+
+
+def stop_workers(workers: list, conns: list, graceful: bool):
+    """Stops every worker: with `graceful`, a "stop" and a moment to close their environments; then
+    SIGTERM for those still there, SIGKILL after a grace period, and join, so no process is left."""
+    for conn in conns:
+        try:
+            if graceful:
+                conn.send("stop")
+        except OSError:  # that worker is gone
+            pass
+    deadline = time.monotonic() + (5.0 if graceful else 0.0)
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in workers:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + 2.0
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for conn in conns:
+        conn.close()
 
 
 # TRAINING ----------------------------------------------------------------------------------------
