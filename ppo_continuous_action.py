@@ -23,6 +23,7 @@ What is special in this file (the places where PPO scripts usually go wrong):
   them, so a saved model scores as it did in training.
 - Checkpoints hold everything needed to resume (weights, optimizer, normalisation statistics, step,
   RNG states, args); `--resume` continues a killed run and `--evaluate` scores a saved model.
+- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 - Videos (`--capture-video`) render MuJoCo off-screen with EGL (`MUJOCO_GL=egl`), which works without
   a display; set MUJOCO_GL yourself to choose another backend.
 """
@@ -33,6 +34,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import gymnasium as gym
@@ -50,7 +52,7 @@ class Args:
     seed: int = 1
     """seed of the experiment (environments, PyTorch, NumPy, Python)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 1
@@ -190,7 +192,8 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
     (`ObsNormalizer`, `RewardScaler`), actions clipped there too, so the raw values stay visible.
 
     RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
-    `info["_episode"]` at the step an episode ends, so every finished episode is logged.
+    `info["_episode"]` at the step an episode ends (see `finished_episodes`), so every finished
+    episode is logged.
     """
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
@@ -204,6 +207,12 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
         envs.close()
         fail(f"{args.env_id} has observation space {envs.single_observation_space}; a Box is needed")
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes that ended at this vector step: (env index, return, length)."""
+    return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+            for i in np.flatnonzero(infos.get("_episode", []))]
 
 
 class RunningMeanStd:
@@ -267,7 +276,7 @@ class RewardScaler:
 # THE NETWORK -------------------------------------------------------------------------------------
 
 
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """Orthogonal weights with gain `std` and constant biases (detail 2 of the 37)."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -330,10 +339,11 @@ def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
     dones: torch.Tensor,
-    final_values: torch.Tensor,
     last_value: torch.Tensor,
     gamma: float,
     gae_lambda: float,
+    *,
+    final_values: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
 
@@ -426,8 +436,8 @@ def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, obs_normalizer: ObsNormalizer,
-                    reward_scaler: RewardScaler, args: Args, iteration: int, global_step: int):
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int,
+                    global_step: int, *, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler):
     """Everything needed to continue or evaluate: weights, optimizer, normalisation statistics,
     progress, RNG states, args.
 
@@ -441,11 +451,27 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, o
         "iteration": iteration,
         "global_step": global_step,
         "args": asdict(args),
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        "rng": rng_state(next(agent.parameters()).device),
     }
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def load_checkpoint(path: str) -> dict:
@@ -459,14 +485,15 @@ def load_checkpoint(path: str) -> dict:
     return checkpoint
 
 
-def evaluate(agent: Agent, obs_normalizer: ObsNormalizer, env_id: str, episodes: int, deterministic: bool,
-             seed: int, device: torch.device) -> list[float]:
-    """Plays `episodes` whole episodes with the given policy and returns their undiscounted returns.
+def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int, device: torch.device,
+             *, obs_normalizer: ObsNormalizer) -> list[float]:
+    """Plays `episodes` whole episodes of `args.env_id` with the given policy and returns their
+    undiscounted returns.
 
     Observations are normalised with the training statistics, frozen. The action sampling uses its own
     seeded RNG stream, so the same model and seed score the same right after training and later.
     """
-    env = gym.make(env_id)
+    env = gym.make(args.env_id)
     low, high = env.action_space.low, env.action_space.high
     returns = []
     with torch.random.fork_rng(devices=[]):
@@ -503,8 +530,8 @@ def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
 def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
     saved, agent, obs_normalizer = load_for_evaluation(path)
-    returns = evaluate(agent, obs_normalizer, saved.env_id, args.eval_episodes, args.eval_deterministic,
-                       saved.seed + 100_000, torch.device("cpu"))  # the episodes played after training
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
+                       torch.device("cpu"), obs_normalizer=obs_normalizer)  # the episodes played after training
     print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns
@@ -539,6 +566,12 @@ def main(args: Args):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
+    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
+    # at the first minibatch is 1 to float precision
+    if args.torch_deterministic:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # Distribution argument checks cost more than the sampling itself on these tiny batches
     torch.distributions.Distribution.set_default_validate_args(False)
@@ -560,9 +593,7 @@ def main(args: Args):
         obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
         reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        random.setstate(checkpoint["rng"]["python"])
+        set_rng_state(checkpoint["rng"], device)
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     os.makedirs(run_dir, exist_ok=True)
@@ -618,24 +649,24 @@ def main(args: Args):
             next_obs = obs_normalizer(next_obs, update=True)
             # next_obs is already the next episode's first observation where an episode ended; the
             # value of where a truncated episode stopped is computed from info["final_obs"]
-            if args.bootstrap_truncation and truncated.any():
-                idx = np.flatnonzero(truncated)
+            bootstrap = truncated & ~terminated
+            if args.bootstrap_truncation and bootstrap.any():
+                idx = np.flatnonzero(bootstrap)
                 final_obs = torch.as_tensor(obs_normalizer(np.stack(infos["final_obs"][idx]), update=False))
                 with torch.no_grad():
                     final_values[step, idx] = agent.get_value(final_obs.to(device)).cpu()
 
-            if "_episode" in infos:
-                for i in np.flatnonzero(infos["_episode"]):
-                    episodic_return, episodic_length = float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])
-                    episode_step = global_step - N + i + 1  # the step this episode ended at
-                    writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
-                    writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
-                    episode_returns.append(episodic_return)
+            for i, episodic_return, episodic_length in finished_episodes(infos):
+                episode_step = global_step - N + i + 1  # the step this episode ended at
+                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
+                episode_returns.append(episodic_return)
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
             last_value = agent.get_value(torch.as_tensor(next_obs, device=device)).cpu()
-        advantages, returns = compute_gae(rewards, values, dones, final_values, last_value, args.gamma, args.gae_lambda)
+        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
+                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -647,6 +678,7 @@ def main(args: Args):
         b_returns = returns.reshape(-1).to(device)
         b_values = values.reshape(-1).to(device)
 
+        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
@@ -661,6 +693,7 @@ def main(args: Args):
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                     # deviation means the stored log-probs do not belong to the stored observations
                     first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                clipfracs.append(stats["clipfrac"])
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -670,8 +703,10 @@ def main(args: Args):
         update_time = time.perf_counter() - update_start
 
         # LOGGING -------------------------------------------------------------------------------
-        stats = {k: v.item() for k, v in stats.items()}
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update
+        stats = {k: v.item() for k, v in {**stats, "clipfrac": torch.stack(clipfracs).mean()}.items()}
         sps = int((global_step - start_step) / (time.time() - start_time))
+        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
@@ -683,21 +718,21 @@ def main(args: Args):
         if episode_returns:
             print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
                   f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
-                  f"(rollout {rollout_time:.3f}s, update {update_time:.3f}s)")
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)")
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, obs_normalizer, reward_scaler, args,
-                            iteration, global_step)
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
+                            obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
 
     envs.close()
     if args.save_model:
         model_path = f"{run_dir}/model.pt"
-        save_checkpoint(model_path, agent, optimizer, obs_normalizer, reward_scaler, args, args.num_iterations,
-                        global_step)
+        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step,
+                        obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
         print(f"model saved to {model_path}")
         agent.cpu()
-        returns = evaluate(agent, obs_normalizer, args.env_id, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"))
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"), obs_normalizer=obs_normalizer)
         for i, episodic_return in enumerate(returns):
             writer.add_scalar("eval/episodic_return", episodic_return, i)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")

@@ -6,6 +6,7 @@ import torch
 
 from fake_envs import ConstantEnv, FixedLengthEnv
 from helpers import FIXED_LENGTH, MODULES, TIME_LIMIT
+from scripts import SCRIPTS
 
 torch.set_num_threads(1)
 
@@ -19,4 +20,10 @@ for suffix, continuous in (("", False), ("Box", True)):
 @pytest.fixture(params=MODULES)
 def script(request):
     """The module under test: ppo or ppo_continuous_action."""
+    return importlib.import_module(request.param)
+
+
+@pytest.fixture(params=SCRIPTS)
+def every_script(request):
+    """Each training script in turn, for the pieces that all of them hold."""
     return importlib.import_module(request.param)

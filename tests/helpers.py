@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from benchmark.events import read_scalars  # noqa: F401  (re-exported for the tests)
+from scripts import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 MODULES = ["ppo", "ppo_continuous_action"]  # vector-observation scripts, tested on the fake envs too
-NEXT_STEP_MODULES = ["ppo_atari_envpool", "ppo_procgen"]  # envpool scripts: a reset row follows every episode end
 REAL_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_atari_envpool": "Breakout-v5",
             "ppo_procgen": "StarpilotEasy-v0"}
 

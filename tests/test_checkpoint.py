@@ -19,16 +19,16 @@ def test_checkpoint_round_trip(script, tmp_path):
     x = torch.randn(5, obs_dim)
     agent.get_value(x).square().mean().backward()
     optimizer.step()  # non-empty optimizer state
-    extra = ()
+    extra = {}
     if continuous:
         obs_normalizer, reward_scaler = script.ObsNormalizer((obs_dim,), 10.0), script.RewardScaler(1, 0.99, 10.0)
         obs_normalizer(np.random.default_rng(0).normal(size=(9, obs_dim)), update=True)
         reward_scaler(np.array([2.5]), np.array([False]))
-        extra = (obs_normalizer, reward_scaler)
+        extra = dict(obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
     random.seed(11), np.random.seed(11), torch.manual_seed(11)
     rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
     path = str(tmp_path / "checkpoint.pt")
-    script.save_checkpoint(path, agent, optimizer, *extra, args, 5, 1234)
+    script.save_checkpoint(path, agent, optimizer, args, 5, 1234, **extra)
 
     checkpoint = script.load_checkpoint(path)
     assert checkpoint["iteration"] == 5 and checkpoint["global_step"] == 1234

@@ -1,12 +1,12 @@
-"""compute_gae against a slow reference written as forward sums over each episode segment, for the
-same-step autoreset scripts and for the envpool scripts with their reset rows."""
+"""compute_gae against a slow reference written as forward sums over each episode segment, on every
+copy: the same-step autoreset scripts and the envpool scripts with their reset rows."""
 
 import importlib
 
 import pytest
 import torch
 
-from helpers import NEXT_STEP_MODULES
+from scripts import NEXT_STEP_GAE, SAME_STEP_GAE
 
 GAMMA, LAMBDA = 0.9, 0.8
 
@@ -57,28 +57,34 @@ def random_rollout(seed, T=23, N=4):
     )
 
 
+@pytest.fixture(params=SAME_STEP_GAE)
+def same_step(request):
+    return importlib.import_module(request.param)
+
+
 def script_gae(script, r, final_values):
     dones = (r["terminated"] | r["truncated"]).double()
-    return script.compute_gae(r["rewards"], r["values"], dones, final_values, r["last_value"], GAMMA, LAMBDA)
+    return script.compute_gae(r["rewards"], r["values"], dones, r["last_value"], GAMMA, LAMBDA,
+                              final_values=final_values)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_gae_matches_reference_with_truncation_bootstrap(script, seed):
+def test_gae_matches_reference_with_truncation_bootstrap(same_step, seed):
     r = random_rollout(seed)
     # the caller's contract: V(final obs) at truncations, 0 at terminations, anything where not done
     final_values = torch.where(r["truncated"], r["final_obs_values"], r["garbage"])
     final_values = torch.where(r["terminated"], torch.zeros_like(final_values), final_values)
-    advantages, returns = script_gae(script, r, final_values)
+    advantages, returns = script_gae(same_step, r, final_values)
     expected = reference_gae(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_obs_values"],
                              r["last_value"], GAMMA, LAMBDA)
     torch.testing.assert_close(advantages, expected, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(returns, expected + r["values"], rtol=1e-10, atol=1e-10)
 
 
-def test_gae_zero_final_values_is_truncation_as_termination(script):
+def test_gae_zero_final_values_is_truncation_as_termination(same_step):
     r = random_rollout(3)
     final_values = torch.where(r["terminated"] | r["truncated"], torch.zeros_like(r["garbage"]), r["garbage"])
-    advantages, _ = script_gae(script, r, final_values)
+    advantages, _ = script_gae(same_step, r, final_values)
     no_truncation = torch.zeros_like(r["truncated"])
     expected = reference_gae(r["rewards"], r["values"], r["terminated"] | r["truncated"], no_truncation,
                              r["final_obs_values"], r["last_value"], GAMMA, LAMBDA)
@@ -106,19 +112,19 @@ def next_step_rollout(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("name", NEXT_STEP_MODULES)
+@pytest.mark.parametrize("name", NEXT_STEP_GAE)
 def test_next_step_reset_gae_matches_reference_on_real_rows(name, seed):
     script = importlib.import_module(name)
     r = next_step_rollout(seed)
     assert r["reset_row"].any() and r["truncated"].any()
     dones = (r["terminated"] | r["truncated"]).double()
-    advantages, returns = script.compute_gae(r["rewards"], r["values"], r["terminated"].double(), dones,
-                                             r["last_value"], GAMMA, LAMBDA)
+    advantages, returns = script.compute_gae(r["rewards"], r["values"], dones, r["last_value"], GAMMA, LAMBDA,
+                                             terminations=r["terminated"].double())
     expected = reference_gae(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_obs_values"],
                              r["last_value"], GAMMA, LAMBDA)
     real = ~r["reset_row"]
     torch.testing.assert_close(advantages[real], expected[real], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(returns[real], (expected + r["values"])[real], rtol=1e-10, atol=1e-10)
     # treating truncation as termination (--no-bootstrap-truncation) changes the truncated rows
-    cut, _ = script.compute_gae(r["rewards"], r["values"], dones, dones, r["last_value"], GAMMA, LAMBDA)
+    cut, _ = script.compute_gae(r["rewards"], r["values"], dones, r["last_value"], GAMMA, LAMBDA, terminations=dones)
     assert not torch.allclose(cut[real & r["truncated"]], advantages[real & r["truncated"]])

@@ -67,8 +67,9 @@ def test_evaluation_freezes_the_statistics():
     normalizer(np.array([[0.0, 1.0], [2.0, 1.0], [5.0, 1.0]], np.float32), update=True)
     before = normalizer.rms.state_dict()
     agent = pca.Agent(2, 2)
-    returns = pca.evaluate(agent, normalizer, FIXED_ENV["ppo_continuous_action"], episodes=3, deterministic=False,
-                           seed=0, device=torch.device("cpu"))
+    args = pca.Args(env_id=FIXED_ENV["ppo_continuous_action"])
+    returns = pca.evaluate(agent, args, episodes=3, deterministic=False, seed=0, device=torch.device("cpu"),
+                           obs_normalizer=normalizer)
     assert len(returns) == 3
     after = normalizer.rms.state_dict()
     np.testing.assert_array_equal(after["mean"], before["mean"])

@@ -1,0 +1,67 @@
+"""Every training script and which of the repeated pieces it holds: the per-piece lists that the topic
+tests run on, read from here so that each copy of a piece is under test. tests/test_copies.py fails
+when a script that has a piece is missing from that piece's list (or a new script from SCRIPTS)."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCRIPTS = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_procgen",
+           "ppo_atari_multigpu", "ppo_shared_memory_lstm"]
+
+# compute_gae in its two forms: same-step autoreset (keyword `final_values`) and envpool's next-step
+# reset with its reset rows (keyword `terminations`)
+SAME_STEP_GAE = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu",
+                 "ppo_shared_memory_lstm"]
+NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
+
+# Functions and classes that several scripts repeat on purpose. Within each group the copies must be
+# the same code (docstrings and comments may differ); a piece with more than one group names an
+# intended difference, and the comment says why it exists.
+IDENTICAL = {
+    "fail": [SCRIPTS],
+    "ppo_loss": [SCRIPTS],
+    "layer_init": [SCRIPTS],
+    "rng_state": [SCRIPTS],
+    "set_rng_state": [SCRIPTS],
+    "explained_variance": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"]],  # multigpu: from gathered sums
+    "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
+    # gymnasium's vector RecordEpisodeStatistics (classic control, MuJoCo) / a per-env one below the
+    # Atari wrappers, whose info arrives in final_info with same-step autoreset
+    "finished_episodes": [["ppo", "ppo_continuous_action"],
+                          ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "step_in_reset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "NoopReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "MaxAndSkip": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "EpisodicLife": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen"]],
+}
+
+
+def script_path(name: str) -> Path:
+    return REPO / f"{name}.py"
+
+
+def top_level_definitions(name: str) -> dict[str, ast.AST]:
+    """The module-level functions and classes of a script, by name."""
+    tree = ast.parse(script_path(name).read_text())
+    return {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def without_docstrings(node: ast.AST) -> str:
+    """The code of a definition as an AST dump, docstrings removed (comments are not in the AST)."""
+    node = ast.parse(ast.unparse(node)).body[0]  # a copy
+    for child in ast.walk(node):
+        body = getattr(child, "body", None)
+        if (isinstance(child, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            child.body = body[1:] or [ast.Pass()]
+    return ast.dump(node)
+
+
+def keyword_only_arguments(name: str, function: str) -> list[str]:
+    node = top_level_definitions(name)[function]
+    return [arg.arg for arg in node.args.kwonlyargs]
