@@ -3,6 +3,9 @@
 import gymnasium as gym
 import numpy as np
 
+FIXED_LENGTH = 3  # FixedLength*: terminates after exactly this many steps
+TIME_LIMIT = 10  # Constant*: truncated by a TimeLimit after this many steps
+
 
 def _action_space(continuous: bool) -> gym.Space:
     return gym.spaces.Box(-1.0, 1.0, (2,), np.float32) if continuous else gym.spaces.Discrete(2)
@@ -49,3 +52,90 @@ class ConstantEnv(gym.Env):
 
     def step(self, action):
         return np.ones(2, np.float32), 1.0, False, False, {}
+
+
+MIXED_LIMIT = 5  # MixedEnds*: the time limit, and the step at which odd-numbered episodes terminate
+
+
+class MixedEndsEnv(gym.Env):
+    """Every episode lasts MIXED_LIMIT steps and is cut there by a TimeLimit; odd-numbered episodes also
+    terminate on that step, so Gymnasium's TimeLimit reports both flags, and even-numbered ones are only
+    truncated. Rewards tell the two kinds of end apart after any sign-preserving scaling: 1 per step,
+    but on the last step -1 where the episode terminated and 0 where it was only truncated."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, continuous: bool = False):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = _action_space(continuous)
+        self.t, self.episodes = 0, 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.t / MIXED_LIMIT, self.episodes % 2], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.episodes = 0, self.episodes + 1
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        last = self.t >= MIXED_LIMIT
+        terminated = last and self.episodes % 2 == 1
+        reward = (-1.0 if terminated else 0.0) if last else 1.0
+        return self._obs(), reward, terminated, False, {}
+
+
+def register_fake_envs():
+    """Registers the environments above (idempotent). Importing this module as `tests.fake_envs`
+    registers them too, so an id like `tests.fake_envs:MixedEnds-v0` works in spawned processes."""
+    for suffix, continuous in (("", False), ("Box", True)):
+        for env_id, entry_point, kwargs, limit in (
+            (f"FixedLength{suffix}-v0", FixedLengthEnv, dict(length=FIXED_LENGTH, continuous=continuous), None),
+            (f"Constant{suffix}-v0", ConstantEnv, dict(continuous=continuous), TIME_LIMIT),
+            (f"MixedEnds{suffix}-v0", MixedEndsEnv, dict(continuous=continuous), MIXED_LIMIT),
+        ):
+            if env_id not in gym.registry:
+                gym.register(env_id, entry_point=entry_point, kwargs=kwargs, max_episode_steps=limit)
+
+
+register_fake_envs()
+
+
+class MixedEndsEnvPool:
+    """envpool's vector API (gymnasium style) with its next-step reset, on MixedEndsEnv's episodes: each
+    lasts MIXED_LIMIT steps; odd-numbered ones end terminated and truncated, even ones truncated only;
+    reward 0 except -1 on a terminating step. The step after an episode end is the reset row (reward 0,
+    no flags, elapsed_step 0). `info` carries what the scripts read: the unclipped reward, game over
+    (`terminated`) and `elapsed_step`. Frames are uint8 of `obs_shape`, filled with the step count."""
+
+    def __init__(self, num_envs: int, obs_shape: tuple, n_actions: int = 4):
+        self.observation_space = gym.spaces.Box(0, 255, obs_shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(n_actions)
+        self.num_envs = num_envs
+        self.t = np.zeros(num_envs, dtype=np.int64)
+        self.episodes = np.ones(num_envs, dtype=np.int64)
+        self.ended = np.zeros(num_envs, dtype=bool)
+
+    def _obs(self) -> np.ndarray:
+        return np.broadcast_to((self.t * 40 % 256).astype(np.uint8).reshape(-1, *[1] * len(self.observation_space.shape)),
+                               (self.num_envs,) + self.observation_space.shape).copy()
+
+    def reset(self):
+        self.t[:], self.episodes[:], self.ended[:] = 0, 1, False
+        return self._obs(), {"env_id": np.arange(self.num_envs)}
+
+    def step(self, actions):
+        assert len(actions) == self.num_envs
+        self.episodes += self.ended
+        self.t = np.where(self.ended, 0, self.t + 1)
+        truncated = self.t >= MIXED_LIMIT
+        terminated = truncated & (self.episodes % 2 == 1)
+        reward = np.where(terminated, -1.0, 0.0)
+        self.ended = truncated
+        info = {"env_id": np.arange(self.num_envs), "reward": reward, "terminated": terminated.astype(np.int32),
+                "elapsed_step": self.t.copy()}
+        return self._obs(), reward, terminated, truncated.copy(), info
+
+    def close(self):
+        pass

@@ -11,15 +11,14 @@ import pytest
 import torch
 
 from benchmark.events import read_scalars  # noqa: F401  (re-exported for the tests)
+from fake_envs import FIXED_LENGTH, TIME_LIMIT  # noqa: F401  (registered when fake_envs is imported)
 from scripts import REPO
 
 MODULES = ["ppo", "ppo_continuous_action"]  # vector-observation scripts, tested on the fake envs too
 REAL_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_atari_envpool": "Breakout-v5",
             "ppo_procgen": "StarpilotEasy-v0"}
 
-# fake environments (tests/fake_envs.py), registered in conftest.py
-FIXED_LENGTH = 3  # FixedLength*: terminates after exactly this many steps
-TIME_LIMIT = 10  # Constant*: truncated by a TimeLimit after this many steps
+# fake environments of tests/fake_envs.py
 FIXED_ENV = {"ppo": "FixedLength-v0", "ppo_continuous_action": "FixedLengthBox-v0"}
 CONSTANT_ENV = {"ppo": "Constant-v0", "ppo_continuous_action": "ConstantBox-v0"}
 

@@ -6,13 +6,12 @@ import re
 
 import pytest
 
-from helpers import (METRICS, MODULES, REAL_ENV, assert_one_line_per_iteration_with_episodes, load, only_run_dir,
-                     read_scalars, run_script)
+from helpers import (LINE, METRICS, MODULES, REAL_ENV, assert_one_line_per_iteration_with_episodes, load,
+                     only_run_dir, read_scalars, run_script)
 
 ITERATIONS, EVAL_EPISODES = 4, 3
 NUM_ENVS = {"ppo": 4, "ppo_continuous_action": 1}  # the scripts' defaults
 NUM_STEPS = {"ppo": 32, "ppo_continuous_action": 64}
-LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean_return=(-?[\d.]+) SPS=\d+", re.M)
 
 
 @pytest.fixture(scope="module", params=MODULES)

@@ -1,0 +1,198 @@
+"""The correctness contract on every script, from a few tiny in-process runs per script on environments
+whose episodes end in both ways that Gymnasium's TimeLimit can end them: terminated *and* truncated on
+the same step (odd-numbered episodes), truncated only (even-numbered ones); the rewards tell the two
+apart (tests/fake_envs.py). Per script:
+
+- truncation bootstrap: compute_gae sees a final value (or a termination flag, envpool's reset-row
+  form) of 0 where the episode also terminated, and the bootstrapped value where it was only truncated;
+- ratio 1 at the first minibatch of every update;
+- same seed, same run (episodes, weights); another seed, another run;
+- every metric of the one vocabulary once per iteration, the per-iteration line;
+- the checkpoint: the shared keys, an RNG dict that restores, and a run interrupted after its second
+  checkpoint and resumed from it ends where an uninterrupted run ends.
+"""
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from atari_fakes import LIVES, FakeAtariEnv, frame_image
+from fake_envs import MixedEndsEnvPool
+from helpers import LINE, METRICS, assert_one_line_per_iteration_with_episodes, load, read_scalars
+from scripts import NEXT_STEP_GAE, SCRIPTS
+
+import gymnasium as gym
+
+ATARI_END_FRAME = 120  # MixedEndsAtari: every game ends here (about 25 agent steps after the reset's frames)
+
+
+class MixedEndsAtari(FakeAtariEnv):
+    """The fake ALE game of atari_fakes.py without life losses, ended at ATARI_END_FRAME as MixedEndsEnv
+    ends its episodes: odd-numbered games by game over *and* the frame limit, even ones by the limit
+    only; reward 0 on every frame except -1 on the frame of a game over."""
+
+    def step(self, action):
+        self.frame += 1
+        self.actions.append(int(action))
+        truncated = self.frame >= ATARI_END_FRAME
+        terminated = truncated and self.resets % 2 == 1
+        return frame_image(self.frame), -1.0 if terminated else 0.0, terminated, truncated, {"lives": LIVES}
+
+
+if "MixedEndsAtari-v0" not in gym.registry:
+    gym.register("MixedEndsAtari-v0", entry_point=MixedEndsAtari)
+
+ATARI = dict(env_id="MixedEndsAtari-v0", num_envs=2, num_steps=64, num_minibatches=2, update_epochs=1)
+ENVPOOL = dict(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)
+RUNS = {  # the Args of a run of ITERATIONS iterations
+    "ppo": dict(env_id="MixedEnds-v0", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2),
+    "ppo_continuous_action": dict(env_id="MixedEndsBox-v0", num_envs=2, num_steps=16, num_minibatches=2,
+                                  update_epochs=2),
+    "ppo_atari": ATARI,
+    "ppo_atari_lstm": ATARI,
+    "ppo_atari_multigpu": ATARI,
+    "ppo_atari_envpool": dict(ENVPOOL, env_id="Breakout"),
+    "ppo_procgen": dict(ENVPOOL, env_id="starpilot"),
+    # spawned rollout workers import tests/fake_envs.py by the id's module part, which registers the id
+    "ppo_shared_memory_lstm": dict(env_id="tests.fake_envs:MixedEnds-v0", num_workers=2, num_envs_per_worker=1,
+                                   num_steps=16, seq_len=8, num_minibatches=2, update_epochs=2),
+}
+ITERATIONS = 3
+ENVPOOL_FRAMES = {"ppo_atari_envpool": (4, 84, 84), "ppo_procgen": (64, 64, 3)}
+
+
+def test_every_script_has_a_run():
+    assert sorted(RUNS) == sorted(SCRIPTS)
+
+
+def batch_size(config: dict) -> int:
+    envs = config["num_envs"] if "num_envs" in config else config["num_workers"] * config["num_envs_per_worker"]
+    return envs * config["num_steps"]
+
+
+def make_args(script, runs_dir, **overrides):
+    config = RUNS[script.__name__]
+    fields = dict(config, runs_dir=str(runs_dir), cuda=False, total_timesteps=ITERATIONS * batch_size(config),
+                  checkpoint_every=1, save_model=True, eval_episodes=1)
+    fields.update(overrides)
+    return script.Args(**fields)
+
+
+@pytest.fixture(params=SCRIPTS)
+def contract(request, monkeypatch):
+    """The script, with envpool's vector environment replaced by MixedEndsEnvPool where it has one, and
+    compute_gae spied on: every call's keyword arguments are recorded."""
+    script = importlib.import_module(request.param)
+    if request.param in ENVPOOL_FRAMES:
+        frames = ENVPOOL_FRAMES[request.param]
+        monkeypatch.setattr(script, "make_envs", lambda args, num_envs, *_, **__: MixedEndsEnvPool(num_envs, frames))
+    calls, real_gae = [], script.compute_gae
+
+    def spy(**kwargs):
+        calls.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+        return real_gae(**kwargs)
+
+    monkeypatch.setattr(script, "compute_gae", spy)
+    return script, calls
+
+
+RESULTS = {}  # script name -> its runs, made once and shared by the tests below
+
+
+@pytest.fixture
+def runs(contract, tmp_path_factory, capsys):
+    """Two runs with the same seed and one with another, each with a checkpoint every iteration, and
+    the compute_gae calls of the first."""
+    script, calls = contract
+    if script.__name__ not in RESULTS:
+        results, folder = {}, tmp_path_factory.mktemp(script.__name__)
+        for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+            first_call = len(calls)
+            run_dir = script.main(make_args(script, folder / name, seed=seed))
+            results[name] = dict(run_dir=run_dir, scalars=read_scalars(run_dir), stdout=capsys.readouterr().out,
+                                 checkpoint=load(f"{run_dir}/checkpoint.pt"), gae_calls=calls[first_call:])
+        RESULTS[script.__name__] = results
+    return script, RESULTS[script.__name__]
+
+
+def test_truncation_is_bootstrapped_unless_the_step_also_terminated(runs):
+    script, results = runs
+    calls = results["a"]["gae_calls"]
+    assert len(calls) >= ITERATIONS
+    both = only_truncated = 0
+    for call in calls:
+        done = call["dones"].bool()
+        terminated_too, truncated_only = done & (call["rewards"] < 0), done & (call["rewards"] == 0)
+        both, only_truncated = both + int(terminated_too.sum()), only_truncated + int(truncated_only.sum())
+        if script.__name__ in NEXT_STEP_GAE:  # the reset-row form: the flag zeroes the next value
+            assert (call["terminations"][terminated_too] == 1).all()
+            assert (call["terminations"][truncated_only] == 0).all()
+        else:
+            assert (call["final_values"][terminated_too] == 0).all(), "a terminated step was bootstrapped"
+            assert (call["final_values"][truncated_only] != 0).all(), "a truncation was not bootstrapped"
+    assert both > 0 and only_truncated > 0  # both kinds of end happened
+
+
+def test_ratio_one_metrics_line_and_determinism(runs):
+    script, results = runs
+    a, b, c = results["a"], results["b"], results["c"]
+    batch = batch_size(RUNS[script.__name__])
+    per_iteration = [batch * k for k in range(1, ITERATIONS + 1)]
+    for tag in METRICS:
+        assert tag in a["scalars"], tag
+        if not tag.startswith("charts/episodic"):
+            assert [step for step, _ in a["scalars"][tag]] == per_iteration, tag
+    assert max(value for _, value in a["scalars"]["debug/first_minibatch_ratio_deviation"]) < 1e-5
+    assert_one_line_per_iteration_with_episodes(a["stdout"], LINE, a["scalars"]["charts/episodic_return"],
+                                                ITERATIONS, batch)
+    # same seed, same run; another seed, another run
+    returns = {name: [value for _, value in r["scalars"]["charts/episodic_return"]] for name, r in results.items()}
+    assert returns["a"] and returns["a"] == returns["b"]
+    weights = {name: r["checkpoint"]["model"] for name, r in results.items()}
+    assert all(torch.equal(value, weights["b"][key]) for key, value in weights["a"].items())
+    assert any(not torch.equal(value, weights["c"][key]) for key, value in weights["a"].items())
+
+
+def test_checkpoint_holds_the_shared_keys_and_an_rng_dict_that_restores(runs):
+    script, results = runs
+    checkpoint = results["a"]["checkpoint"]
+    assert {"model", "optimizer", "iteration", "global_step", "args", "rng"} <= set(checkpoint)
+    assert checkpoint["iteration"] == ITERATIONS
+    assert checkpoint["global_step"] == ITERATIONS * batch_size(RUNS[script.__name__])
+    assert script.Args(**checkpoint["args"]).seed == 3
+    rng = checkpoint["rng"]
+    assert isinstance(rng, dict) and {"torch", "numpy", "python"} <= set(rng)
+    assert "cuda" not in rng  # a CPU run; a CUDA run adds the generator of its device (test_gpu.py)
+    cpu = torch.device("cpu")
+    script.set_rng_state(rng, cpu)
+    first = (torch.rand(3), np.random.rand(3))
+    script.set_rng_state(script.rng_state(cpu), cpu)  # a round trip of the current state changes nothing
+    script.set_rng_state(rng, cpu)
+    again = (torch.rand(3), np.random.rand(3))
+    assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1])
+
+
+def test_resume_after_an_interruption_ends_where_the_full_run_ends(runs, tmp_path, monkeypatch):
+    script, results = runs
+    real_save, saved = script.save_checkpoint, []
+
+    def save_then_die(*args, **kwargs):
+        real_save(*args, **kwargs)
+        saved.append(args[0])
+        if len(saved) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(script, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(make_args(script, tmp_path, seed=3))  # run a's arguments
+    monkeypatch.setattr(script, "save_checkpoint", real_save)
+    assert load(saved[-1])["iteration"] == 2
+    resumed_dir = script.main(script.Args(resume=saved[-1], cuda=False))
+    full, resumed = results["a"], read_scalars(resumed_dir)
+    assert load(f"{resumed_dir}/model.pt")["global_step"] == full["checkpoint"]["global_step"]
+    # every iteration logged once, at the learning rate of the uninterrupted run
+    rates = full["scalars"]["charts/learning_rate"]
+    assert [s for s, _ in resumed["charts/learning_rate"]] == [s for s, _ in rates]
+    assert [v for _, v in resumed["charts/learning_rate"]] == pytest.approx([v for _, v in rates])
