@@ -40,3 +40,33 @@ def test_bad_input_gets_one_line_and_exit_code_2(name, case, tmp_path):
     for word in words:
         assert word in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+# Every script, in-process: the same bad inputs end in check_args (or the checkpoint reader) before any work
+
+EVERY_SCRIPT_CASES = {  # case -> (Args fields, words the error line must contain)
+    "unknown_env": (dict(env_id="NoSuchEnv-v9"), ["NoSuchEnv"]),
+    "minibatches": (dict(num_steps=8, seq_len=8, num_minibatches=3), ["--num-minibatches", "3"]),
+    "nonpositive": (dict(num_steps=0), ["--num-steps", "positive"]),
+    "missing_resume": (dict(resume="gone.pt"), ["--resume", "gone.pt"]),
+    "not_a_checkpoint": (dict(evaluate="notes.txt"), ["notes.txt"]),
+    "foreign_checkpoint": (dict(evaluate="foreign.pt"), ["foreign.pt", "not a checkpoint"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EVERY_SCRIPT_CASES))
+def test_every_script_refuses_bad_input_in_one_line(every_script, case, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
+    fields, words = EVERY_SCRIPT_CASES[case]
+    if "seq_len" not in every_script.Args.__dataclass_fields__:  # only the shared-memory script cuts chunks
+        fields = {k: v for k, v in fields.items() if k != "seq_len"}
+    with pytest.raises(SystemExit) as exit_info:
+        every_script.main(every_script.Args(runs_dir=str(tmp_path / "runs"), cuda=False, **fields))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0], lines
+    for word in words:
+        assert word in lines[0]
+    assert not (tmp_path / "runs").exists()
