@@ -196,3 +196,22 @@ def test_resume_after_an_interruption_ends_where_the_full_run_ends(runs, tmp_pat
     rates = full["scalars"]["charts/learning_rate"]
     assert [s for s, _ in resumed["charts/learning_rate"]] == [s for s, _ in rates]
     assert [v for _, v in resumed["charts/learning_rate"]] == pytest.approx([v for _, v in rates])
+
+
+def test_clipfrac_is_the_mean_over_the_updates_minibatches(contract, tmp_path, monkeypatch):
+    """losses/clipfrac is what CleanRL users compare it with: the mean over all minibatches of the
+    update, not the last minibatch's. Each ppo_loss call here reports its own call number."""
+    script, _ = contract
+    real_loss, numbers = script.ppo_loss, []
+
+    def numbered(*args, **kwargs):
+        loss, stats = real_loss(*args, **kwargs)
+        numbers.append(float(len(numbers)))
+        return loss, {**stats, "clipfrac": torch.tensor(numbers[-1])}
+
+    monkeypatch.setattr(script, "ppo_loss", numbered)
+    run_dir = script.main(make_args(script, tmp_path, save_model=False, checkpoint_every=0))
+    logged = [value for _, value in read_scalars(run_dir)["losses/clipfrac"]]
+    per_update = len(numbers) // ITERATIONS
+    assert per_update > 1 and len(numbers) == ITERATIONS * per_update
+    assert logged == pytest.approx([np.mean(numbers[k * per_update:(k + 1) * per_update]) for k in range(ITERATIONS)])
