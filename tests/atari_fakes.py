@@ -50,17 +50,20 @@ class FakeAtariEnv(gym.Env):
 
     has_fire: whether the action meanings include FIRE.
     truncate_on_noop_after_life_loss: the frame limit falls on the first no-op after a lost life
-    (the tests' agent never chooses NOOP itself), so a game ends inside the reset that follows."""
+    (the tests' agent never chooses NOOP itself), so a game ends inside the reset that follows.
+    truncate_on_life_loss: the frame limit falls on the frame of the first lost life, so the agent
+    step that loses it is both terminated (episodic life) and truncated, and the game ends there."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 60}
 
-    def __init__(self, has_fire: bool = True, truncate_on_noop_after_life_loss: bool = False, render_mode=None,
-                 **settings):
+    def __init__(self, has_fire: bool = True, truncate_on_noop_after_life_loss: bool = False,
+                 truncate_on_life_loss: bool = False, render_mode=None, **settings):
         assert settings.get("obs_type", "grayscale") == "grayscale"
         self.settings = settings
         self.render_mode = render_mode
         self.meanings = ["NOOP", "FIRE", "RIGHT", "LEFT"] if has_fire else ["NOOP", "RIGHT", "LEFT"]
         self.truncate_on_noop_after_life_loss = truncate_on_noop_after_life_loss
+        self.truncate_on_life_loss = truncate_on_life_loss
         self.observation_space = gym.spaces.Box(0, 255, SHAPE, np.uint8)
         self.action_space = gym.spaces.Discrete(len(self.meanings))
         self.ale = FakeALE(self)
@@ -84,6 +87,8 @@ class FakeAtariEnv(gym.Env):
         truncated = limit is not None and self.frame >= limit
         if self.truncate_on_noop_after_life_loss and action == 0 and self.lives < LIVES:
             truncated = True
+        if self.truncate_on_life_loss and self.lives < LIVES:
+            truncated = True
         return frame_image(self.frame), frame_reward(self.frame), terminated, truncated, {"lives": self.lives}
 
     def render(self):
@@ -91,6 +96,7 @@ class FakeAtariEnv(gym.Env):
 
 
 for env_id, kwargs in (("FakeAtari-v0", {}), ("FakeAtariNoFire-v0", {"has_fire": False}),
-                       ("FakeAtariNoopTruncation-v0", {"truncate_on_noop_after_life_loss": True})):
+                       ("FakeAtariNoopTruncation-v0", {"truncate_on_noop_after_life_loss": True}),
+                       ("FakeAtariLifeLossTruncation-v0", {"truncate_on_life_loss": True})):
     if env_id not in gym.registry:
         gym.register(env_id, entry_point=FakeAtariEnv, kwargs=kwargs)

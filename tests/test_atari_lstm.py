@@ -1,14 +1,17 @@
 """ppo_atari_lstm.py: the LSTM run over stretches between episode starts equals the usual step-by-step
-loop, states reset where episodes start, the LSTM details, and a short run whose first minibatch
-replays the rollout exactly (ratio 1)."""
+loop, states reset where episodes start, the LSTM details, in-process runs on the fake game of
+atari_fakes.py (truncation bootstrap, episode starts carried from one rollout into the next), and a
+short run whose first minibatch replays the rollout exactly (ratio 1)."""
 
 
 import pytest
 import torch
 
+import atari_fakes  # noqa: F401  (registers the FakeAtari games)
 import ppo_atari_lstm as script
 from benchmark.throughput import lstm_step_by_step
-from helpers import METRICS, assert_evaluate_flag_matches_training, load, only_run_dir, read_scalars, run_script
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
+                     load, only_run_dir, read_scalars, run_script)
 
 T, B = 40, 3
 
@@ -68,6 +71,69 @@ def test_lstm_is_orthogonal_with_zero_biases_and_starts_from_zeros():
     assert h.shape == c.shape == (1, 5, 128) and not h.any() and not c.any()
 
 
+def fake_args(runs_dir, **overrides):
+    """A run of a second or two on the fake game: 2 envs x 32 steps, 2 iterations."""
+    fields = dict(env_id="FakeAtari-v0", runs_dir=str(runs_dir), cuda=False, num_envs=2, num_steps=32,
+                  num_minibatches=2, update_epochs=1, total_timesteps=2 * 32 * 2, torch_threads=1)
+    fields.update(overrides)
+    return script.Args(**fields)
+
+
+def spy_on_gae(monkeypatch) -> list[dict]:
+    """Records the keyword arguments of every compute_gae call of the training loop."""
+    calls, real_gae = [], script.compute_gae
+
+    def spy(**kwargs):
+        calls.append({name: value.clone() if torch.is_tensor(value) else value for name, value in kwargs.items()})
+        return real_gae(**kwargs)
+
+    monkeypatch.setattr(script, "compute_gae", spy)
+    return calls
+
+
+@pytest.mark.parametrize("env_id, max_episode_steps, bootstraps", [
+    ("FakeAtari-v0", 12, True),  # ALE's frame limit (4 x 12 frames) cuts every game before its first lost life
+    ("FakeAtariLifeLossTruncation-v0", 27_000, False),  # the frame limit falls on a lost life: terminated too
+])
+def test_only_truncated_and_not_terminated_episodes_bootstrap(env_id, max_episode_steps, bootstraps, tmp_path,
+                                                              monkeypatch):
+    calls = spy_on_gae(monkeypatch)
+    script.main(fake_args(tmp_path, env_id=env_id, max_episode_steps=max_episode_steps))
+    dones = torch.cat([call["dones"] for call in calls]).bool()
+    final_values = torch.cat([call["final_values"] for call in calls])
+    assert dones.sum() >= 4
+    assert (final_values[~dones] == 0).all()
+    # V(final observation, state after the step) where only truncated, 0 where also terminated
+    assert (final_values[dones] != 0).all() if bootstraps else (final_values[dones] == 0).all()
+
+
+def test_a_rollout_starts_with_the_episode_starts_the_previous_one_ended_with(tmp_path, monkeypatch):
+    """The starts of a rollout's first step are the dones of the previous rollout's last step, even once
+    the dones buffer row they came from has been written again (a view of it would follow the new values)."""
+    calls, real_gae = [], script.compute_gae
+
+    def gae_then_overwrite_the_last_row(**kwargs):
+        calls.append(kwargs["dones"][-1].clone())
+        result = real_gae(**kwargs)
+        kwargs["dones"][-1] = 1 - kwargs["dones"][-1]  # the row is overwritten before the next rollout reads starts
+        return result
+
+    starts_seen, real_act = [], script.Agent.act
+
+    def act(self, x, starts, state):
+        starts_seen.append(starts.clone())
+        return real_act(self, x, starts, state)
+
+    monkeypatch.setattr(script, "compute_gae", gae_then_overwrite_the_last_row)
+    monkeypatch.setattr(script.Agent, "act", act)
+    # a 5-step limit: episodes end at the last step of a rollout too
+    script.main(fake_args(tmp_path, num_steps=5, total_timesteps=2 * 5 * 6, max_episode_steps=5))
+    assert len(calls) == 6 and len(starts_seen) == 6 * 5
+    assert torch.cat(calls).any()  # some rollout ended an episode at its last step
+    for iteration in range(1, 6):
+        torch.testing.assert_close(starts_seen[5 * iteration], calls[iteration - 1], rtol=0, atol=0)
+
+
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
     """A short run whose 20-step time limit starts episodes inside every rollout."""
@@ -89,6 +155,11 @@ def test_first_minibatch_replays_the_rollout(e2e):
     assert len(lengths) >= 8 and max(lengths) <= 20
     deviations = [value for _, value in scalars["debug/first_minibatch_ratio_deviation"]]
     assert len(deviations) == 3 and max(deviations) < 1e-5
+
+
+def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
+    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+                                                3, 96)
 
 
 def test_evaluate_flag_plays_the_same_games_as_after_training(e2e):
