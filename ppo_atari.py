@@ -18,7 +18,7 @@ What is special in this file (the places where Atari scripts usually go wrong):
   the reset that follows takes one no-op step instead of restarting the game. The score we log is the
   real game: a RecordEpisodeStatistics placed below the episodic-life and reward-clipping wrappers
   sums the unclipped reward over all lives. With same-step autoreset its `info["episode"]` arrives
-  in `info["final_info"]` (see `finished_games`).
+  in `info["final_info"]` (see `finished_episodes`).
 - A time-limit truncation (108,000 frames) bootstraps the value of the final observation
   (`--no-bootstrap-truncation` treats it as a termination, as older scripts did).
 - `ALE/Breakout-v5` is made with the v4 NoFrameskip settings (no frame skip inside ALE, no sticky
@@ -28,6 +28,7 @@ What is special in this file (the places where Atari scripts usually go wrong):
   are fastest in.
 - Checkpoints hold everything needed to resume; `--resume` continues a killed run and `--evaluate`
   scores a saved model with the same preprocessing.
+- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
 import os
@@ -35,6 +36,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import ale_py
@@ -56,12 +58,11 @@ class Args:
     seed: int = 1
     """seed of the experiment (environments, PyTorch, NumPy, Python)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 2
-    """CPU threads for PyTorch; the CNN update is most of the time: on 2 idle cores 2 threads ran 1.5x faster than
-    1, and 15% slower with another process busy (benchmark/throughput.py --busy); 0 keeps PyTorch's default"""
+    """CPU threads for PyTorch (0 keeps PyTorch's default); measured: see the README, Speed, Pixel scripts"""
     track: bool = False
     """if toggled, the run is tracked with Weights & Biases"""
     wandb_project_name: str = "ppo-lab"
@@ -79,7 +80,7 @@ class Args:
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
     eval_episodes: int = 10
-    """number of games of an evaluation"""
+    """number of episodes (whole games, all lives) of an evaluation"""
     eval_deterministic: bool = False
     """if toggled, evaluation takes the most probable action instead of sampling"""
     runs_dir: str = "runs"
@@ -339,9 +340,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
 def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
-    The games step one after the other in this process. On our 2-core machine, with other work on
-    it, that was as fast as one process per game (AsyncVectorEnv) or faster, in env-only steps/s and
-    in training SPS, without 8 more processes. ale-py's C++ vector environment
+    The games step one after the other in this process, not one process per game (AsyncVectorEnv);
+    measured: see the README, Speed, Pixel scripts. ale-py's C++ vector environment
     (`ale_py.vector_env.AtariVectorEnv`) steps faster still, but its preprocessing is not this
     file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither
     a no-op nor FIRE after a lost life.
@@ -352,8 +352,9 @@ def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = Fal
     )
 
 
-def finished_games(infos: dict) -> list[tuple[int, float, int]]:
-    """The games that ended at this vector step: (env index, score, length in agent steps).
+def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes that ended at this vector step: (env index, return, length in agent steps), where
+    an episode is a whole game and its return the game score (unclipped, over all lives).
 
     RecordEpisodeStatistics sits below EpisodicLife, so it reports whole games with the unclipped
     score. With same-step autoreset the vector environment moves the info of a step that ended an
@@ -437,10 +438,11 @@ def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
     dones: torch.Tensor,
-    final_values: torch.Tensor,
     last_value: torch.Tensor,
     gamma: float,
     gae_lambda: float,
+    *,
+    final_values: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
 
@@ -462,9 +464,8 @@ def compute_gae(
         delta[t] = rewards[t] + gamma * next_value[t] - values[t]
         adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
 
-    The trace is cut at every episode end (with episodic life: at every lost life); a truncated
-    episode still sees the value of where it stopped through delta. Returns (advantages, returns =
-    advantages + values), both (T, N).
+    The trace is cut at every episode end; a truncated episode still sees the value of where it
+    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N).
     """
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values)
@@ -546,11 +547,27 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
         "iteration": iteration,
         "global_step": global_step,
         "args": asdict(args),
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        "rng": rng_state(next(agent.parameters()).device),
     }
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def load_checkpoint(path: str) -> dict:
@@ -579,7 +596,7 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
                 logits = agent.actor(agent.features(torch.as_tensor(obs, device=device)))
                 action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, _, _, _, infos = envs.step(action.cpu().numpy())
-            for i, score, _ in finished_games(infos):
+            for i, score, _ in finished_episodes(infos):
                 if np.isnan(scores[i]):
                     scores[i] = score
     envs.close()
@@ -597,8 +614,8 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     # the trained run's seed: the same games as the evaluation reported right after training
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
                        torch.device("cpu"))
-    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} games, "
-          f"mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
+          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns
 
 
@@ -631,6 +648,12 @@ def main(args: Args):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
+    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
+    # at the first minibatch is 1 to float precision
+    if args.torch_deterministic:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # Distribution argument checks are pure overhead in the rollout's many small calls
     torch.distributions.Distribution.set_default_validate_args(False)
@@ -645,9 +668,7 @@ def main(args: Args):
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        random.setstate(checkpoint["rng"]["python"])
+        set_rng_state(checkpoint["rng"], device)
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     os.makedirs(run_dir, exist_ok=True)
@@ -704,8 +725,10 @@ def main(args: Args):
 
             rewards_np[step] = reward  # clipped to the sign in make_env
             dones_np[step] = terminated | truncated
-            # next_obs is already the next episode's first observation where an episode ended; the
-            # value of where a truncated (and not also terminated) episode stopped comes from final_obs
+            # next_obs is already the next episode's first observation where an episode ended; the value
+            # of where a truncated episode stopped comes from info["final_obs"]. ALE truncates at its last
+            # allowed frame even when a life (or the game) was also lost there: such a step is a termination
+            # (value 0), so only truncated-and-not-terminated environments bootstrap
             bootstrap = truncated & ~terminated
             if args.bootstrap_truncation and bootstrap.any():
                 idx = np.flatnonzero(bootstrap)
@@ -713,16 +736,17 @@ def main(args: Args):
                     final_obs = torch.from_numpy(np.stack(infos["final_obs"][idx])).to(device)
                     final_values[step, idx] = agent.get_value(final_obs).cpu()
 
-            for i, score, length in finished_games(infos):
+            for i, episodic_return, episodic_length in finished_episodes(infos):
                 episode_step = global_step - N + i + 1  # the step this game ended at
-                writer.add_scalar("charts/episodic_return", score, episode_step)
-                writer.add_scalar("charts/episodic_length", length, episode_step)
-                episode_returns.append(score)
+                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
+                episode_returns.append(episodic_return)
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
             last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
-        advantages, returns = compute_gae(rewards, values, dones, final_values, last_value, args.gamma, args.gae_lambda)
+        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
+                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -734,6 +758,7 @@ def main(args: Args):
         b_returns = returns.reshape(-1).to(device)
         b_values = values.reshape(-1).to(device)
 
+        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
@@ -748,6 +773,7 @@ def main(args: Args):
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                     # deviation means the stored log-probs do not belong to the stored observations
                     first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                clipfracs.append(stats["clipfrac"])
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -757,8 +783,10 @@ def main(args: Args):
         update_time = time.perf_counter() - update_start
 
         # LOGGING -------------------------------------------------------------------------------
-        stats = {k: v.item() for k, v in stats.items()}
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update
+        stats = {k: v.item() for k, v in {**stats, "clipfrac": torch.stack(clipfracs).mean()}.items()}
         sps = int((global_step - start_step) / (time.time() - start_time))
+        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
@@ -771,8 +799,8 @@ def main(args: Args):
         writer.add_scalar("perf/update_time", update_time, global_step)
         if episode_returns:
             print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"games={len(episode_returns)} mean_score={np.mean(episode_returns):.2f} SPS={sps} "
-                  f"(act {act_time:.2f}s, env {env_time:.2f}s, update {update_time:.2f}s)")
+                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)")
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
@@ -787,7 +815,7 @@ def main(args: Args):
                            torch.device("cpu"))
         for i, episodic_return in enumerate(returns):
             writer.add_scalar("eval/episodic_return", episodic_return, i)
-        print(f"evaluation: {len(returns)} games, mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:
         wandb.finish()

@@ -25,6 +25,7 @@ What is special in this file (the places where envpool scripts usually go wrong)
   are fastest in (`benchmark/throughput.py` measures it).
 - Checkpoints hold everything needed to resume; `--resume` continues a killed run and `--evaluate`
   scores a saved model with the same preprocessing.
+- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
 import os
@@ -32,6 +33,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import envpool
@@ -49,12 +51,11 @@ class Args:
     seed: int = 1
     """seed of the experiment (environments, PyTorch, NumPy, Python)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 2
-    """CPU threads for PyTorch; the CNN update is most of the time: on 2 idle cores 2 threads ran 1.5x faster than
-    1, and 15% slower with another process busy (benchmark/throughput.py --busy); 0 keeps PyTorch's default"""
+    """CPU threads for PyTorch (0 keeps PyTorch's default); measured: see the README, Speed, Pixel scripts"""
     envpool_threads: int = 0
     """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
     track: bool = False
@@ -75,7 +76,7 @@ class Args:
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
     eval_episodes: int = 10
-    """number of games of an evaluation"""
+    """number of episodes (whole games, all lives) of an evaluation"""
     eval_deterministic: bool = False
     """if toggled, evaluation takes the most probable action instead of sampling"""
     runs_dir: str = "runs"
@@ -198,16 +199,17 @@ def make_envs(args: Args, num_envs: int, seed: int, episodic_life: bool = True):
     )
 
 
-class GameStatistics:
+class EpisodeStatistics:
     """The real game score per environment: the unclipped reward (`info["reward"]`) summed over all
     lives, reported when the game ends, at game over (`info["terminated"]`) or at the time limit.
-    `terminated` alone would end a "game" at every life loss under episodic life."""
+    `terminated` alone would end a "game" at every life loss under episodic life. An episode here is
+    a whole game, and its return the game score."""
 
     def __init__(self, num_envs: int):
         self.returns = np.zeros(num_envs)
 
     def step(self, truncated: np.ndarray, info: dict) -> list[tuple[int, float, int]]:
-        """Adds one step; returns (env index, game score, game length in agent steps) per finished game."""
+        """Adds one step; returns (env index, return, length in agent steps) per finished game."""
         self.returns += info["reward"]
         finished = []
         for i in np.flatnonzero((info["terminated"] != 0) | truncated):
@@ -307,11 +309,12 @@ class Agent(nn.Module):
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
-    terminations: torch.Tensor,
     dones: torch.Tensor,
     last_value: torch.Tensor,
     gamma: float,
     gae_lambda: float,
+    *,
+    terminations: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over a rollout stored with envpool's next-step reset.
 
@@ -321,9 +324,9 @@ def compute_gae(
     |-----------------|--------------------------------------------------------------------------|
     | rewards[t]      | reward of the transition taken at step t                                  |
     | values[t]       | V(obs[t]), the critic's value of the observation the action was taken in |
-    | terminations[t] | 1 if the episode terminated at step t: the next state is worth 0          |
     | dones[t]        | 1 if the episode ended at step t, terminated or truncated                 |
     | last_value      | V(observation after the last step)                                       |
+    | terminations[t] | 1 if the episode terminated at step t: the next state is worth 0          |
 
     With next-step reset obs[t+1] is the *final* observation where dones[t]: values[t+1] is the
     value of where the episode stopped, which a truncation bootstraps and a termination zeroes:
@@ -421,11 +424,27 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
         "iteration": iteration,
         "global_step": global_step,
         "args": asdict(args),
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        "rng": rng_state(next(agent.parameters()).device),
     }
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def load_checkpoint(path: str) -> dict:
@@ -445,7 +464,7 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
     same model and seed score the same right after training and later from the saved file."""
     envs = make_envs(args, episodes, seed)
-    games = GameStatistics(episodes)
+    episode_stats = EpisodeStatistics(episodes)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset()
     with torch.random.fork_rng(devices=[]):
@@ -455,7 +474,7 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
                 logits = agent.actor(agent.features(torch.as_tensor(obs, device=device)))
                 action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, _, _, truncated, info = envs.step(action.cpu().numpy())
-            for i, score, _ in games.step(truncated, info):
+            for i, score, _ in episode_stats.step(truncated, info):
                 if np.isnan(scores[i]):
                     scores[i] = score
     envs.close()
@@ -471,8 +490,8 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     # the trained run's seed: the same games as the evaluation reported right after training
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
                        torch.device("cpu"))
-    print(f"evaluation of {path} on {envpool_id(saved.env_id)}: {len(returns)} games, "
-          f"mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    print(f"evaluation of {path} on {envpool_id(saved.env_id)}: {len(returns)} episodes, "
+          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns
 
 
@@ -505,6 +524,12 @@ def main(args: Args):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
+    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
+    # at the first minibatch is 1 to float precision
+    if args.torch_deterministic:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # Distribution argument checks are pure overhead in the rollout's many small calls
     torch.distributions.Distribution.set_default_validate_args(False)
@@ -520,9 +545,7 @@ def main(args: Args):
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        random.setstate(checkpoint["rng"]["python"])
+        set_rng_state(checkpoint["rng"], device)
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     os.makedirs(run_dir, exist_ok=True)
@@ -553,7 +576,7 @@ def main(args: Args):
     actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
         x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
 
-    games = GameStatistics(N)
+    episode_stats = EpisodeStatistics(N)
     next_obs, _ = envs.reset()
     next_done = np.zeros(N, dtype=bool)  # did the previous step end an episode (then this one is a reset row)
     start_time, start_step = time.time(), global_step
@@ -586,17 +609,17 @@ def main(args: Args):
             terminations_np[step] = terminated if args.bootstrap_truncation else next_done
             if video is not None:
                 video.add(next_obs[0], bool(info["terminated"][0] or truncated[0]))
-            for i, score, length in games.step(truncated, info):
+            for i, episodic_return, episodic_length in episode_stats.step(truncated, info):
                 episode_step = global_step - N + i + 1  # the step this game ended at
-                writer.add_scalar("charts/episodic_return", score, episode_step)
-                writer.add_scalar("charts/episodic_length", length, episode_step)
-                episode_returns.append(score)
+                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
+                episode_returns.append(episodic_return)
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
             last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
-        advantages, returns = compute_gae(rewards, values, terminations, dones, last_value, args.gamma,
-                                          args.gae_lambda)
+        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
+                                          gamma=args.gamma, gae_lambda=args.gae_lambda, terminations=terminations)
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -609,6 +632,7 @@ def main(args: Args):
         b_returns = returns.reshape(-1).to(device)
         b_values = values.reshape(-1).to(device)
 
+        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
         for epoch in range(args.update_epochs):
             for minibatch, mb_inds in enumerate(minibatch_indices(b_valid, args.num_minibatches)):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
@@ -621,6 +645,7 @@ def main(args: Args):
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                     # deviation means the stored log-probs do not belong to the stored observations
                     first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                clipfracs.append(stats["clipfrac"])
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -630,8 +655,10 @@ def main(args: Args):
         update_time = time.perf_counter() - update_start
 
         # LOGGING -------------------------------------------------------------------------------
-        stats = {k: v.item() for k, v in stats.items()}
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update
+        stats = {k: v.item() for k, v in {**stats, "clipfrac": torch.stack(clipfracs).mean()}.items()}
         sps = int((global_step - start_step) / (time.time() - start_time))
+        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
@@ -648,8 +675,8 @@ def main(args: Args):
         writer.add_scalar("perf/update_time", update_time, global_step)
         if episode_returns:
             print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"games={len(episode_returns)} mean_score={np.mean(episode_returns):.2f} SPS={sps} "
-                  f"(act {act_time:.2f}s, env {env_time:.2f}s, update {update_time:.2f}s)")
+                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)")
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
@@ -664,7 +691,7 @@ def main(args: Args):
                            torch.device("cpu"))
         for i, episodic_return in enumerate(returns):
             writer.add_scalar("eval/episodic_return", episodic_return, i)
-        print(f"evaluation: {len(returns)} games, mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:
         wandb.finish()

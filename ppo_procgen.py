@@ -30,14 +30,14 @@ What is special in this file (the places where envpool scripts usually go wrong)
   channels-last, the layout oneDNN's CPU convolutions are fastest in.
 - Memory: the default rollout holds 64 x 256 = 16,384 frames of 3x64x64 uint8, 192 MiB (768 MiB if it
   were float32). The larger part is the update: a minibatch keeps about 1.2 MiB of IMPALA activations
-  per frame for the backward pass, 2.5 GiB for the default 2,048 frames. Peak resident memory at the
-  defaults is about 3.7 GiB (1.7 GiB with `--num-envs 16`), measured with `/usr/bin/time -v` over two
-  iterations on CPU. More `--num-minibatches` shrinks the activations; fewer `--num-envs` or
+  per frame for the backward pass, 2.5 GiB for the default 2,048 frames (peak memory measured: see the
+  README, Speed, Pixel scripts). More `--num-minibatches` shrinks the activations; fewer `--num-envs` or
   `--num-steps` shrinks the buffer and the minibatches (all three change the hyperparameters).
 - Reward-scaling statistics are saved in every checkpoint with the weights, the optimizer, the step and
   the RNG states; `--resume` continues a killed run and `--evaluate` scores a saved model.
 - envpool's Procgen needs the system Qt 5 runtime (Debian/Ubuntu: `libqt5gui5`); without it the script
   says so in one line and exits 2.
+- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
 import os
@@ -46,6 +46,7 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import envpool
@@ -63,12 +64,11 @@ class Args:
     seed: int = 1
     """seed of the experiment (environments, PyTorch, NumPy, Python)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 2
-    """CPU threads for PyTorch; the CNN update is most of the time: on 2 idle cores 2 threads ran 1.5x faster than
-    1, and 15% slower with another process busy (benchmark/throughput.py --busy); 0 keeps PyTorch's default"""
+    """CPU threads for PyTorch (0 keeps PyTorch's default); measured: see the README, Speed, Pixel scripts"""
     envpool_threads: int = 0
     """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
     track: bool = False
@@ -232,7 +232,7 @@ class EpisodeStatistics:
         self.returns = np.zeros(num_envs)
 
     def step(self, reward: np.ndarray, done: np.ndarray, info: dict) -> list[tuple[int, float, int]]:
-        """Adds one step; returns (env index, score, length in agent steps) per finished episode."""
+        """Adds one step; returns (env index, return, length in agent steps) per finished episode."""
         self.returns += reward
         finished = []
         for i in np.flatnonzero(done):
@@ -398,11 +398,12 @@ class Agent(nn.Module):
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
-    terminations: torch.Tensor,
     dones: torch.Tensor,
     last_value: torch.Tensor,
     gamma: float,
     gae_lambda: float,
+    *,
+    terminations: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over a rollout stored with envpool's next-step reset.
 
@@ -412,9 +413,9 @@ def compute_gae(
     |-----------------|--------------------------------------------------------------------------|
     | rewards[t]      | reward of the transition taken at step t                                  |
     | values[t]       | V(obs[t]), the critic's value of the observation the action was taken in |
-    | terminations[t] | 1 if the episode terminated at step t: the next state is worth 0          |
     | dones[t]        | 1 if the episode ended at step t, terminated or truncated                 |
     | last_value      | V(observation after the last step)                                       |
+    | terminations[t] | 1 if the episode terminated at step t: the next state is worth 0          |
 
     With next-step reset obs[t+1] is the *final* observation where dones[t]: values[t+1] is the
     value of where the episode stopped, which a truncation bootstraps and a termination zeroes:
@@ -500,8 +501,8 @@ def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, reward_scaler: RewardScaler,
-                    args: Args, iteration: int, global_step: int):
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int,
+                    global_step: int, *, reward_scaler: RewardScaler):
     """Everything needed to continue or evaluate: weights, optimizer, reward-scaling statistics,
     progress, RNG states, args.
 
@@ -514,11 +515,27 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, r
         "iteration": iteration,
         "global_step": global_step,
         "args": asdict(args),
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        "rng": rng_state(next(agent.parameters()).device),
     }
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def load_checkpoint(path: str) -> dict:
@@ -538,7 +555,7 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     levels) and returns their raw scores. The action sampling uses its own seeded RNG stream, so the
     same model and seed score the same right after training and later from the saved file."""
     envs = make_envs(args, episodes, seed)
-    stats = EpisodeStatistics(episodes)
+    episode_stats = EpisodeStatistics(episodes)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset()
     with torch.random.fork_rng(devices=[]):
@@ -548,7 +565,7 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
                 logits = agent.actor(agent.features(as_images(obs).to(device)))
                 action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
-            for i, score, _ in stats.step(reward, terminated | truncated, info):
+            for i, score, _ in episode_stats.step(reward, terminated | truncated, info):
                 if np.isnan(scores[i]):
                     scores[i] = score
     envs.close()
@@ -598,6 +615,12 @@ def main(args: Args):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
+    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
+    # at the first minibatch is 1 to float precision
+    if args.torch_deterministic:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # Distribution argument checks are pure overhead in the rollout's many small calls
     torch.distributions.Distribution.set_default_validate_args(False)
@@ -615,9 +638,7 @@ def main(args: Args):
         optimizer.load_state_dict(checkpoint["optimizer"])
         reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        random.setstate(checkpoint["rng"]["python"])
+        set_rng_state(checkpoint["rng"], device)
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     os.makedirs(run_dir, exist_ok=True)
@@ -648,7 +669,7 @@ def main(args: Args):
     actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
         x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
 
-    episodes = EpisodeStatistics(N)
+    episode_stats = EpisodeStatistics(N)
     next_obs, _ = envs.reset()
     next_done = np.zeros(N, dtype=bool)  # did the previous step end an episode (then this one is a reset row)
     start_time, start_step = time.time(), global_step
@@ -681,17 +702,17 @@ def main(args: Args):
             terminations_np[step] = terminated if args.bootstrap_truncation else next_done
             if video is not None:
                 video.add(next_obs[0], bool(next_done[0]))
-            for i, score, length in episodes.step(reward, next_done, info):
+            for i, episodic_return, episodic_length in episode_stats.step(reward, next_done, info):
                 episode_step = global_step - N + i + 1  # the step this episode ended at
-                writer.add_scalar("charts/episodic_return", score, episode_step)
-                writer.add_scalar("charts/episodic_length", length, episode_step)
-                episode_returns.append(score)
+                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
+                episode_returns.append(episodic_return)
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
             last_value = agent.get_value(as_images(next_obs).to(device)).cpu()
-        advantages, returns = compute_gae(rewards, values, terminations, dones, last_value, args.gamma,
-                                          args.gae_lambda)
+        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
+                                          gamma=args.gamma, gae_lambda=args.gae_lambda, terminations=terminations)
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -704,6 +725,7 @@ def main(args: Args):
         b_returns = returns.reshape(-1).to(device)
         b_values = values.reshape(-1).to(device)
 
+        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
         for epoch in range(args.update_epochs):
             for minibatch, mb_inds in enumerate(minibatch_indices(b_valid, args.num_minibatches)):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
@@ -716,6 +738,7 @@ def main(args: Args):
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                     # deviation means the stored log-probs do not belong to the stored observations
                     first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                clipfracs.append(stats["clipfrac"])
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -725,8 +748,10 @@ def main(args: Args):
         update_time = time.perf_counter() - update_start
 
         # LOGGING -------------------------------------------------------------------------------
-        stats = {k: v.item() for k, v in stats.items()}
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update
+        stats = {k: v.item() for k, v in {**stats, "clipfrac": torch.stack(clipfracs).mean()}.items()}
         sps = int((global_step - start_step) / (time.time() - start_time))
+        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
@@ -744,15 +769,16 @@ def main(args: Args):
         if episode_returns:
             print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
                   f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
-                  f"(act {act_time:.2f}s, env {env_time:.2f}s, update {update_time:.2f}s)")
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)")
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, reward_scaler, args, iteration, global_step)
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
+                            reward_scaler=reward_scaler)
 
     envs.close()
     if args.save_model:
         model_path = f"{run_dir}/model.pt"
-        save_checkpoint(model_path, agent, optimizer, reward_scaler, args, args.num_iterations, global_step)
+        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step, reward_scaler=reward_scaler)
         print(f"model saved to {model_path}")
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,

@@ -2,8 +2,6 @@
 first-minibatch ratio, video, evaluation of the saved model), its command-line errors, and in-process
 runs on the fake game of atari_fakes.py: same seed same run, resume after an interruption."""
 
-import re
-
 import cv2
 import numpy as np
 import pytest
@@ -12,13 +10,11 @@ import torch
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo
 import ppo_atari as script
-from helpers import (METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
                      check_resume_after_interruption, load, only_run_dir, read_scalars, run_script)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
 BATCH = NUM_ENVS * NUM_STEPS
-LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) games=(\d+) mean_score=(-?[\d.]+) SPS=\d+ "
-                  r"\(act [\d.]+s, env [\d.]+s, update [\d.]+s\)", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +59,7 @@ def test_games_are_logged_with_their_scores(e2e):
     assert all(score >= 0 and score == int(score) for _, score in returns)  # Breakout's unclipped points
 
 
-def test_stdout_has_a_line_per_iteration_with_games(e2e):
+def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
     assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 ITERATIONS, BATCH)
 
@@ -110,8 +106,9 @@ def test_gae_is_the_same_step_gae_of_ppo_py():
     rewards, values, final_values = (torch.randn(T, N, generator=g) for _ in range(3))
     dones = (torch.rand(T, N, generator=g) < 0.3).float()
     last_value = torch.randn(N, generator=g)
-    for a, b in zip(script.compute_gae(rewards, values, dones, final_values, last_value, 0.99, 0.95),
-                    ppo.compute_gae(rewards, values, dones, final_values, last_value, 0.99, 0.95)):
+    inputs = dict(rewards=rewards, values=values, dones=dones, last_value=last_value, gamma=0.99, gae_lambda=0.95,
+                  final_values=final_values)
+    for a, b in zip(script.compute_gae(**inputs), ppo.compute_gae(**inputs)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -140,9 +137,9 @@ def test_same_seed_same_run(tmp_path):
 def test_truncated_games_bootstrap_the_value_of_their_final_observation(bootstrap, tmp_path, monkeypatch):
     rollouts, real_gae = [], script.compute_gae
 
-    def spy(rewards, values, dones, final_values, *rest):
-        rollouts.append((dones.clone(), final_values.clone()))
-        return real_gae(rewards, values, dones, final_values, *rest)
+    def spy(**kwargs):
+        rollouts.append((kwargs["dones"].clone(), kwargs["final_values"].clone()))
+        return real_gae(**kwargs)
 
     monkeypatch.setattr(script, "compute_gae", spy)
     # ALE's frame limit (4 x 12 frames) cuts every fake game long before its first lost life

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import ppo_atari_envpool as script
-from helpers import METRICS, assert_evaluate_flag_matches_training, load, only_run_dir, read_scalars, run_script
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
+                     load, only_run_dir, read_scalars, run_script)
 
 MAX_STEPS = 40  # a short time limit, so that games are truncated within the test
 
@@ -19,7 +20,7 @@ def infos(reward, terminated, elapsed):
 
 
 def test_game_score_sums_unclipped_rewards_over_lives():
-    games = script.GameStatistics(2)
+    games = script.EpisodeStatistics(2)
     # env 0 loses a life (terminated for learning, not in info), scores 7 + 3, then game over with 1 more;
     # env 1 is truncated at the time limit with 4 points, then starts a new game
     steps = [
@@ -37,7 +38,7 @@ def test_envpool_truncates_games_and_every_game_is_reported():
     args = script.Args(max_episode_steps=MAX_STEPS)
     envs = script.make_envs(args, 2, seed=3)
     envs.reset()
-    games, finished, rewards = script.GameStatistics(2), [], [[], []]
+    games, finished, rewards = script.EpisodeStatistics(2), [], [[], []]
     rng = np.random.default_rng(0)
     for _ in range(3 * MAX_STEPS):
         _, _, terminated, truncated, info = envs.step(rng.integers(0, envs.action_space.n, 2))
@@ -94,6 +95,11 @@ def test_run_writes_its_files_and_metrics(e2e):
     missing = [tag for tag in METRICS + ["perf/act_time", "perf/env_time", "debug/reset_rows"] if tag not in scalars]
     assert not missing
     assert max(value for _, value in scalars["debug/first_minibatch_ratio_deviation"]) < 1e-5
+
+
+def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
+    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+                                                3, 128)
 
 
 def test_capture_video_saves_env_0s_first_games(e2e):

@@ -163,7 +163,7 @@ def test_same_step_vector_env_reports_each_whole_game_once_at_its_end():
                 ends[i].append(step)
             # same-step autoreset: the step that ends an episode already returns the next observation
             assert infos["_final_obs"][i] and infos["final_obs"][i].shape == (4, 84, 84)
-        for game in script.finished_games(infos):
+        for game in script.finished_episodes(infos):
             games.append((step, *game))
             # a new game: its first frame repeated in the stack
             assert all((obs[game[0]][k] == obs[game[0]][0]).all() for k in range(4))
@@ -187,7 +187,7 @@ def test_a_game_that_ends_inside_a_reset_is_still_reported():
         _, _, terminated, truncated, infos = envs.step(np.array([LEFT]))
         if terminated[0]:
             break
-    games = script.finished_games(infos)
+    games = script.finished_episodes(infos)
     envs.close()
     assert terminated[0] and "episode" not in infos["final_info"]  # the step itself lost a life only
     noops = noops_of(seed)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ppo_procgen as script
-from helpers import METRICS, load, only_run_dir, read_scalars, run_script
+from helpers import LINE, METRICS, assert_one_line_per_iteration_with_episodes, load, only_run_dir, read_scalars, run_script
 
 GAME = "bossfight"  # random play ends an episode every 40 steps or so, so episodes end within a short run
 NUM_ENVS, NUM_STEPS, ITERATIONS = 4, 32, 2
@@ -143,6 +143,11 @@ def test_every_episode_is_logged_and_followed_by_a_masked_reset_row(e2e):
     # each episode end puts a reset row into the next step's batch row, unless it ended at the run's last step
     reset_rows = sum(value for _, value in scalars["debug/reset_rows"])
     assert reset_rows == sum(step <= ITERATIONS * BATCH - NUM_ENVS for step in steps) >= 1
+
+
+def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
+    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+                                                ITERATIONS, BATCH)
 
 
 def test_capture_video_saves_env_0s_first_episodes(e2e):
