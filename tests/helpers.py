@@ -86,11 +86,13 @@ def assert_evaluate_flag_matches_training(name: str, e2e: dict, episodes: int):
     assert trained and evaluated and evaluated[1] == trained[1]
 
 
-def check_resume_after_interruption(script, make_args, iterations: int, batch: int, monkeypatch, **resume_overrides):
+def check_resume_after_interruption(script, make_args, iterations: int, batch: int, monkeypatch, full_dir=None,
+                                    **resume_overrides):
     """A run interrupted right after its second checkpoint and resumed from it ends like an
     uninterrupted run: same final step, every iteration logged once, at the same learning rates.
-    `make_args(folder)` gives the Args of both runs (checkpoint_every=1, save_model=True)."""
-    full_dir = script.main(make_args("full"))
+    `make_args(folder)` gives the Args of both runs (checkpoint_every=1, save_model=True); `full_dir`,
+    if given, is the folder of an uninterrupted run with those Args made already."""
+    full_dir = full_dir or script.main(make_args("full"))
     full = read_scalars(full_dir)["charts/learning_rate"]
 
     real_save, calls = script.save_checkpoint, []

@@ -14,16 +14,16 @@ apart (tests/fake_envs.py). Per script:
 
 import importlib
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from atari_fakes import LIVES, FakeAtariEnv, frame_image
 from fake_envs import MixedEndsEnvPool
-from helpers import LINE, METRICS, assert_one_line_per_iteration_with_episodes, load, read_scalars
+from helpers import (LINE, METRICS, assert_one_line_per_iteration_with_episodes, check_resume_after_interruption, load,
+                     read_scalars)
 from scripts import NEXT_STEP_GAE, SCRIPTS
-
-import gymnasium as gym
 
 ATARI_END_FRAME = 120  # MixedEndsAtari: every game ends here (about 25 agent steps after the reset's frames)
 
@@ -176,26 +176,9 @@ def test_checkpoint_holds_the_shared_keys_and_an_rng_dict_that_restores(runs):
 
 def test_resume_after_an_interruption_ends_where_the_full_run_ends(runs, tmp_path, monkeypatch):
     script, results = runs
-    real_save, saved = script.save_checkpoint, []
-
-    def save_then_die(*args, **kwargs):
-        real_save(*args, **kwargs)
-        saved.append(args[0])
-        if len(saved) == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(script, "save_checkpoint", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        script.main(make_args(script, tmp_path, seed=3))  # run a's arguments
-    monkeypatch.setattr(script, "save_checkpoint", real_save)
-    assert load(saved[-1])["iteration"] == 2
-    resumed_dir = script.main(script.Args(resume=saved[-1], cuda=False))
-    full, resumed = results["a"], read_scalars(resumed_dir)
-    assert load(f"{resumed_dir}/model.pt")["global_step"] == full["checkpoint"]["global_step"]
-    # every iteration logged once, at the learning rate of the uninterrupted run
-    rates = full["scalars"]["charts/learning_rate"]
-    assert [s for s, _ in resumed["charts/learning_rate"]] == [s for s, _ in rates]
-    assert [v for _, v in resumed["charts/learning_rate"]] == pytest.approx([v for _, v in rates])
+    check_resume_after_interruption(script, lambda folder: make_args(script, tmp_path / folder, seed=3), ITERATIONS,
+                                    batch_size(RUNS[script.__name__]), monkeypatch, full_dir=results["a"]["run_dir"],
+                                    cuda=False)
 
 
 def test_clipfrac_is_the_mean_over_the_updates_minibatches(contract, tmp_path, monkeypatch):
