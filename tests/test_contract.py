@@ -137,7 +137,7 @@ def test_truncation_is_bootstrapped_unless_the_step_also_terminated(runs):
 
 def test_ratio_one_metrics_line_and_determinism(runs):
     script, results = runs
-    a, b, c = results["a"], results["b"], results["c"]
+    a = results["a"]
     batch = batch_size(RUNS[script.__name__])
     per_iteration = [batch * k for k in range(1, ITERATIONS + 1)]
     for tag in METRICS:
