@@ -8,28 +8,30 @@ Run:
     tensorboard --logdir runs
 
 The defaults are for classic control: ppo.py's settings (4 minibatches, 4 epochs, clip 0.2, 128 steps)
-with 2 workers x 4 envs, 16-step chunks, and a learning rate of 1e-3 instead of 2.5e-4. We measured
-(seed 1, one run each): on CartPole with hidden velocities the LSTM agent's last 20 episodes averaged
-35 after 49k steps at 2.5e-4 and 189 at 1e-3 (55 without memory); with full observations the mean
-return over 40k-80k steps was 311 at 1e-3 and 250 at 2.5e-4 (README, Results). For Atari change the
-flags of the Pong line: 8 games x 128 steps, whole 128-step sequences, clip 0.1, learning rate 2.5e-4
-and 2 learner threads are ppo_atari_lstm.py's settings, so the two files then train the same algorithm.
+with 2 workers x 4 envs, 16-step chunks, and a learning rate of 1e-3 instead of 2.5e-4 (measured: see
+the README, Results, "Memory: CartPole without velocities"). For Atari change the flags of the Pong
+line: 8 games x 128 steps, whole 128-step sequences, clip 0.1, learning rate 2.5e-4 and 2 learner
+threads are ppo_atari_lstm.py's settings, so the two files then train the same algorithm.
 
 What this file shows: how PPO's data collection is spread over processes on one machine without
 changing the algorithm. The learner (this process) owns the network and the optimizer. Each rollout
 worker (a process started with "spawn", one PyTorch thread) owns `--num-envs-per-worker` environments
 and a CPU copy of the policy. One iteration, synchronous:
 
-    learner: publish weights -> ("start", k) to every worker -> wait for every "done" -> check the
-             slices -> GAE -> PPO update -> publish ...
+    learner: publish weights -> Start to every worker -> wait for every Done -> check the slices
+             -> GAE -> PPO update -> publish ...
     worker:  copy the weights in -> `--num-steps` steps of its envs -> write its slice of the
-             shared rollout buffer -> ("done", id, episodes, timings, checksum of its slice)
+             shared rollout buffer -> Done(episodes, timings, checksum of its slice)
 
 Every rollout is collected by the policy the learner is about to update: no stale data, no
 off-policy correction. The rollout buffer and the weights are tensors in shared memory, allocated
-once at start-up (`share_memory_()`) and handed to the workers when they are created; the pipes
-between the processes carry only small commands, never tensors (`allocate_shared_buffer` tabulates
-the buffer).
+once at start-up and handed to the workers when they are created; the pipes between the processes
+carry only small named records, never tensors. No lock guards the shared tensors: the handoff rule
+(who writes what, and when) is written once, at the SHARED MEMORY section below.
+
+The algorithm comes first in this file (environments, network, rollout, GAE, loss, checkpoint,
+evaluation, as in the single-process scripts), then the process plumbing (shared memory, workers),
+then `main`.
 
 What is special in this file:
 - Recurrent PPO with truncated back-propagation through time: a rollout of `--num-steps` steps is
@@ -37,16 +39,22 @@ What is special in this file:
   the state is reset where an episode starts inside a chunk, a minibatch is a set of whole chunks,
   and the update replays each chunk from its saved state, so the first minibatch's ratio is 1.
 - Reliability: a worker that raises sends its traceback and exits; a worker that dies (killed,
-  crashed) is seen through its exit code; either way the learner names it, stops every worker and
-  exits non-zero within seconds. Ctrl-C or an error in the learner stops every worker too, and a
-  worker whose learner died exits by itself. With PyTorch's default `file_descriptor` sharing
-  strategy the shared memory is unlinked as soon as it is created: nothing is left in /dev/shm.
+  crashed) is seen through its exit code; a worker's slice whose checksum differs from the one it
+  reported means the batch is not what it wrote; in each case the learner names the worker, stops
+  every worker and exits non-zero within seconds, before training on the batch. Ctrl-C or an error
+  in the learner stops every worker too, and a worker whose learner died exits by itself. With
+  PyTorch's default `file_descriptor` sharing strategy the shared memory is unlinked as soon as it
+  is created: nothing is left in /dev/shm.
 - `--hide-velocity` makes CartPole partially observed (positions only) and `--no-memory` resets the
   LSTM at every step: the pair shows what the memory is for.
 - Same-step autoreset, truncation bootstrapped with the LSTM state the final observation was reached
-  with, every episode logged at its own step with its true score, as in ppo_atari_lstm.py.
+  with (a step that is also a termination is not), every episode logged at its own step with its
+  true score, as in ppo_atari_lstm.py.
+- `--torch-deterministic` (the default) also turns TF32 off in the learner's cuDNN convolutions and
+  LSTMs, so on a GPU the ratio at the first minibatch stays 1 to float precision.
 """
 
+import datetime
 import os
 import random
 import signal
@@ -57,6 +65,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
+from typing import NamedTuple
 
 import ale_py
 import gymnasium as gym
@@ -224,9 +233,9 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
              "the ids: CartPole-v1, ..., and the Atari games as Pong, PongNoFrameskip-v4 or ALE/Pong-v5)")
     if args.hide_velocity and (atari or "CartPole" not in args.env_id):
         fail(f"--hide-velocity is for CartPole only, not {args.env_id}")
-    env = make_env(args, 0, "")()
-    observation_space, action_space = env.observation_space, env.action_space
-    env.close()
+    envs = make_envs(args, 1, "")
+    observation_space, action_space = envs.single_observation_space, envs.single_action_space
+    envs.close()
     if not isinstance(action_space, gym.spaces.Discrete):
         fail(f"{args.env_id} has action space {action_space}; this script supports Discrete actions only "
              "(ppo_continuous_action.py trains Box actions)")
@@ -347,14 +356,16 @@ class HideVelocity(gym.ObservationWrapper):
         return observation[[0, 2]]
 
 
-def make_env(args: Args, idx: int, run_dir: str, capture_video: bool = False):
-    """A thunk that builds one environment; only the environment with `capture_video` records videos.
+def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_velocity: bool = False,
+             max_episode_steps: int = 27_000):
+    """A thunk that builds environment `idx` of a vector environment; with `capture_video`, environment 0
+    records videos to `run_dir/videos`.
 
     Atari games get ppo_atari_lstm.py's preprocessing (bottom to top):
 
     | wrapper                   | whose      | does                                                    |
     |---------------------------|------------|---------------------------------------------------------|
-    | RecordVideo (if asked)    | Gymnasium  | `--capture-video`: the unpreprocessed RGB frames         |
+    | RecordVideo (env 0)       | Gymnasium  | `--capture-video`: the unpreprocessed RGB frames         |
     | NoopReset                 | ours       | 1 to 30 no-op frames after a reset                      |
     | MaxAndSkip                | ours       | action repeated 4 frames, max of the last two frames    |
     | RecordEpisodeStatistics   | Gymnasium  | the game score: unclipped reward over all lives, length |
@@ -367,23 +378,24 @@ def make_env(args: Args, idx: int, run_dir: str, capture_video: bool = False):
 
     with grayscale from ALE itself and the v4 NoFrameskip settings passed explicitly, so `Pong`,
     `PongNoFrameskip-v4` and `ALE/Pong-v5` are the same environment (see ppo_atari_lstm.py).
-    Other environments get RecordEpisodeStatistics (return and length) and, with `--hide-velocity`,
+    Other environments get RecordEpisodeStatistics (return and length) and, with `hide_velocity`,
     HideVelocity below it.
     """
-    env_id = atari_id(args.env_id)
+    atari, env_id = is_atari(env_id), atari_id(env_id)
+    capture_video = capture_video and idx == 0
 
     def thunk():
-        if not is_atari(args.env_id):
+        if not atari:
             if capture_video:
                 env = gym.make(env_id, render_mode="rgb_array")
                 env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
             else:
                 env = gym.make(env_id)
-            if args.hide_velocity:
+            if hide_velocity:
                 env = HideVelocity(env)
             return gym.wrappers.RecordEpisodeStatistics(env)
         settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
-                        max_num_frames_per_episode=4 * args.max_episode_steps)
+                        max_num_frames_per_episode=4 * max_episode_steps)
         if capture_video:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
@@ -407,12 +419,13 @@ def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = Fal
     the step that ends an episode returns the next episode's first observation (the last one of the
     old episode is in `info["final_obs"]`), so every stored transition is real experience."""
     return gym.vector.SyncVectorEnv(
-        [make_env(args, i, run_dir, capture_video and i == 0) for i in range(num_envs)],
+        [make_env(args.env_id, i, capture_video, run_dir, hide_velocity=args.hide_velocity,
+                  max_episode_steps=args.max_episode_steps) for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
 
-def finished_games(infos: dict) -> list[tuple[int, float, int]]:
+def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
     """The episodes that ended at this vector step: (env index, return, length in agent steps).
 
     RecordEpisodeStatistics wraps each environment (for Atari below EpisodicLife, so it reports whole
@@ -420,11 +433,11 @@ def finished_games(infos: dict) -> list[tuple[int, float, int]]:
     a step that ended an episode to `info["final_info"]`; an Atari game can also end during a reset's
     own steps (see `step_in_reset`), and then its statistics are in the top-level info.
     """
-    games = []
+    episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
-            games.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
-    return games
+            episodes.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
+    return episodes
 
 
 # THE NETWORK -------------------------------------------------------------------------------------
@@ -466,9 +479,8 @@ class Agent(nn.Module):
     Atari shares one CNN and LSTM between the heads, as ppo_atari_lstm.py does (clipped rewards keep
     the values small). Classic control gets separate actor and critic towers, as ppo.py has separate
     actor and critic networks: CartPole's values reach about 100, and with one shared LSTM the value
-    loss's gradients pulled the shared features away from the policy's (measured, seed 1: with one
-    shared LSTM the mean return stayed at 74-91 in every 40k-step window of 200k steps; with separate
-    towers it was 311-405 after the first 40k).
+    loss's gradients pulled the shared features away from the policy's (measured: see the README,
+    "One learner, many rollout workers" and Results).
 
     The recurrent state is a pair (h, c), each (1, B, H): one layer, B environments (for the towers,
     H = 128 = the actor's 64 then the critic's 64).
@@ -587,14 +599,25 @@ class Agent(nn.Module):
 # THE ALGORITHM'S PIECES --------------------------------------------------------------------------
 
 
+class Episode(NamedTuple):
+    """An episode that ended in a rollout, as a worker reports it to the learner."""
+
+    step: int  # the global step it ended at
+    episodic_return: float  # its true score (Atari: the game's unclipped score over all lives)
+    episodic_length: int  # in agent steps
+
+
 def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str, torch.Tensor], carry: tuple,
-                    args: Args) -> tuple[tuple, list, float, float]:
+                    args: Args, *, first_step: int, first_env: int) -> tuple[tuple, list[Episode], float, float]:
     """`--num-steps` steps of one worker's environments, written into `rollout` (the worker's
-    column slice of the shared buffer, see `allocate_shared_buffer`).
+    column slice of the rollout buffer, tabulated at `allocate_shared_buffer`).
 
     `carry` = (next observation, next episode starts, LSTM state) goes from one rollout to the next.
-    Returns the new carry, the episodes that ended as (step, env, return, length), and the seconds
-    spent acting and stepping the environments.
+    `first_step` is the global step before this rollout and `first_env` the batch index of the slice's
+    first environment: the batch counts its steps step by step, environment by environment, so an
+    episode of environment i (of the slice) that ends at step t ended at global step
+    first_step + t * num_envs + first_env + i + 1. Returns the new carry, the episodes that ended, and
+    the seconds spent acting and stepping the environments.
     """
     next_obs, next_start, state = carry
     obs_np, starts_np, actions_np, logprobs_np, values_np, rewards_np, dones_np = (
@@ -623,15 +646,20 @@ def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str,
         # --no-memory: every step "starts an episode" for the LSTM, so its state is always zero
         next_start = dones_np[step].copy() if args.memory else np.ones_like(dones_np[step])
         # next_obs is already the next episode's first observation where an episode ended; the value of
-        # where a truncated episode stopped comes from info["final_obs"], with the state after this step
-        if args.bootstrap_truncation and truncated.any():
-            idx = np.flatnonzero(truncated)
+        # where a truncated episode stopped comes from info["final_obs"], with the state after this step.
+        # Gymnasium's TimeLimit sets truncated on the last allowed step even when the episode also
+        # terminated there: such a step is a termination (value 0), so only truncated-and-not-terminated
+        # environments bootstrap
+        bootstrap = truncated & ~terminated
+        if args.bootstrap_truncation and bootstrap.any():
+            idx = np.flatnonzero(bootstrap)
             final_obs = torch.as_tensor(np.stack(infos["final_obs"][idx]))
             with torch.no_grad():
                 final_values[step, idx] = agent.get_value(
                     final_obs, torch.full((len(idx),), 1.0 - args.memory), (state[0][:, idx], state[1][:, idx]))
-        for i, episodic_return, episodic_length in finished_games(infos):
-            episodes.append((step, i, episodic_return, episodic_length))
+        for i, episodic_return, episodic_length in finished_episodes(infos):
+            episode_step = first_step + step * args.num_envs + first_env + i + 1
+            episodes.append(Episode(episode_step, episodic_return, episodic_length))
     with torch.no_grad():
         rollout["last_values"][0] = agent.get_value(torch.as_tensor(next_obs), torch.as_tensor(next_start), state)
     return (next_obs, next_start, state), episodes, act_time, env_time
@@ -656,10 +684,11 @@ def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
     dones: torch.Tensor,
-    final_values: torch.Tensor,
     last_value: torch.Tensor,
     gamma: float,
     gae_lambda: float,
+    *,
+    final_values: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
 
@@ -752,10 +781,26 @@ def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
 
 
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
 def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
                     iteration: int, global_step: int):
-    """Everything needed to continue or evaluate: weights, optimizer, progress, RNG states, args.
-    (The workers' random streams are drawn anew from the seed and the global step on resume.)
+    """Everything needed to continue or evaluate: weights, optimizer, progress, the learner's RNG states,
+    args. (The workers' random streams are drawn anew from the seed and the global step on resume.)
 
     Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
     """
@@ -765,7 +810,7 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
         "iteration": iteration,
         "global_step": global_step,
         "args": asdict(args),
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        "rng": rng_state(next(agent.parameters()).device),
     }
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
@@ -790,12 +835,12 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     uses its own seeded RNG stream, so the same model and seed score the same right after training
     and later from the saved file."""
     envs = make_envs(args, episodes, "")
-    scores = np.full(episodes, np.nan)
+    returns = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        while np.isnan(scores).any():
+        while np.isnan(returns).any():
             with torch.no_grad():
                 out, state = agent.get_states(torch.as_tensor(obs, device=device).unsqueeze(0), starts, state)
                 logits = agent.heads(out[0])[0]
@@ -803,20 +848,20 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
             obs, _, terminated, truncated, infos = envs.step(action.cpu().numpy())
             ended = np.ones_like(terminated) if not args.memory else terminated | truncated
             starts = torch.as_tensor(ended, dtype=torch.float32, device=device).unsqueeze(0)
-            for i, score, _ in finished_games(infos):
-                if np.isnan(scores[i]):
-                    scores[i] = score
+            for i, episodic_return, _ in finished_episodes(infos):
+                if np.isnan(returns[i]):
+                    returns[i] = episodic_return
     envs.close()
-    return scores.tolist()
+    return returns.tolist()
 
 
 def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint on the environment it was trained on."""
     checkpoint = load_checkpoint(path)
     saved = Args(**checkpoint["args"])
-    env = make_env(saved, 0, "")()
-    agent = Agent(env.observation_space.shape, int(env.action_space.n))
-    env.close()
+    envs = make_envs(saved, 1, "")
+    agent = Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
+    envs.close()
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same episodes as the evaluation reported right after training
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
@@ -827,6 +872,17 @@ def run_evaluation(path: str, args: Args) -> list[float]:
 
 
 # SHARED MEMORY -----------------------------------------------------------------------------------
+# The lock-free handoff, the one rule the processes follow. The learner allocates two things in shared
+# memory once, before it starts the workers: the rollout buffer (`allocate_shared_buffer`) and a flat
+# weight vector. No lock guards them: the messages on the pipes (the records under ROLLOUT WORKERS)
+# take turns instead, and each process touches them only in its turn.
+#   - The learner writes the weights (`publish_weights`) only before it sends Start, and reads the
+#     buffer only after every worker's Done and before the next Start.
+#   - Worker w, between a Start and its Done only, reads the weights (`load_weights`) and writes its
+#     own columns of the buffer: [w * num_envs_per_worker, (w + 1) * num_envs_per_worker), nothing else.
+# So no byte is written while another process reads it; a pipe's send and receive are system calls,
+# which order the memory, so what was written before a message is seen after it. The checksum a
+# worker sends with Done, compared by the learner before training (`slice_checksum`), checks the rule.
 
 
 def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
@@ -834,8 +890,8 @@ def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: to
     """The rollout buffer, allocated once in shared memory and reused every iteration.
 
     T = num_steps, N = num_workers * num_envs_per_worker, K = T / seq_len chunks per environment,
-    H = the LSTM's hidden size. Dimension 1 is always the environment: worker w writes the columns
-    [w * num_envs_per_worker, (w + 1) * num_envs_per_worker) of every tensor, and nothing else.
+    H = the LSTM's hidden size. Dimension 1 is always the environment, so a worker's slice is a range
+    of columns of every tensor (see the handoff rule above).
 
     | name         | shape            | dtype         | meaning                                            |
     |--------------|------------------|---------------|----------------------------------------------------|
@@ -848,8 +904,9 @@ def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: to
     | values       | (T, N)           | float32       | V(obs[t]) with the rollout's LSTM state            |
     | rewards      | (T, N)           | float32       | the reward of step t                               |
     | dones        | (T, N)           | float32       | 1 if the episode ended at step t                   |
-    | final_values | (T, N)           | float32       | where an episode was truncated at step t: V(final  |
-    |              |                  |               | observation) with the state after step t; else 0   |
+    | final_values | (T, N)           | float32       | where an episode was truncated and not terminated  |
+    |              |                  |               | at step t: V(final observation) with the state     |
+    |              |                  |               | after step t; else 0                               |
     | last_values  | (1, N)           | float32       | V(observation after step T-1), to bootstrap        |
     | chunk_h      | (K, N, H)        | float32       | h of the LSTM before step k * seq_len (before the  |
     | chunk_c      | (K, N, H)        | float32       | reset at that step): where chunk k is replayed from|
@@ -899,26 +956,68 @@ def load_weights(agent: Agent, weights: torch.Tensor):
 
 
 # ROLLOUT WORKERS ---------------------------------------------------------------------------------
+# The messages on the pipes, each a named record (the tensors go through shared memory).
 
 
-def next_command(conn, parent_pid: int):
+class Start(NamedTuple):
+    """learner -> worker: collect the rollout of `iteration`, which starts at `global_step`."""
+
+    iteration: int
+    global_step: int
+
+
+class Stop(NamedTuple):
+    """learner -> worker: close the environments and exit."""
+
+
+class Ready(NamedTuple):
+    """worker -> learner: environments and policy built, waiting for Start."""
+
+    worker: int
+
+
+class Done(NamedTuple):
+    """worker -> learner: its slice of the rollout buffer is written."""
+
+    worker: int
+    episodes: list[Episode]  # the episodes that ended in this rollout
+    act_time: float  # seconds spent in the policy's steps
+    env_time: float  # seconds spent in the environments' steps
+    checksum: int  # `slice_checksum` of the slice, as the worker wrote it
+
+
+class Failed(NamedTuple):
+    """worker -> learner: an exception, with its traceback; the worker exits with code 1."""
+
+    worker: int
+    traceback: str
+
+
+# A worker of a learner that runs this file as a script imports the file as `__mp_main__`; the learner
+# knows these classes as `__main__.*` (also under a runner such as runpy, where `__mp_main__` names the
+# runner), so a worker's replies are pickled under that name
+if __name__ == "__mp_main__":
+    for record in (Episode, Ready, Done, Failed):
+        record.__module__ = "__main__"
+
+
+def next_command(conn, parent_pid: int) -> Start | Stop:
     """The learner's next command. Polls, so that a worker whose learner died (its pipe closed, or
-    this process handed to another parent) returns "stop" within a second instead of waiting forever."""
+    this process handed to another parent) gets Stop within a second instead of waiting forever."""
     while not conn.poll(0.5):
         if os.getppid() != parent_pid:
-            return "stop"
+            return Stop()
     try:
         return conn.recv()
     except EOFError:
-        return "stop"
+        return Stop()
 
 
 def rollout_worker(worker_id: int, args: Args, buffer: dict[str, torch.Tensor], weights: torch.Tensor, conn,
                    parent_pid: int, start_step: int, run_dir: str):
-    """A rollout worker process: builds its environments and policy copy, replies ("ready", id), then
-    for every ("start", iteration): loads the weights, collects a rollout into its slice of `buffer`
-    and replies ("done", id, stats). Stops at "stop"; on an exception replies ("error", id, traceback)
-    and exits with code 1."""
+    """A rollout worker process: builds its environments and policy copy, replies Ready, then for
+    every Start: loads the weights, collects a rollout into its slice of `buffer` and replies Done.
+    Ends at Stop; on an exception replies Failed and exits with code 1."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's: it stops the workers
     torch.set_num_threads(1)
     envs = None
@@ -934,15 +1033,15 @@ def rollout_worker(worker_id: int, args: Args, buffer: dict[str, torch.Tensor], 
         # run adds its global step, so it does not replay the first episodes
         next_obs, _ = envs.reset(seed=args.seed + start_step + lo)
         carry = (next_obs, np.ones(n, dtype=np.float32), agent.initial_state(n, torch.device("cpu")))
-        conn.send(("ready", worker_id))
-        while (command := next_command(conn, parent_pid)) != "stop":
+        conn.send(Ready(worker_id))
+        while isinstance(command := next_command(conn, parent_pid), Start):
             load_weights(agent, weights)
-            carry, episodes, act_time, env_time = collect_rollout(agent, envs, rollout, carry, args)
-            conn.send(("done", worker_id, {"episodes": episodes, "act_time": act_time, "env_time": env_time,
-                                           "checksum": slice_checksum(buffer, lo, lo + n)}))
+            carry, episodes, act_time, env_time = collect_rollout(agent, envs, rollout, carry, args,
+                                                                  first_step=command.global_step, first_env=lo)
+            conn.send(Done(worker_id, episodes, act_time, env_time, slice_checksum(buffer, lo, lo + n)))
     except Exception:
         try:
-            conn.send(("error", worker_id, traceback.format_exc()))
+            conn.send(Failed(worker_id, traceback.format_exc()))
         except OSError:  # the learner is gone
             pass
         raise SystemExit(1)
@@ -952,28 +1051,29 @@ def rollout_worker(worker_id: int, args: Args, buffer: dict[str, torch.Tensor], 
 
 
 class WorkerFailed(Exception):
-    """A rollout worker raised an exception or died."""
+    """A rollout worker raised an exception, died, or left a slice that is not what it wrote."""
 
 
-def wait_for_workers(workers: list, conns: list, expected: str) -> list:
-    """One reply `expected` from each worker, in worker order. Waits on the pipes and on the
-    processes themselves (their sentinels), so a worker that dies without a word (killed, crashed)
-    is noticed at once; raises WorkerFailed naming the worker and its error or exit code."""
+def wait_for_workers(workers: list, conns: list, expected: type) -> list:
+    """One reply of type `expected` (Ready or Done) from each worker, in worker order. Waits on the
+    pipes and on the processes themselves (their sentinels), so a worker that dies without a word
+    (killed, crashed) is noticed at once; raises WorkerFailed naming the worker and its error or exit
+    code."""
     replies, pending = [None] * len(workers), set(range(len(workers)))
     while pending:
         wait([conns[i] for i in pending] + [workers[i].sentinel for i in pending], timeout=1.0)
         for i in sorted(pending):
-            if conns[i].poll():  # read before looking at the exit code: an error is sent just before exiting
+            if conns[i].poll():  # read before looking at the exit code: Failed is sent just before exiting
                 try:
                     reply = conns[i].recv()
-                except EOFError:
+                except (EOFError, OSError):  # the worker is gone (its end closed or reset): its exit code says how
                     reply = None
-                if reply is not None and reply[0] == "error":
-                    print(reply[2], file=sys.stderr, end="")
-                    last_line = reply[2].strip().splitlines()[-1]
+                if isinstance(reply, Failed):
+                    print(reply.traceback, file=sys.stderr, end="")
+                    last_line = reply.traceback.strip().splitlines()[-1]
                     raise WorkerFailed(f"rollout worker {i} failed: {last_line} (its traceback is above)")
                 if reply is not None:
-                    assert reply[0] == expected, reply
+                    assert isinstance(reply, expected) and reply.worker == i, reply
                     replies[i] = reply
                     pending.discard(i)
                     continue
@@ -984,13 +1084,24 @@ def wait_for_workers(workers: list, conns: list, expected: str) -> list:
     return replies
 
 
+def check_slices(buffer: dict[str, torch.Tensor], replies: list[Done], num_envs_per_worker: int, iteration: int):
+    """The learner's check of the handoff before it trains: each worker's slice of the buffer has the
+    checksum the worker reported. A mismatch is fatal (WorkerFailed): the batch is not what the
+    workers collected."""
+    for done in replies:
+        lo = done.worker * num_envs_per_worker
+        if slice_checksum(buffer, lo, lo + num_envs_per_worker) != done.checksum:
+            raise WorkerFailed(f"rollout worker {done.worker}: its slice of the rollout buffer in iteration "
+                               f"{iteration} is not what it wrote (checksum mismatch)")
+
+
 def stop_workers(workers: list, conns: list, graceful: bool):
-    """Stops every worker: with `graceful`, a "stop" and a moment to close their environments; then
+    """Stops every worker: with `graceful`, Stop and a moment to close their environments; then
     SIGTERM for those still there, SIGKILL after a grace period, and join, so no process is left."""
     for conn in conns:
         try:
             if graceful:
-                conn.send("stop")
+                conn.send(Stop())
         except OSError:  # that worker is gone
             pass
     deadline = time.monotonic() + (5.0 if graceful else 0.0)
@@ -1039,6 +1150,12 @@ def main(args: Args):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
+    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
+    # at the first minibatch is 1 to float precision
+    if args.torch_deterministic:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.distributions.Distribution.set_default_validate_args(False)
 
@@ -1052,13 +1169,12 @@ def main(args: Args):
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        random.setstate(checkpoint["rng"]["python"])
+        set_rng_state(checkpoint["rng"], device)
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     os.makedirs(run_dir, exist_ok=True)
     # Shared memory, allocated once: the rollout buffer and the weights, handed to the workers at creation
+    # (the handoff rule: at the SHARED MEMORY section)
     obs_dtype = torch.uint8 if observation_space.dtype == np.uint8 else torch.float32
     buffer = allocate_shared_buffer(args, obs_shape, obs_dtype, agent.lstm.hidden_size)
     weights = torch.zeros(sum(p.numel() for p in agent.parameters())).share_memory_()
@@ -1066,7 +1182,6 @@ def main(args: Args):
     print(f"shared memory: rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB; "
           f"{args.num_workers} workers x {args.num_envs_per_worker} envs", flush=True)
 
-    N, n = args.num_envs, args.num_envs_per_worker
     context = mp.get_context("spawn")  # a fresh interpreter per worker: safe with a CUDA learner
     workers, conns = [], []
     finished = False
@@ -1089,7 +1204,7 @@ def main(args: Args):
 
         writer = SummaryWriter(run_dir)
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-        wait_for_workers(workers, conns, "ready")
+        wait_for_workers(workers, conns, Ready)
 
         start_time, start_step = time.time(), global_step
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1099,36 +1214,30 @@ def main(args: Args):
 
             # COLLECT TRAJECTORIES --------------------------------------------------------------
             # The workers step their environments with the weights published last; the learner waits.
-            collection_start = time.perf_counter()
+            rollout_start = time.perf_counter()
             for conn in conns:
                 try:
-                    conn.send(("start", iteration))
+                    conn.send(Start(iteration, global_step))
                 except OSError:  # that worker died (a broken pipe): wait_for_workers names it
                     pass
-            replies = wait_for_workers(workers, conns, "done")
-            collection_time = time.perf_counter() - collection_start
-            iteration_step = global_step
+            replies = wait_for_workers(workers, conns, Done)
+            rollout_time = time.perf_counter() - rollout_start
             global_step += args.batch_size
 
-            learning_start = time.perf_counter()
-            # the batch is what the workers wrote: each slice's checksum as its worker computed it
-            mismatches = sum(slice_checksum(buffer, w * n, (w + 1) * n) != report["checksum"]
-                             for w, (_, _, report) in enumerate(replies))
-            if mismatches:
-                print(f"warning: {mismatches} slices of the rollout buffer differ from what their workers wrote",
-                      file=sys.stderr)
+            update_start = time.perf_counter()
+            check_slices(buffer, replies, args.num_envs_per_worker, iteration)  # before any use of the batch
             episode_returns = []
-            for w, (_, _, report) in enumerate(replies):
-                for step, i, episodic_return, episodic_length in report["episodes"]:
-                    episode_step = iteration_step + step * N + w * n + i + 1  # the step this episode ended at
-                    writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
-                    writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
-                    episode_returns.append(episodic_return)
+            for done in replies:
+                for episode in done.episodes:  # each at the global step it ended at
+                    writer.add_scalar("charts/episodic_return", episode.episodic_return, episode.step)
+                    writer.add_scalar("charts/episodic_length", episode.episodic_length, episode.step)
+                    episode_returns.append(episode.episodic_return)
 
             # CALCULATE ADVANTAGES --------------------------------------------------------------
-            advantages, returns = compute_gae(buffer["rewards"], buffer["values"], buffer["dones"],
-                                              buffer["final_values"], buffer["last_values"][0], args.gamma,
-                                              args.gae_lambda)
+            advantages, returns = compute_gae(rewards=buffer["rewards"], values=buffer["values"],
+                                              dones=buffer["dones"], last_value=buffer["last_values"][0],
+                                              gamma=args.gamma, gae_lambda=args.gae_lambda,
+                                              final_values=buffer["final_values"])
 
             # UPDATE THE NETWORK ----------------------------------------------------------------
             # Recurrent detail 4: a minibatch is a set of whole chunks, each replayed in time order
@@ -1139,6 +1248,7 @@ def main(args: Args):
                     advantages, returns))
             H = agent.lstm.hidden_size
             c_state = (buffer["chunk_h"].reshape(1, -1, H).to(device), buffer["chunk_c"].reshape(1, -1, H).to(device))
+            clipfracs = []
             for epoch in range(args.update_epochs):
                 for k, mb in enumerate(chunk_minibatches(args.num_chunks, args.num_minibatches, device)):
                     _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
@@ -1148,6 +1258,7 @@ def main(args: Args):
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
                     loss, stats = ppo_loss(newlogprob, entropy, newvalue, c_logprobs[:, mb], mb_advantages,
                                            c_returns[:, mb], c_values[:, mb], args)
+                    clipfracs.append(stats["clipfrac"])
                     if epoch == 0 and k == 0:
                         # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                         # deviation means the replayed recurrent states differ from the workers'
@@ -1158,35 +1269,39 @@ def main(args: Args):
                     optimizer.step()
                 if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                     break
-            learning_time = time.perf_counter() - learning_start
+            update_time = time.perf_counter() - update_start
 
             publish_start = time.perf_counter()
             publish_weights(agent, weights)  # the next rollout's policy
             publish_time = time.perf_counter() - publish_start
 
             # LOGGING ---------------------------------------------------------------------------
+            # losses/clipfrac is the mean over all the update's minibatches (what CleanRL logs); the
+            # other losses/* are the last minibatch's, as in CleanRL
+            stats["clipfrac"] = torch.stack(clipfracs).mean()
             stats = {k: v.item() for k, v in stats.items()}
             sps = int((global_step - start_step) / (time.time() - start_time))
+            eta = datetime.timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
             for name, value in stats.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance",
                               explained_variance(buffer["values"].numpy(), returns.numpy()), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/experience_SPS", args.batch_size / collection_time, global_step)
-            writer.add_scalar("charts/learning_SPS", args.batch_size / learning_time, global_step)
+            writer.add_scalar("charts/experience_SPS", args.batch_size / rollout_time, global_step)
+            writer.add_scalar("charts/learning_SPS", args.batch_size / update_time, global_step)
             writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-            writer.add_scalar("debug/slice_checksum_mismatches", mismatches, global_step)
-            writer.add_scalar("perf/collection_time", collection_time, global_step)
-            writer.add_scalar("perf/learning_time", learning_time, global_step)
+            writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+            writer.add_scalar("perf/update_time", update_time, global_step)
             writer.add_scalar("perf/publish_time", publish_time, global_step)
-            # the workers' own split of the collection (means over workers)
-            writer.add_scalar("perf/act_time", np.mean([r[2]["act_time"] for r in replies]), global_step)
-            writer.add_scalar("perf/env_time", np.mean([r[2]["env_time"] for r in replies]), global_step)
+            # the workers' own split of the rollout (means over workers)
+            writer.add_scalar("perf/act_time", np.mean([done.act_time for done in replies]), global_step)
+            writer.add_scalar("perf/env_time", np.mean([done.env_time for done in replies]), global_step)
             if episode_returns:
                 print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
                       f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
-                      f"(collect {collection_time:.3f}s, learn {learning_time:.3f}s, publish {publish_time:.4f}s)")
+                      f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, "
+                      f"publish {publish_time:.4f}s)")
 
             if args.checkpoint_every and iteration % args.checkpoint_every == 0:
                 save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)

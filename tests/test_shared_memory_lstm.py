@@ -1,7 +1,8 @@
 """ppo_shared_memory_lstm.py: a short run with 2 workers (files, metrics, every worker's episodes, ratio
-1, the workers' slices equal to the learner's batch), the recurrent chunks (saved states, resets inside
-a chunk, chunk and minibatch indexing), bad input, and what happens when a worker raises or is killed,
-when the learner gets Ctrl-C or is killed: a bounded stop, no process and no shared memory left."""
+1), no bootstrap on a step both terminated and truncated, the recurrent chunks (saved states, resets
+inside a chunk, chunk and minibatch indexing), bad input, and what happens when a worker raises or is
+killed, when a worker's slice is not what it wrote, when the learner gets Ctrl-C or is killed: a
+bounded stop, no process and no shared memory left."""
 
 import os
 import re
@@ -9,24 +10,23 @@ import signal
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import ppo_shared_memory_lstm as script
-from helpers import (METRICS, assert_one_line_per_iteration_with_episodes, check_resume_after_interruption, load,
-                     only_run_dir, process_table, read_scalars, run_script, start_script)
+from helpers import (LINE, METRICS, assert_one_line_per_iteration_with_episodes, check_resume_after_interruption,
+                     load, only_run_dir, process_table, read_scalars, run_script, start_script)
 
 NAME = "ppo_shared_memory_lstm"
 WORKERS, ENVS_PER_WORKER, STEPS = 2, 2, 32
 BATCH, ITERATIONS = WORKERS * ENVS_PER_WORKER * STEPS, 3
 SMALL = ("--num-workers", WORKERS, "--num-envs-per-worker", ENVS_PER_WORKER, "--num-steps", STEPS, "--seq-len", 8,
          "--num-minibatches", 2, "--update-epochs", 2)
-# this script splits the time into collection, learning and publication instead of rollout and update
-NEW_METRICS = ["charts/experience_SPS", "charts/learning_SPS", "perf/collection_time", "perf/learning_time",
-               "perf/publish_time", "perf/act_time", "perf/env_time", "debug/slice_checksum_mismatches"]
-EXPECTED_METRICS = [tag for tag in METRICS if tag not in ("perf/rollout_time", "perf/update_time")] + NEW_METRICS
-LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean_return=(-?[\d.]+) SPS=\d+", re.M)
+# this script also times the publication of the weights and the workers' split of the rollout
+EXPECTED_METRICS = METRICS + ["charts/experience_SPS", "charts/learning_SPS", "perf/publish_time", "perf/act_time",
+                              "perf/env_time"]
 
 
 # PROCESSES AND SHARED MEMORY ---------------------------------------------------------------------
@@ -120,13 +120,16 @@ def test_run_writes_its_files_metrics_and_stdout(e2e):
     assert "Traceback" not in result.stderr
     assert re.search(r"^shared memory: rollout buffer [\d.]+ MiB, weights [\d.]+ MiB; 2 workers x 2 envs$",
                      result.stdout, re.M)
-    assert load(e2e["run_dir"] / "checkpoint.pt")["global_step"] == ITERATIONS * BATCH
+    checkpoint = load(e2e["run_dir"] / "checkpoint.pt")
+    assert checkpoint["global_step"] == ITERATIONS * BATCH
+    assert set(checkpoint["rng"]) == {"torch", "numpy", "python"}  # a dict, without CUDA's on the CPU
     assert load(e2e["run_dir"] / "model.pt")["iteration"] == ITERATIONS
     assert not [tag for tag in EXPECTED_METRICS if tag not in scalars]
     for tag in EXPECTED_METRICS:
         if not tag.startswith("charts/episodic"):
             assert [step for step, _ in scalars[tag]] == [BATCH * k for k in range(1, ITERATIONS + 1)], tag
     assert len(scalars["eval/episodic_return"]) == 2
+    assert re.search(r"^evaluation: 2 episodes, mean return [\d.]+ \+- [\d.]+$", result.stdout, re.M)
     assert_one_line_per_iteration_with_episodes(result.stdout, LINE, scalars["charts/episodic_return"], ITERATIONS,
                                                 BATCH)
     assert torch_shm() <= e2e["shm_before"]  # nothing left in /dev/shm
@@ -135,11 +138,6 @@ def test_run_writes_its_files_metrics_and_stdout(e2e):
 def test_first_minibatch_replays_the_workers_rollouts(e2e):
     deviations = [value for _, value in e2e["scalars"]["debug/first_minibatch_ratio_deviation"]]
     assert len(deviations) == ITERATIONS and max(deviations) < 1e-5
-
-
-def test_learner_trains_on_what_the_workers_wrote(e2e):
-    mismatches = [value for _, value in e2e["scalars"]["debug/slice_checksum_mismatches"]]
-    assert mismatches == [0] * ITERATIONS
 
 
 def test_episodes_of_every_worker_are_logged_at_their_own_steps(e2e):
@@ -172,6 +170,25 @@ def test_run_interrupted_and_resumed_ends_like_an_uninterrupted_one(tmp_path, mo
 
     check_resume_after_interruption(script, make_args, 4, 32, monkeypatch)
     assert not [pid for pid, _ in descendants(os.getpid()) if is_worker(pid)]
+
+
+def test_a_step_both_terminated_and_truncated_is_not_bootstrapped(tmp_path, monkeypatch):
+    """Every episode of EndsAtTimeLimit-v0 ends on a step where the environment terminates and Gymnasium's
+    TimeLimit truncates: that is a termination, so GAE gets final value 0 there, not V(final observation)."""
+    real_gae, batches = script.compute_gae, []
+
+    def spy(**kwargs):  # the learner's GAE inputs of every iteration (passed by keyword)
+        batches.append((kwargs["dones"].clone(), kwargs["final_values"].clone()))
+        return real_gae(**kwargs)
+
+    monkeypatch.setattr(script, "compute_gae", spy)
+    script.main(script.Args(env_id="tests.time_limit_envs:EndsAtTimeLimit-v0", runs_dir=str(tmp_path), num_workers=2,
+                            num_envs_per_worker=1, num_steps=16, seq_len=8, num_minibatches=2, update_epochs=1,
+                            total_timesteps=2 * 32))
+    assert len(batches) == 2
+    for dones, final_values in batches:
+        assert dones.sum() == 2 * 3  # episodes of 5 steps end at steps 4, 9, 14 of 16 in both environments
+        assert final_values[dones == 1].tolist() == [0.0] * 6
 
 
 # RECURRENT CHUNKS --------------------------------------------------------------------------------
@@ -208,7 +225,7 @@ def worker_rollout():
     # a nonzero carried-in state, as after an earlier rollout
     H = agent.lstm.hidden_size  # the actor's and the critic's LSTM, side by side
     carry = (next_obs, np.zeros(3, dtype=np.float32), (torch.randn(1, 3, H), torch.randn(1, 3, H)))
-    carry, episodes, _, _ = script.collect_rollout(agent, envs, rollout, carry, args)
+    carry, episodes, _, _ = script.collect_rollout(agent, envs, rollout, carry, args, first_step=0, first_env=3)
     envs.close()
     return dict(args=args, agent=agent, buffer=buffer, episodes=episodes, state=carry[2])
 
@@ -220,8 +237,9 @@ def test_rollout_fills_its_own_slice_with_episode_starts_inside_chunks(worker_ro
     assert buffer["starts"][:, 3:].tolist() == [[float(t % 3 == 0 and t > 0)] * 3 for t in range(12)]
     assert buffer["obs"][:, 3:, 0].tolist() == [[float(t % 3)] * 3 for t in range(12)]
     assert buffer["dones"][:, 3:].tolist() == [[float(t % 3 == 2)] * 3 for t in range(12)]
-    assert [(step, i, ret, length) for step, i, ret, length in worker_rollout["episodes"]] == \
-        [(step, i, 3.0, 3) for step in (2, 5, 8, 11) for i in range(3)]
+    # env i of the slice (batch index 3 + i of 6) ending at step t: global step t * 6 + 3 + i + 1
+    assert worker_rollout["episodes"] == [script.Episode(step=t * 6 + 3 + i + 1, episodic_return=3.0, episodic_length=3)
+                                          for t in (2, 5, 8, 11) for i in range(3)]
 
 
 def test_chunks_replayed_from_their_saved_states_give_the_rollout(worker_rollout):
@@ -258,6 +276,23 @@ def test_state_is_reset_where_an_episode_starts_inside_a_chunk(worker_rollout):
     assert not torch.allclose(out_a[:2], out_b[:2])
 
 
+def test_only_environment_0_records_video(tmp_path):
+    """make_env(env_id, idx, capture_video, run_dir, *, extras) as in the other scripts: with capture_video
+    the vector environment's environment 0 records, the others do not; the extras apply to all."""
+    def records(env: gym.Env) -> bool:
+        while isinstance(env, gym.Wrapper):
+            if isinstance(env, gym.wrappers.RecordVideo):
+                return True
+            env = env.env
+        return False
+
+    envs = [script.make_env("CartPole-v1", idx, True, str(tmp_path), hide_velocity=True)() for idx in (0, 1)]
+    assert [records(env) for env in envs] == [True, False]
+    assert [env.observation_space.shape for env in envs] == [(2,), (2,)]
+    for env in envs:
+        env.close()
+
+
 def test_atari_rollout_keeps_uint8_frames_and_replays():
     """Pong through the Atari wrappers: one 84x84 uint8 frame per step in the buffer, CNN + LSTM(512, 128),
     and the replay from the saved chunk states gives the rollout's log-probs."""
@@ -268,7 +303,7 @@ def test_atari_rollout_keeps_uint8_frames_and_replays():
     buffer = script.allocate_shared_buffer(args, envs.single_observation_space.shape, torch.uint8, 128)
     next_obs, _ = envs.reset(seed=0)
     carry = (next_obs, np.ones(2, dtype=np.float32), agent.initial_state(2, torch.device("cpu")))
-    script.collect_rollout(agent, envs, buffer, carry, args)
+    script.collect_rollout(agent, envs, buffer, carry, args, first_step=0, first_env=0)
     envs.close()
     assert buffer["obs"].shape == (8, 2, 1, 84, 84) and buffer["obs"].dtype == torch.uint8 and buffer["obs"].any()
     c = {name: script.to_chunks(buffer[name], 4) for name in ("obs", "starts", "actions", "logprobs")}
@@ -280,7 +315,8 @@ def test_atari_rollout_keeps_uint8_frames_and_replays():
 
 def test_atari_run_with_workers_from_the_command_line(tmp_path):
     """Breakout with 2 workers x 2 games for 2 iterations, as a user runs it: the CNN + LSTM learner
-    replays the workers' uint8 rollouts exactly (ratio 1, matching checksums)."""
+    replays the workers' uint8 rollouts exactly (ratio 1; the slices' checksums matched, or the run would
+    have stopped)."""
     result = run_script(NAME, "--env-id", "Breakout", "--num-workers", 2, "--num-envs-per-worker", 2, "--num-steps", 32,
                         "--seq-len", 16, "--num-minibatches", 2, "--update-epochs", 1, "--total-timesteps", 2 * 128,
                         "--max-episode-steps", 20, cwd=tmp_path)
@@ -290,7 +326,6 @@ def test_atari_run_with_workers_from_the_command_line(tmp_path):
     assert 4 * 32 * 84 * 84 / 2**20 < size < 4 * 32 * 84 * 84 * 1.5 / 2**20
     scalars = read_scalars(only_run_dir(tmp_path / "runs"))
     assert max(value for _, value in scalars["debug/first_minibatch_ratio_deviation"]) < 1e-5
-    assert [value for _, value in scalars["debug/slice_checksum_mismatches"]] == [0, 0]
     assert scalars["charts/episodic_return"]  # games cut at 20 steps ended and were logged
 
 
@@ -364,6 +399,24 @@ def test_worker_killed_stops_the_run(tmp_path):
     assert returncode == 1
     assert stderr.strip().splitlines()[-1] == (
         f"{NAME}.py: error: rollout worker 1 (pid {workers[1]}) died (signal SIGKILL); stopped all workers")
+
+
+def test_a_slice_that_is_not_what_its_worker_wrote_stops_the_run(tmp_path, monkeypatch):
+    """The learner computes another checksum of worker 1's slice than the worker reported (as if the slice
+    had changed after the worker's Done): one line naming the worker and the iteration, exit code 1 (a
+    string SystemExit), every worker stopped, and no update trained on the batch."""
+    real_checksum, updates = script.slice_checksum, []
+    monkeypatch.setattr(script, "slice_checksum",
+                        lambda buffer, lo, hi: real_checksum(buffer, lo, hi) + (lo == ENVS_PER_WORKER))
+    monkeypatch.setattr(script, "compute_gae", lambda **kwargs: updates.append(kwargs))
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(script.Args(runs_dir=str(tmp_path), num_workers=WORKERS, num_envs_per_worker=ENVS_PER_WORKER,
+                                num_steps=16, seq_len=8, num_minibatches=2, update_epochs=1, total_timesteps=2 * 64))
+    assert re.fullmatch(r"\S+: error: rollout worker 1: its slice of the rollout buffer in iteration 1 is not what it "
+                        r"wrote \(checksum mismatch\); stopped all workers", exit_info.value.code)
+    assert updates == []
+    assert not [tag for tag in read_scalars(only_run_dir(tmp_path)) if tag.startswith("losses/")]
+    assert not [pid for pid, _ in descendants(os.getpid()) if is_worker(pid)]
 
 
 def test_ctrl_c_stops_the_learner_and_every_worker(tmp_path):
