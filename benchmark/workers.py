@@ -8,11 +8,13 @@ ppo_atari_lstm.py, measured in one run.
 
 Each setting is a fresh run of the script (OMP_NUM_THREADS=1, the learner on one thread, the script's
 defaults otherwise) for `--iterations` iterations; its numbers come from its TensorBoard log:
-- experience SPS: steps / collection time (the learner sends "start" until every worker is done),
-- learner SPS: steps / learning time (checksums, GAE and the PPO update),
+- experience SPS: steps / rollout time (the learner sends Start until every worker is done),
+- learner SPS: steps / update time (checksums, GAE and the PPO update),
 - end-to-end SPS: the script's own `charts/SPS` at the end,
-- the split of the time into collection, learning and weight publication.
-The first iteration is left out of the medians (first-touch of memory, lazy initialisation).
+- the split of the time into `perf/rollout_time`, `perf/update_time` and, where the script has it,
+  `perf/publish_time` (the weights' publication).
+The first iteration is left out of the medians and of the time split (first-touch of memory, lazy
+initialisation).
 
 Two ways to add workers: a fixed global batch (`--total-envs` environments shared by the workers, so
 each worker steps fewer) and fixed environments per worker (`--envs-per-worker`, so the batch grows).
@@ -48,17 +50,25 @@ def run(script: str, iterations: int, batch: int, *flags) -> dict[str, list[tupl
         return read_scalars(run_dir)
 
 
-def summarize(scalars: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
-    """Medians over the iterations after the first, the end-to-end SPS at the end, the time split."""
-    def later(tag):
-        return [value for _, value in scalars[tag][1:]]
+def later(scalars: dict[str, list[tuple[int, float]]], tag: str) -> list[float]:
+    """The values of `tag` after the first iteration."""
+    return [value for _, value in scalars[tag][1:]]
 
-    times = {part: float(np.sum(later(f"perf/{part}_time"))) for part in ("collection", "learning", "publish")}
+
+def time_split(scalars: dict[str, list[tuple[int, float]]]) -> str:
+    """The shares of rollout, update and (where logged) publication in the time after the first iteration,
+    as `58.1% rollout / 41.8% update / 0.1% publish`."""
+    times = {part: float(np.sum(later(scalars, f"perf/{part}_time")))
+             for part in ("rollout", "update", "publish") if f"perf/{part}_time" in scalars}
     total = sum(times.values())
-    return {"experience_sps": float(np.median(later("charts/experience_SPS"))),
-            "learning_sps": float(np.median(later("charts/learning_SPS"))),
-            "sps": scalars["charts/SPS"][-1][1],
-            **{f"{part}_share": value / total for part, value in times.items()}}
+    return " / ".join(f"{value / total:.1%} {part}" for part, value in times.items())
+
+
+def summarize(scalars: dict[str, list[tuple[int, float]]]) -> dict:
+    """Medians over the iterations after the first, the end-to-end SPS at the end, the time split."""
+    return {"experience_sps": float(np.median(later(scalars, "charts/experience_SPS"))),
+            "learning_sps": float(np.median(later(scalars, "charts/learning_SPS"))),
+            "sps": scalars["charts/SPS"][-1][1], "time_split": time_split(scalars)}
 
 
 def scaling(args) -> tuple[list[str], dict[str, list[dict]]]:
@@ -66,7 +76,7 @@ def scaling(args) -> tuple[list[str], dict[str, list[dict]]]:
     cores = os.cpu_count()
     modes = {"fixed global batch": lambda w: args.total_envs // w, "fixed envs per worker": lambda w: args.envs_per_worker}
     rows = ["| mode | workers | envs per worker | batch | experience SPS | speedup | learner SPS | end-to-end SPS "
-            "| time: collect / learn / publish | note |",
+            "| time split | note |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     results = {mode: [] for mode in modes}
     for mode, envs_per_worker in modes.items():
@@ -79,8 +89,7 @@ def scaling(args) -> tuple[list[str], dict[str, list[dict]]]:
             speedup = result["experience_sps"] / results[mode][0]["experience_sps"]
             note = f"{workers} workers + learner on {cores} cores: oversubscribed" if workers > cores else ""
             rows.append(f"| {mode} | {workers} | {n} | {batch} | {result['experience_sps']:,.0f} | {speedup:.2f}x "
-                        f"| {result['learning_sps']:,.0f} | {result['sps']:,.0f} | {result['collection_share']:.0%} / "
-                        f"{result['learning_share']:.0%} / {result['publish_share']:.1%} | {note} |")
+                        f"| {result['learning_sps']:,.0f} | {result['sps']:,.0f} | {result['time_split']} | {note} |")
             print(rows[-1], flush=True)
     return rows, results
 
@@ -91,18 +100,15 @@ def atari_side_by_side(game: str, iterations: int) -> list[str]:
     batch = 8 * 128
     rows = ["| script | processes | env-steps per iteration | end-to-end SPS | time split |", "|---|---|---|---|---|"]
     lstm = run("ppo_atari_lstm", iterations, batch, *common, "--num-envs", 8)
-    rollout = sum(v for _, v in lstm["perf/rollout_time"])
-    update = sum(v for _, v in lstm["perf/update_time"])
     rows.append(f"| ppo_atari_lstm.py | 1 (8 games) | {batch} | {lstm['charts/SPS'][-1][1]:,.0f} | "
-                f"{rollout / (rollout + update):.0%} rollout / {update / (rollout + update):.0%} update |")
+                f"{time_split(lstm)} |")
     print(rows[-1], flush=True)
     for workers in (2, 4):
         result = summarize(run(SCRIPT, iterations, batch, *common, "--num-workers", workers, "--num-envs-per-worker",
                                8 // workers, "--seq-len", 128, "--clip-coef", 0.1, "--learning-rate", 2.5e-4,
                                "--torch-threads", 2))
         rows.append(f"| {SCRIPT}.py | 1 learner + {workers} workers ({8 // workers} games each) | {batch} | "
-                    f"{result['sps']:,.0f} | {result['collection_share']:.0%} collect / "
-                    f"{result['learning_share']:.0%} learn / {result['publish_share']:.1%} publish |")
+                    f"{result['sps']:,.0f} | {result['time_split']} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -143,8 +149,9 @@ def main():
     parser.add_argument("--out", default=None, help="also write the markdown to this file")
     parser.add_argument("--plot", default=None, help="write the PNG plot of SPS against workers here")
     args = parser.parse_args()
-    if args.iterations < 2 or any(args.total_envs % w for w in args.workers):
-        parser.error("--iterations must be at least 2 and every --workers count must divide --total-envs")
+    if args.iterations < 2 or args.atari_iterations < 2 or any(args.total_envs % w for w in args.workers):
+        parser.error("--iterations and --atari-iterations must be at least 2 (the first is left out) and every "
+                     "--workers count must divide --total-envs")
 
     rows, results = scaling(args)
     lines = [f"{SCRIPT}.py on {args.env_id}, {args.num_steps} steps per rollout, {args.iterations} iterations per "
