@@ -24,14 +24,21 @@ What is special in this file (the places where distributed RL usually goes wrong
   always agree: early stopping at `--target-kl` (a rank deciding alone would skip all-reduces its peers
   wait for: a hang), the advantage normalisation statistics of each minibatch (over the global
   minibatch, as one process would compute them) and the end of training (the global step count).
-- Rank 0 alone writes logs and checkpoints, but of everyone's data: the games of all ranks, and per
-  iteration the time split into rollout, learning compute and all-reduce communication.
+- Rank 0 alone writes logs and checkpoints, but of everyone's data: the episodes of all ranks, and
+  per iteration the time split into rollout (`perf/rollout_time`, `perf/rollout_time_max` of the
+  slowest rank), update (`perf/update_time`, its collectives included) and the part of it spent in
+  collectives (`perf/comm_time`, waits for slower ranks included).
+- `--torch-deterministic` (the default) makes cuDNN deterministic and also turns TF32 off, so
+  convolutions on a GPU run in full float32 (same seed, same numbers; ratio 1 at the first minibatch).
 - Failures end the job: if a rank dies, torchrun stops the others and exits non-zero; if a rank hangs,
   the others' next collective fails after `--timeout` seconds, they exit 1 with one line, and torchrun
   stops the rest.
 - Stragglers: `--preempt-fraction 0.6` ends a rank's rollout early once 60% of the ranks finished
   theirs (and it has collected `--preempt-min-steps` of its steps), DD-PPO's preemption threshold; the
   update weights each rank by the samples it brought.
+
+The distributed steps of the training loop are marked DISTRIBUTED; the rest reads as ppo_atari.py's.
+Measured speed and scaling: see README, section Distributed scaling.
 """
 
 import hashlib
@@ -44,6 +51,7 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import ale_py
 import gymnasium as gym
@@ -65,16 +73,19 @@ class Args:
     seed: int = 1
     """seed of the experiment (rank r's PyTorch, NumPy and Python RNGs get seed + r)"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, `torch.backends.cudnn.deterministic=True` and TF32 off (convolutions in full float32)"""
     cuda: bool = True
     """if toggled, cuda is used when available (one GPU per local rank, see --device-ids)"""
     device_ids: list[int] | None = None
     """GPUs of this machine's ranks: local rank i uses device_ids[i % len]; `--device-ids 0` puts all on GPU 0
     (several ranks per GPU need the gloo backend); default: local rank i uses GPU i"""
     backend: str | None = None
-    """torch.distributed backend: `gloo` or `nccl`; default nccl on CUDA, gloo on CPU"""
+    """torch.distributed backend: `gloo` or `nccl`; default nccl on CUDA (with a PyTorch built with NCCL), else gloo"""
     timeout: float = 300.0
     """seconds a collective waits for the other ranks before the job fails (a dead or hung rank)"""
+    sync_timing: bool = False
+    """if toggled, on CUDA the GPU is synchronized around every timed collective, so perf/comm_time is the
+    collectives' own time (costs two syncs per minibatch; off: see CommTimer for what is measured)"""
     torch_threads: int = 1
     """CPU threads for PyTorch per process; 1, because the ranks of a machine share its cores; 0 keeps PyTorch's default"""
     track: bool = False
@@ -94,7 +105,7 @@ class Args:
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates (on rank 0) and exits without training"""
     eval_episodes: int = 10
-    """number of games of an evaluation"""
+    """number of episodes (whole games) of an evaluation"""
     eval_deterministic: bool = False
     """if toggled, evaluation takes the most probable action instead of sampling"""
     runs_dir: str = "runs"
@@ -144,8 +155,11 @@ class Args:
     early; the run then takes more iterations to reach --total-timesteps (off by default)"""
     preempt_min_steps: float = 0.25
     """with --preempt-fraction: the fraction of its --num-steps a rank collects before it may be preempted"""
+
+    # testing aids (fault injection for benchmarks/tests) -------------------------------------------
     straggler_delay: float = 0.0
-    """seconds the last rank sleeps after each of its environment steps: an injected straggler for benchmarks"""
+    """testing aid, a fault injected for benchmarks and tests (not for training): seconds the last rank
+    sleeps after each of its environment steps, which makes it a straggler"""
 
     @property
     def batch_size(self) -> int:
@@ -381,12 +395,11 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
 def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
-    The games step one after the other in this process. On our 2-core machine, with other work on
-    it, that was as fast as one process per game (AsyncVectorEnv) or faster, in env-only steps/s and
-    in training SPS, without 8 more processes. ale-py's C++ vector environment
-    (`ale_py.vector_env.AtariVectorEnv`) steps faster still, but its preprocessing is not this
-    file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither
-    a no-op nor FIRE after a lost life.
+    The games step one after the other in this process, without one more process per game
+    (measured against AsyncVectorEnv: see README, section Speed). ale-py's C++ vector environment
+    (`ale_py.vector_env.AtariVectorEnv`) is not used because its preprocessing is not this file's:
+    0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither a no-op
+    nor FIRE after a lost life.
     """
     return gym.vector.SyncVectorEnv(
         [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps) for i in range(num_envs)],
@@ -394,20 +407,21 @@ def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = Fal
     )
 
 
-def finished_games(infos: dict) -> list[tuple[int, float, int]]:
-    """The games that ended at this vector step: (env index, score, length in agent steps).
+def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes (whole games) that ended at this vector step: (env index, episodic return, length
+    in agent steps).
 
-    RecordEpisodeStatistics sits below EpisodicLife, so it reports whole games with the unclipped
-    score. With same-step autoreset the vector environment moves the info of a step that ended an
-    episode to `info["final_info"]` and returns the reset's info at the top level; a game ends in the
-    former at its last step, or, rarely, in the latter when it ended during a reset's own steps (a
-    truncation during the no-op after a lost life, see `step_in_reset`).
+    RecordEpisodeStatistics sits below EpisodicLife, so it reports whole games, and their return is
+    the unclipped game score. With same-step autoreset the vector environment moves the info of a
+    step that ended an episode to `info["final_info"]` and returns the reset's info at the top level;
+    a game ends in the former at its last step, or, rarely, in the latter when it ended during a
+    reset's own steps (a truncation during the no-op after a lost life, see `step_in_reset`).
     """
-    games = []
+    episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
-            games.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
-    return games
+            episodes.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
+    return episodes
 
 
 # THE NETWORK -------------------------------------------------------------------------------------
@@ -479,10 +493,11 @@ def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
     dones: torch.Tensor,
-    final_values: torch.Tensor,
     last_value: torch.Tensor,
     gamma: float,
     gae_lambda: float,
+    *,
+    final_values: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
 
@@ -570,10 +585,28 @@ def ppo_loss(
     return loss, stats
 
 
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
 def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
-                    iteration: int, global_step: int, rng: list[dict]):
-    """Everything needed to continue or evaluate: weights, optimizer, progress, args, and the RNG
-    states of every rank (`rng[r]`). Written by rank 0 (the weights and optimizer are the same on all).
+                    iteration: int, global_step: int, *, rank_rng: list[dict]):
+    """Everything needed to continue or evaluate: weights, optimizer, progress, args, the RNG states
+    of this process (`rng`, rank 0's when rank 0 writes) and of every rank (`rank_rng[r]`, a dict made
+    by `rng_state`, for a resume with the same world size). Written by rank 0 (the weights and the
+    optimizer are the same on all ranks).
 
     Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
     """
@@ -583,15 +616,12 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
         "iteration": iteration,
         "global_step": global_step,
         "args": asdict(args),
-        "rng": rng,
+        "rng": rng_state(next(agent.parameters()).device),
+        "rank_rng": rank_rng,
     }
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)
-
-
-def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
 
 def read_checkpoint(path: str) -> dict | str:
@@ -616,23 +646,23 @@ def load_checkpoint(path: str) -> dict:
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
              device: torch.device) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
-    and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
-    same model and seed score the same right after training and later from the saved file."""
+    and returns their returns (the unclipped game scores). The action sampling uses its own seeded RNG
+    stream, so the same model and seed score the same right after training and later from the saved file."""
     envs = make_envs(args, episodes, "")
-    scores = np.full(episodes, np.nan)
+    returns = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        while np.isnan(scores).any():
+        while np.isnan(returns).any():
             with torch.no_grad():
                 logits = agent.actor(agent.features(torch.as_tensor(obs, device=device)))
                 action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, _, _, _, infos = envs.step(action.cpu().numpy())
-            for i, score, _ in finished_games(infos):
-                if np.isnan(scores[i]):
-                    scores[i] = score
+            for i, episodic_return, _ in finished_episodes(infos):
+                if np.isnan(returns[i]):
+                    returns[i] = episodic_return
     envs.close()
-    return scores.tolist()
+    return returns.tolist()
 
 
 def run_evaluation(path: str, args: Args) -> list[float]:
@@ -646,8 +676,8 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     # the trained run's seed: the same games as the evaluation reported right after training
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
                        torch.device("cpu"))
-    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} games, "
-          f"mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
+          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns
 
 
@@ -664,13 +694,17 @@ def select_device(args: Args, local_rank: int) -> torch.device:
 
 
 def select_backend(args: Args, device: torch.device) -> str:
-    """nccl when every local rank has a GPU of its own, else gloo (NCCL refuses two ranks on one GPU)."""
+    """nccl when every local rank has a GPU of its own (and PyTorch has NCCL), else gloo (NCCL refuses
+    two ranks on one GPU)."""
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     shared_gpu = device.type == "cuda" and len(
         {select_device(args, i) for i in range(local_world_size)}) < local_world_size
     if args.backend == "nccl" and shared_gpu:
         fail("--backend nccl cannot put several ranks on one GPU; pass --backend gloo or other --device-ids")
-    return args.backend or ("nccl" if device.type == "cuda" and not shared_gpu else "gloo")
+    if args.backend == "nccl" and not dist.is_nccl_available():
+        fail("--backend nccl: this PyTorch is built without NCCL; pass --backend gloo")
+    nccl = device.type == "cuda" and not shared_gpu and dist.is_nccl_available()
+    return args.backend or ("nccl" if nccl else "gloo")
 
 
 def init_distributed(backend: str, world_size: int, timeout: float):
@@ -702,6 +736,81 @@ def from_rank0(value):
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_gather(value) -> list:
+    """Every rank's `value` on every rank, in rank order (pickled; for small objects)."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+class Episode(NamedTuple):
+    """A finished episode, as it travels from its rank to rank 0's log."""
+
+    step: int  # the global step it ended at
+    episodic_return: float  # the unclipped game score
+    episodic_length: int  # in agent steps
+
+
+class ValueSums(NamedTuple):
+    """Sums over one rank's samples (float64) from which the explained variance of the values follows:
+    added up over the ranks they give the numbers of one process on all samples (see
+    `explained_variance`). y are the returns, e = y - values the errors."""
+
+    count: int
+    y: float
+    y_squared: float
+    e: float
+    e_squared: float
+
+    @classmethod
+    def of(cls, values: torch.Tensor, returns: torch.Tensor) -> "ValueSums":
+        y, e = returns.double().numpy().ravel(), (returns - values).double().numpy().ravel()
+        return cls(y.size, y.sum(), (y**2).sum(), e.sum(), (e**2).sum())
+
+
+def explained_variance(sums: list[ValueSums]) -> float:
+    """1 - Var(returns - values) / Var(returns) over every rank's samples, from the ranks' ValueSums
+    (nan when the returns do not vary): what one process computes on the concatenated samples."""
+    n, y, y_squared, e, e_squared = (sum(column) for column in zip(*sums))
+    var_y = y_squared / n - (y / n) ** 2
+    return float("nan") if var_y <= 0 else float(1 - (e_squared / n - (e / n) ** 2) / var_y)
+
+
+class RolloutReport(NamedTuple):
+    """What a rank tells every other after its rollout (one all_gather per iteration)."""
+
+    steps: int  # transitions it collected: num_steps x its environments, fewer when preempted
+    episodes: list[Episode]  # that ended in its rollout, for rank 0's log
+    rollout_time: float  # seconds, for perf/rollout_time_max
+    value_sums: ValueSums  # for losses/explained_variance
+
+
+class CommTimer:
+    """`with comm: <collective>` adds the wall time this rank spends in the collective to
+    `comm.seconds` (perf/comm_time), the wait for slower ranks included.
+
+    What that time is: with gloo on the CPU a collective returns when it is done, so it is the
+    communication and the wait. On CUDA the GPU runs behind the host: without `sync` the time is the
+    host's time in the call, for nccl little more than queueing the reduction (the GPU's time in it
+    then shows in the next step that waits for the GPU), for gloo with the gradients on the GPU also
+    the wait for the GPU work queued before the copy to the CPU, the backward pass. With `sync`
+    (--sync-timing) the GPU is synchronized on entry and exit: the time is the collective's alone, for
+    two syncs per call."""
+
+    def __init__(self, device: torch.device, sync: bool):
+        self.device, self.sync, self.seconds = device, sync and device.type == "cuda", 0.0
+
+    def __enter__(self):
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exception):
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - self.start
 
 
 def broadcast_weights(agent: Agent, comm_device: torch.device):
@@ -769,6 +878,28 @@ def preemption_store() -> dist.Store:
     return dist.PrefixStore(f"{Path(__file__).stem}/finished_rollouts", store)
 
 
+class Preemption:
+    """DD-PPO's straggler preemption: a rank that has collected `min_steps` of its `num_steps` steps
+    ends its rollout once `after` ranks have finished theirs. The ranks count the finished rollouts of
+    each iteration in `store`, a counter per iteration."""
+
+    def __init__(self, store: dist.Store, after: int, min_steps: int, num_steps: int):
+        self.store, self.after, self.min_steps, self.num_steps = store, after, min_steps, num_steps
+
+    def finished_rollouts(self, iteration: int) -> int:
+        # A store has no plain read of a counter: get() of a key that no rank has added to yet waits
+        # for it until the store's timeout; add(key, 0) adds nothing and returns the count (0 if new)
+        return self.store.add(str(iteration), 0)
+
+    def finish_rollout(self, iteration: int):
+        self.store.add(str(iteration), 1)
+
+    def preempts(self, iteration: int, steps: int) -> bool:
+        """Whether a rollout that has collected `steps` steps ends now: it has its minimum, it is not at
+        its last step anyway, and enough ranks have finished theirs (asked only then: a round trip)."""
+        return self.min_steps <= steps < self.num_steps and self.finished_rollouts(iteration) >= self.after
+
+
 def is_connection_failure(error: RuntimeError) -> bool:
     """A collective that failed because another rank died, hung or closed its connection."""
     text = str(error)
@@ -809,36 +940,62 @@ def main(args: Args):
         dist.destroy_process_group()
 
 
-def train(args: Args, rank: int, world_size: int, device: torch.device, comm_device: torch.device):
-    """The training loop of one rank; rank 0 also logs and saves. Returns the run folder."""
-    checkpoint = None
+def run_folder_and_checkpoint(args: Args, rank: int, world_size: int) -> tuple[Args, str, dict | None]:
+    """The same (args, run folder, checkpoint) on every rank. With --resume: the checkpoint (read by
+    rank 0 and sent: only its machine needs the file), its saved arguments and its folder; else the
+    arguments given and a new folder named by rank 0."""
     if args.resume is not None:
-        # rank 0 reads the checkpoint and sends it: only its machine needs the file
         checkpoint = from_rank0(read_checkpoint(args.resume) if rank == 0 else None)
         if isinstance(checkpoint, str):
             fail(checkpoint)
-        resume_path = args.resume
-        args = Args(**checkpoint["args"])
-        args.resume = resume_path
-        check_args(args, world_size)  # the saved arguments with this job's world size
-        run_dir = str(Path(resume_path).parent)
-    else:
-        run_dir, problem = None, None
-        if rank == 0:
-            run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            run_dir = f"{args.runs_dir}/{run_name}"
-            if os.path.exists(run_dir):
-                problem = (f"run folder {run_dir} exists already (same env, name and seed started in the same "
-                           "second); pass another --exp-name")
-        run_dir, problem = from_rank0((run_dir, problem))
-        if problem:
-            fail(problem)
+        saved = Args(**{**checkpoint["args"], "resume": args.resume})
+        check_args(saved, world_size)  # the saved arguments with this job's world size
+        return saved, str(Path(args.resume).parent), checkpoint
+    run_dir, problem = None, None
+    if rank == 0:
+        run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"{args.runs_dir}/{run_name}"
+        if os.path.exists(run_dir):
+            problem = (f"run folder {run_dir} exists already (same env, name and seed started in the same "
+                       "second); pass another --exp-name")
+    run_dir, problem = from_rank0((run_dir, problem))
+    if problem:
+        fail(problem)
+    return args, run_dir, None
+
+
+def open_writer(args: Args, run_dir: str, world_size: int):
+    """Rank 0's TensorBoard writer (and Weights & Biases run with --track), with the hyperparameters."""
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb  # imported only when used
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=Path(run_dir).name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{k}|{v}|" for k, v in {**asdict(args), "world_size": world_size}.items()))
+    return writer
+
+
+def train(args: Args, rank: int, world_size: int, device: torch.device, comm_device: torch.device):
+    """The training loop of one rank; rank 0 also logs and saves. Returns the run folder. It is
+    ppo_atari.py's loop; the steps that involve the other ranks are marked DISTRIBUTED."""
+    args, run_dir, checkpoint = run_folder_and_checkpoint(args, rank, world_size)
 
     # Seeding: rank r seeds its RNGs with seed + r, so the ranks sample different actions
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
+    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
+    # at the first minibatch is 1 to float precision
+    if args.torch_deterministic:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
     # Distribution argument checks are pure overhead in the rollout's many small calls
     torch.distributions.Distribution.set_default_validate_args(False)
 
@@ -854,27 +1011,14 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        if len(checkpoint["rng"]) == world_size:  # same world size: every rank continues its own streams
-            torch.set_rng_state(checkpoint["rng"][rank]["torch"])
-            np.random.set_state(checkpoint["rng"][rank]["numpy"])
-            random.setstate(checkpoint["rng"][rank]["python"])
+        if len(checkpoint["rank_rng"]) == world_size:  # same world size: every rank continues its own streams
+            set_rng_state(checkpoint["rank_rng"][rank], device)
         if rank == 0:
             print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
-    broadcast_weights(agent, comm_device)  # every rank starts from rank 0's weights
+    broadcast_weights(agent, comm_device)  # DISTRIBUTED: every rank starts from rank 0's weights
 
-    writer = None
+    writer = open_writer(args, run_dir, world_size) if rank == 0 else None
     if rank == 0:
-        os.makedirs(run_dir, exist_ok=True)
-        if args.track:
-            import wandb  # imported only when used
-
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(run_dir)
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-            f"|{k}|{v}|" for k, v in {**asdict(args), "world_size": world_size}.items()))
         print(f"{world_size} ranks x {N} environments, backend {dist.get_backend()}, rank 0 on {device}")
 
     # Rollout storage of this rank, on the CPU and shared with NumPy, as in ppo_atari.py: observations
@@ -890,11 +1034,11 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
     actions_np, logprobs_np, rewards_np, dones_np, values_np = (
         x.numpy() for x in (actions, logprobs, rewards, dones, values))
 
-    # Straggler preemption: the ranks count finished rollouts in the job's store
-    store = preemption_store() if args.preempt_fraction is not None and world_size > 1 else None
-    preempt_after = math.ceil((args.preempt_fraction or 1) * world_size)  # finished ranks that end the others'
-    min_steps = math.ceil(args.preempt_min_steps * T)
-    straggler_delay = args.straggler_delay if rank == world_size - 1 else 0.0
+    preemption = None  # DISTRIBUTED: straggler preemption, counted in the job's store
+    if args.preempt_fraction is not None and world_size > 1:
+        preemption = Preemption(preemption_store(), after=math.ceil(args.preempt_fraction * world_size),
+                                min_steps=math.ceil(args.preempt_min_steps * T), num_steps=T)
+    straggler_delay = args.straggler_delay if rank == world_size - 1 else 0.0  # a testing aid
 
     # Global env k = rank * N + i gets seed + k, like env k of ppo_atari.py; a resumed run reseeds
     # its environments differently, so it does not replay the first games
@@ -911,7 +1055,7 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         # COLLECT TRAJECTORIES ------------------------------------------------------------------
         rollout_start = time.perf_counter()
         final_values.zero_()
-        episodes = []  # (steps after global_step at which the game ended, score, length)
+        episodes = []
         for step in range(T):
             obs[step] = torch.from_numpy(next_obs)
             action, logprob, value = agent.act(obs[step].to(device))
@@ -924,8 +1068,10 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
 
             rewards_np[step] = reward  # clipped to the sign in make_env
             dones_np[step] = terminated | truncated
-            # next_obs is already the next episode's first observation where an episode ended; the
-            # value of where a truncated (and not also terminated) episode stopped comes from final_obs
+            # next_obs is already the next episode's first observation where an episode ended. Gymnasium's
+            # TimeLimit sets truncated on the last allowed step even when the episode also terminated
+            # there: such a step is a termination (value 0), so only truncated-and-not-terminated
+            # environments bootstrap, with the value of final_obs
             bootstrap = truncated & ~terminated
             if args.bootstrap_truncation and bootstrap.any():
                 idx = np.flatnonzero(bootstrap)
@@ -933,40 +1079,39 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
                     final_obs = torch.from_numpy(np.stack(infos["final_obs"][idx])).to(device)
                     final_values[step, idx] = agent.get_value(final_obs).cpu()
 
-            for i, score, length in finished_games(infos):
-                # all ranks step together: global env k's step t is number t * num_envs + k + 1
-                episodes.append((step * args.num_envs + rank * N + i + 1, score, length))
+            for i, episodic_return, length in finished_episodes(infos):
+                # all ranks step together: global env k's step t of this rollout is number t * num_envs + k + 1
+                episode_step = global_step + step * args.num_envs + rank * N + i + 1
+                episodes.append(Episode(episode_step, episodic_return, length))
 
-            if store is not None and min_steps <= step + 1 < T and store.add(str(iteration), 0) >= preempt_after:
-                break  # enough ranks have finished: end this rollout early (preempted)
+            if preemption is not None and preemption.preempts(iteration, step + 1):
+                break  # DISTRIBUTED: enough ranks have finished: end this rollout early (preempted)
         steps = step + 1  # this rank's rollout length, T unless preempted
-        if store is not None:
-            store.add(str(iteration), 1)
+        if preemption is not None:
+            preemption.finish_rollout(iteration)
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
             last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
-        advantages, returns = compute_gae(rewards[:steps], values[:steps], dones[:steps], final_values[:steps],
-                                          last_value, args.gamma, args.gae_lambda)
+        advantages, returns = compute_gae(rewards=rewards[:steps], values=values[:steps], dones=dones[:steps],
+                                          last_value=last_value, gamma=args.gamma, gae_lambda=args.gae_lambda,
+                                          final_values=final_values[:steps])
         rollout_time = time.perf_counter() - rollout_start
 
-        # Everyone's report reaches everyone (one collective): steps for the global step count,
-        # games and sums for the explained variance for rank 0's log
-        y, error = returns.double().numpy().ravel(), (returns - values[:steps]).double().numpy().ravel()
-        report = dict(steps=steps * N, episodes=episodes, rollout_time=rollout_time,
-                      sums=(y.size, y.sum(), (y**2).sum(), error.sum(), (error**2).sum()))
-        reports = [None] * world_size
-        tick = time.perf_counter()
-        dist.all_gather_object(reports, report)  # waits here for the slowest rank's rollout
-        comm_time = gather_time = time.perf_counter() - tick
-        iteration_start_step = global_step
-        global_step += sum(r["steps"] for r in reports)
+        # DISTRIBUTED: EXCHANGE THE REPORTS -----------------------------------------------------
+        # One all_gather: everyone's sample count (for the global step), episodes and value sums (for
+        # rank 0's log). It waits for the slowest rank's rollout; it starts the update's time, and
+        # comm counts the time of every collective of the update, this one included
+        update_start = time.perf_counter()
+        comm = CommTimer(device, args.sync_timing)
+        report = RolloutReport(steps * N, episodes, rollout_time, ValueSums.of(values[:steps], returns))
+        with comm:
+            reports = all_gather(report)
+        global_step += sum(report.steps for report in reports)
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
         # Each rank holds its share of every global minibatch: its own batch, shuffled, cut into
         # num_minibatches pieces. The pieces' gradients are combined by all_reduce_gradients.
-        update_start = time.perf_counter()
-        local_batch = steps * N
         b_obs = obs[:steps].reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
         b_actions = actions[:steps].reshape(-1).to(device)
         b_logprobs = logprobs[:steps].reshape(-1).to(device)
@@ -974,13 +1119,13 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         b_returns = returns.reshape(-1).to(device)
         b_values = values[:steps].reshape(-1).to(device)
 
-        epochs = kl_disagreements = 0
+        clipfracs = []  # every minibatch's (all-reduced) clip fraction, as tensors: no sync per minibatch
+        epochs = kl_stop_disagreements = 0
         for epoch in range(args.update_epochs):
-            minibatches = torch.randperm(local_batch, device=device).tensor_split(args.num_minibatches)
+            minibatches = torch.randperm(steps * N, device=device).tensor_split(args.num_minibatches)
             if args.norm_adv:
-                tick = time.perf_counter()
-                adv_stats = global_advantage_stats(b_advantages, minibatches, comm_device)
-                comm_time += time.perf_counter() - tick
+                with comm:  # DISTRIBUTED: the advantage statistics of every global minibatch of this epoch
+                    adv_stats = global_advantage_stats(b_advantages, minibatches, comm_device)
             for k, mb_inds in enumerate(minibatches):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 mb_advantages = b_advantages[mb_inds]
@@ -994,71 +1139,70 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
                     first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
                 optimizer.zero_grad()
                 loss.backward()
-                # this rank's early-stopping vote; averaged, it tells whether the ranks would have disagreed
-                vote = torch.zeros((), device=device)  # no --target-kl: never a stop
+                # A diagnostic, not a decision: would this rank, from its own KL alone, stop here?
+                # Averaged over the ranks it says whether they would have disagreed (see below)
+                own_kl_over_target = torch.zeros((), device=device)
                 if args.target_kl is not None:
-                    vote = (stats["approx_kl"] > args.target_kl).float()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)  # time the communication, not the backward pass before it
-                tick = time.perf_counter()
-                averaged = all_reduce_gradients(params, len(mb_inds), torch.stack([*stats.values(), vote]),
-                                                comm_device)
-                comm_time += time.perf_counter() - tick
+                    own_kl_over_target = (stats["approx_kl"] > args.target_kl).float()
+                with comm:  # DISTRIBUTED: the gradient and the statistics of the global minibatch, on every rank
+                    averaged = all_reduce_gradients(params, len(mb_inds),
+                                                    torch.stack([*stats.values(), own_kl_over_target]), comm_device)
+                stats, ranks_over_target = dict(zip(stats, averaged[:-1])), averaged[-1]
+                clipfracs.append(stats["clipfrac"])
                 nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # of the averaged gradient
                 optimizer.step()
             epochs += 1
-            stats = dict(zip(stats, averaged[:-1]))  # the global minibatch's statistics, the same on every rank
-            kl_disagreements += bool(0 < averaged[-1] < 1)
-            # decided from all-reduced numbers: every rank stops after the same epoch
+            # a share strictly between 0 and 1: ranks deciding alone would have disagreed, and the one
+            # that stopped would have left the others waiting in their next all-reduce (a hang)
+            kl_stop_disagreements += bool(0 < ranks_over_target < 1)
+            # decided from the all-reduced KL of the global minibatch: every rank stops after the same epoch
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
-        # the iteration's time: rollout_time + learn_time + comm_time (all collectives, waits included)
         update_time = time.perf_counter() - update_start
-        learn_time = update_time - (comm_time - gather_time)
 
-        # LOGGING (rank 0, with everyone's games and sums) --------------------------------------
+        # LOGGING (rank 0, with everyone's episodes and sums) -----------------------------------
         if rank == 0:
+            # losses/clipfrac is the mean over all the update's minibatches (as CleanRL logs it); the
+            # other losses/* are the last minibatch's, as in CleanRL
+            stats["clipfrac"] = torch.stack(clipfracs).mean()
             stats = {k: v.item() for k, v in stats.items()}
             sps = int((global_step - start_step) / (time.time() - start_time))
-            n, y_sum, y_squares, e_sum, e_squares = np.sum([r["sums"] for r in reports], axis=0)
-            var_y = y_squares / n - (y_sum / n) ** 2
-            explained = float("nan") if var_y <= 0 else 1 - (e_squares / n - (e_sum / n) ** 2) / var_y
             writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
             for name, value in stats.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("losses/explained_variance", explained, global_step)
+            writer.add_scalar("losses/explained_variance",
+                              explained_variance([report.value_sums for report in reports]), global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
             writer.add_scalar("debug/update_epochs", epochs, global_step)
-            writer.add_scalar("debug/kl_stop_disagreements", kl_disagreements, global_step)
-            writer.add_scalar("debug/preempted_ranks", sum(r["steps"] < T * N for r in reports), global_step)
+            writer.add_scalar("debug/kl_stop_disagreements", kl_stop_disagreements, global_step)
+            writer.add_scalar("debug/preempted_ranks", sum(report.steps < T * N for report in reports), global_step)
             writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-            writer.add_scalar("perf/rollout_time_max", max(r["rollout_time"] for r in reports), global_step)
-            writer.add_scalar("perf/update_time", update_time, global_step)  # learn_time + the update's all-reduces
-            writer.add_scalar("perf/learn_time", learn_time, global_step)
-            writer.add_scalar("perf/comm_time", comm_time, global_step)
-            scores = []
-            for r in reports:
-                for offset, score, length in r["episodes"]:
-                    writer.add_scalar("charts/episodic_return", score, iteration_start_step + offset)
-                    writer.add_scalar("charts/episodic_length", length, iteration_start_step + offset)
-                    scores.append(score)
-            if scores:
-                planned = "" if args.preempt_fraction is not None else f"/{args.num_iterations}"  # unknown when preempting
-                print(f"iteration {iteration}{planned} global_step={global_step} games={len(scores)} "
-                      f"mean_score={np.mean(scores):.2f} SPS={sps} (rollout {rollout_time:.2f}s, "
-                      f"learn {learn_time:.2f}s, comm {comm_time:.2f}s)")
+            writer.add_scalar("perf/rollout_time_max", max(report.rollout_time for report in reports), global_step)
+            writer.add_scalar("perf/update_time", update_time, global_step)  # collectives included
+            writer.add_scalar("perf/comm_time", comm.seconds, global_step)  # what it measures: see CommTimer
+            episode_returns = []
+            for episode in (episode for report in reports for episode in report.episodes):
+                writer.add_scalar("charts/episodic_return", episode.episodic_return, episode.step)
+                writer.add_scalar("charts/episodic_length", episode.episodic_length, episode.step)
+                episode_returns.append(episode.episodic_return)
+            if episode_returns:
+                # with --preempt-fraction the number of iterations is unknown in advance: no "/N"
+                planned = "" if args.preempt_fraction is not None else f"/{args.num_iterations}"
+                eta = str(timedelta(seconds=int((total_steps - global_step) / max(sps, 1))))
+                print(f"iteration {iteration}{planned} global_step={global_step} episodes={len(episode_returns)} "
+                      f"mean_return={np.mean(episode_returns):.2f} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, "
+                      f"update {update_time:.2f}s, comm {comm.seconds:.2f}s)")
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            rng = [None] * world_size
-            dist.all_gather_object(rng, rng_state())
+            rank_rng = all_gather(rng_state(device))  # DISTRIBUTED: every rank's random streams
             if rank == 0:
-                save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, rng)
+                save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
+                                rank_rng=rank_rng)
 
-    # Every rank took the same optimizer steps, so the weights must be identical: check it
+    # DISTRIBUTED: every rank took the same optimizer steps, so the weights must be identical: check it
     digest = hashlib.sha256(flatten(list(agent.state_dict().values())).cpu().numpy().tobytes()).hexdigest()[:16]
-    digests = [None] * world_size
-    dist.all_gather_object(digests, digest)
+    digests = all_gather(digest)
     envs.close()
     if len(set(digests)) > 1:
         raise SystemExit(f"{Path(sys.argv[0]).name}: rank {rank}: the weights differ across ranks: {digests}")
@@ -1067,17 +1211,19 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
     print(f"final weights of the {world_size} ranks: sha256 {' '.join(digests)}")
     if args.save_model:
         model_path = f"{run_dir}/model.pt"
-        rng = [rng_state()]  # saved by rank 0 alone: a model is for evaluation, or a resume that reseeds
-        save_checkpoint(model_path, agent, optimizer, args, iteration, global_step, rng)
+        # saved by rank 0 alone, with its own random streams only: a model is for evaluation, or a resume
+        save_checkpoint(model_path, agent, optimizer, args, iteration, global_step, rank_rng=[rng_state(device)])
         print(f"model saved to {model_path}")
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"))
         for i, episodic_return in enumerate(returns):
             writer.add_scalar("eval/episodic_return", episodic_return, i)
-        print(f"evaluation: {len(returns)} games, mean score {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:
+        import wandb  # imported by open_writer already
+
         wandb.finish()
     return run_dir
 

@@ -11,9 +11,10 @@ PyTorch thread per rank) of `--iterations` iterations on Breakout, in two modes:
   same algorithm as W = 1, with each rank doing 1/W of the work.
 SPS comes from the wall times of the run's TensorBoard events between the end of the first iteration
 and the end of the last (start-up and the first iteration left out). Speedup S = SPS_W / SPS_1, which
-is T1 / TW for a fixed amount of work; efficiency E = S / W. The time split is rank 0's: rollout,
-learning compute and communication (all collectives, including the wait for slower ranks), as
-fractions of the measured iterations. A world size above the CPU count is oversubscribed: its ranks
+is T1 / TW for a fixed amount of work; efficiency E = S / W. The time split is rank 0's: rollout
+(`perf/rollout_time`), learning compute (`perf/update_time` minus `perf/comm_time`) and communication
+(`perf/comm_time`: all collectives, including the wait for slower ranks), as fractions of the
+measured iterations' rollout + update time. A world size above the CPU count is oversubscribed: its ranks
 take turns on the cores, and the table says so.
 
 `--target-return R --target-steps S` adds the time to a return: for each W, a job with the fixed global
@@ -66,8 +67,10 @@ def measure(run_dir: Path) -> dict[str, float]:
     if len(iterations) < 2:
         raise SystemExit(f"scaling: {run_dir} has fewer than 2 iterations; pass more --iterations")
     (first_step, first_time, _), (last_step, last_time, _) = iterations[0], iterations[-1]
-    split = {part: sum(value for _, _, value in scalars[f"perf/{part}_time"][1:]) for part in ("rollout", "learn", "comm")}
-    total = sum(split.values())
+    rollout, update, comm = (sum(value for _, _, value in scalars[f"perf/{part}_time"][1:])
+                             for part in ("rollout", "update", "comm"))
+    split = {"rollout": rollout, "learn": update - comm, "comm": comm}  # the update's time includes its collectives
+    total = rollout + update
     return {"sps": (last_step - first_step) / (last_time - first_time), **{k: v / total for k, v in split.items()}}
 
 

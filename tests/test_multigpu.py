@@ -1,8 +1,11 @@
 """ppo_atari_multigpu.py: the gradient of 2 ranks equals the gradient of 1 process, runs under torchrun
 (2 processes; two launches joined by a c10d rendezvous as two "nodes"; a resume), identical weights on
 every rank, collective early stopping and straggler preemption, a killed or hung rank ending the job,
-bad input on every rank, and a world of one that trains like ppo_atari.py."""
+bad input on every rank, a world of one that trains like ppo_atari.py, and the named pieces of the
+loop (explained variance from every rank's sums, the preemption counter, the collective timer, the
+clip fraction over all minibatches)."""
 
+import math
 import multiprocessing
 import os
 import re
@@ -13,13 +16,16 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari
 import ppo_atari_multigpu as script
-from helpers import METRICS, REPO, load, only_run_dir, process_table, read_scalars
+from helpers import (LINE, METRICS, REPO, assert_evaluate_flag_matches_training,
+                     assert_one_line_per_iteration_with_episodes, load, only_run_dir, process_table, read_scalars)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS = 6, 4, 32
 BATCH = NUM_ENVS * NUM_STEPS
@@ -29,10 +35,10 @@ HASHES = re.compile(r"^final weights of the (\d+) ranks: sha256 (.+)$", re.M)
 
 
 def torchrun(*argv, cwd, launcher=("--standalone", "--nproc_per_node=2"), timeout=300, popen=False):
-    """`torchrun <launcher> ppo_atari_multigpu.py argv...` (as `python -m torch.distributed.run`), one
-    thread per process, stdout and stderr together."""
+    """`torchrun <launcher> ppo_atari_multigpu.py argv... --no-cuda` (as `python -m torch.distributed.run`),
+    on the CPU wherever the suite runs, one thread per process, stdout and stderr together."""
     command = [sys.executable, "-m", "torch.distributed.run", *launcher, str(REPO / "ppo_atari_multigpu.py"),
-               *map(str, argv)]
+               *map(str, argv), "--no-cuda"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if popen:
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -69,20 +75,46 @@ def test_two_ranks_train_one_model_with_identical_weights(e2e):
     assert len(hashes) == 2 and hashes[0] == hashes[1]
     model = load(e2e["run_dir"] / "model.pt")
     assert model["global_step"] == ITERATIONS * BATCH
-    assert len(load(e2e["run_dir"] / "checkpoint.pt")["rng"]) == 2  # every rank's RNG streams
+
+
+def test_checkpoint_holds_rank_zeros_rng_dict_and_every_ranks(e2e):
+    """`rng` is a dict as in every script (rank 0's streams); `rank_rng` holds every rank's, for a resume
+    with the same world size."""
+    checkpoint = load(e2e["run_dir"] / "checkpoint.pt")
+    assert isinstance(checkpoint["rng"], dict) and set(checkpoint["rng"]) == {"torch", "numpy", "python"}
+    rank_rng = checkpoint["rank_rng"]
+    assert isinstance(rank_rng, list) and len(rank_rng) == 2
+    assert all(isinstance(state, dict) and set(state) == {"torch", "numpy", "python"} for state in rank_rng)
+    assert torch.equal(rank_rng[0]["torch"], checkpoint["rng"]["torch"])
+    assert not torch.equal(rank_rng[0]["torch"], rank_rng[1]["torch"])  # the ranks' own streams (seed + rank)
+    assert rank_rng[0]["python"] != rank_rng[1]["python"]
 
 
 def test_rank_zero_logs_every_metric_once_per_iteration(e2e):
     scalars = e2e["scalars"]
-    for tag in METRICS + ["perf/learn_time", "perf/comm_time", "perf/rollout_time_max", "debug/update_epochs"]:
+    for tag in METRICS + ["perf/comm_time", "perf/rollout_time_max", "debug/update_epochs",
+                          "debug/kl_stop_disagreements", "debug/preempted_ranks"]:
         assert tag in scalars, tag
         if not tag.startswith("charts/episodic"):
             assert [step for step, _ in scalars[tag]] == [BATCH * k for k in range(1, ITERATIONS + 1)], tag
+    assert "perf/learn_time" not in scalars  # update_time minus comm_time: not a metric of its own
+    # the collectives are timed inside the update
+    assert all(comm <= update for (_, comm), (_, update) in zip(scalars["perf/comm_time"], scalars["perf/update_time"]))
     assert max(value for _, value in scalars["debug/first_minibatch_ratio_deviation"]) < 1e-5
     assert len(scalars["eval/episodic_return"]) == 1
 
 
-def test_games_of_every_rank_are_logged(e2e):
+def test_one_line_per_iteration_with_episodes_and_the_evaluation_lines(e2e):
+    stdout = e2e["result"].stdout
+    assert_one_line_per_iteration_with_episodes(stdout, LINE, e2e["scalars"]["charts/episodic_return"], ITERATIONS,
+                                                BATCH)
+    lines = [line for line in stdout.splitlines() if LINE.match(line)]
+    assert all(re.search(r", update [\d.]+s, comm [\d.]+s\)$", line) for line in lines), lines
+    assert re.search(r"^evaluation: 1 episodes, mean return -?[\d.]+ \+- [\d.]+$", stdout, re.M), stdout
+    assert_evaluate_flag_matches_training("ppo_atari_multigpu", e2e, 1)
+
+
+def test_episodes_of_every_rank_are_logged(e2e):
     # a game of global env k ends at a step numbered base + t * NUM_ENVS + k + 1; ranks hold envs 0-1 and 2-3
     steps = [step for step, _ in e2e["scalars"]["charts/episodic_return"]]
     assert {(step - 1) % NUM_ENVS for step in steps} == set(range(NUM_ENVS))
@@ -300,6 +332,77 @@ def test_a_world_of_one_trains_like_ppo_atari(tmp_path):
         assert [v for _, v in runs[1][tag]] == pytest.approx([v for _, v in runs[0][tag]], rel=1e-3, abs=1e-6), tag
 
 
+def test_clipfrac_is_the_mean_over_the_updates_minibatches(tmp_path, monkeypatch):
+    """ppo_loss reports the clip fractions 0, 1, 2, ... in call order (and the same numbers as old_approx_kl):
+    losses/clipfrac is the mean over the update's 4 minibatches (2 epochs x 2), after the all-reduce;
+    the other losses are the last minibatch's, as in CleanRL."""
+    real_loss, calls = script.ppo_loss, []
+
+    def numbered_loss(*args):
+        loss, stats = real_loss(*args)
+        number = torch.tensor(float(len(calls)))
+        calls.append(number)
+        return loss, {**stats, "clipfrac": number, "old_approx_kl": number}
+
+    monkeypatch.setattr(script, "ppo_loss", numbered_loss)
+    scalars = read_scalars(script.main(fake_args(script, tmp_path, update_epochs=2)))
+    assert len(calls) == 8  # 2 iterations x 2 epochs x 2 minibatches
+    assert [value for _, value in scalars["losses/clipfrac"]] == pytest.approx([1.5, 5.5])
+    assert [value for _, value in scalars["losses/old_approx_kl"]] == pytest.approx([3, 7])
+
+
+def test_explained_variance_from_every_ranks_sums_is_the_whole_batchs():
+    """Two ranks' ValueSums (unequal shares, as after a preemption), added up: the explained variance of
+    the concatenated samples, as numpy computes it."""
+    g = torch.Generator().manual_seed(0)
+    values = [torch.randn(5, 2, generator=g), torch.randn(3, 2, generator=g)]
+    returns = [1 + v + 0.5 * torch.randn(v.shape, generator=g) for v in values]
+    y = torch.cat([r.reshape(-1) for r in returns]).double().numpy()
+    y_pred = torch.cat([v.reshape(-1) for v in values]).double().numpy()
+    sums = [script.ValueSums.of(v, r) for v, r in zip(values, returns)]
+    assert sums[0].count == 10 and sums[1].count == 6
+    assert script.explained_variance(sums) == pytest.approx(1 - np.var(y - y_pred) / np.var(y), rel=1e-6)
+    # one rank's sums alone give another number: the sums of every rank matter
+    assert script.explained_variance(sums[:1]) != pytest.approx(script.explained_variance(sums), rel=1e-3)
+    assert math.isnan(script.explained_variance([script.ValueSums.of(torch.zeros(4), torch.ones(4))]))
+
+
+def test_preemption_reads_the_counter_without_changing_it():
+    """The store's counter of finished rollouts: read (0 before any rank finished, no wait for the key),
+    counted up by a finished rollout, one counter per iteration; a rollout is preempted only past its
+    minimum steps and before its last step."""
+    preemption = script.Preemption(dist.HashStore(), after=1, min_steps=4, num_steps=8)
+    assert preemption.finished_rollouts(3) == 0
+    assert not preemption.preempts(3, 5)
+    preemption.finish_rollout(3)
+    assert preemption.finished_rollouts(3) == preemption.finished_rollouts(3) == 1
+    assert preemption.preempts(3, 4) and preemption.preempts(3, 7)
+    assert not preemption.preempts(3, 3)  # fewer than its minimum steps
+    assert not preemption.preempts(3, 8)  # at its last step the rollout ends anyway
+    assert not preemption.preempts(4, 5)  # another iteration's counter
+    two = script.Preemption(dist.HashStore(), after=2, min_steps=1, num_steps=8)
+    two.finish_rollout(1)
+    assert not two.preempts(1, 4)
+    two.finish_rollout(1)
+    assert two.preempts(1, 4)
+
+
+def test_comm_timer_synchronizes_only_when_asked_on_cuda(monkeypatch):
+    """--sync-timing: the GPU is synchronized on entry and exit of each timed collective; without it
+    (the default) never, and on the CPU never."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    cuda = torch.device("cuda", 0)
+    for device, sync, expected in ((cuda, False, 0), (torch.device("cpu"), True, 0), (cuda, True, 4)):
+        syncs.clear()
+        comm = script.CommTimer(device, sync)
+        for _ in range(2):
+            with comm:
+                pass
+        assert len(syncs) == expected and comm.seconds >= 0
+    assert syncs == [cuda] * 4
+
+
 def test_bad_input_fails_before_joining(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(SystemExit) as exit_info:
@@ -319,6 +422,7 @@ def test_bad_input_fails_before_joining(tmp_path, monkeypatch, capsys):
 def test_ranks_sharing_a_gpu_use_gloo(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     args = script.Args()
     assert [script.select_device(args, i) for i in range(2)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
@@ -329,3 +433,8 @@ def test_ranks_sharing_a_gpu_use_gloo(monkeypatch):
     with pytest.raises(SystemExit):
         script.select_backend(script.Args(device_ids=[1], backend="nccl"), torch.device("cuda", 1))
     assert script.select_device(script.Args(cuda=False), 1) == torch.device("cpu")
+    # a PyTorch built without NCCL (as the CPU wheels): gloo by default, and --backend nccl is refused
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    assert script.select_backend(args, torch.device("cuda", 0)) == "gloo"
+    with pytest.raises(SystemExit):
+        script.select_backend(script.Args(backend="nccl"), torch.device("cuda", 0))
