@@ -25,7 +25,8 @@ IDENTICAL = {
     "layer_init": [SCRIPTS],
     "rng_state": [SCRIPTS],
     "set_rng_state": [SCRIPTS],
-    "explained_variance": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"]],  # multigpu: from gathered sums
+    # multigpu's takes every rank's sums (one all_gather), not the arrays
+    "explained_variance": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
     "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
     # gymnasium's vector RecordEpisodeStatistics (classic control, MuJoCo) / a per-env one below the
     # Atari wrappers, whose info arrives in final_info with same-step autoreset
