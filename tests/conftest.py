@@ -10,6 +10,15 @@ from scripts import SCRIPTS
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def on_the_cpu(request, monkeypatch):
+    """The suite gives the same verdict on a machine with a GPU: scripts run in-process see no CUDA
+    (those started as commands get `--no-cuda` from helpers.script_command), except in the tests
+    marked `gpu` (tests/test_gpu.py)."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 @pytest.fixture(params=MODULES)
 def script(request):
     """The module under test: ppo or ppo_continuous_action."""
