@@ -362,11 +362,11 @@ def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
     former at its last step, or, rarely, in the latter when it ended during a reset's own steps (a
     truncation during the no-op after a lost life, see `step_in_reset`).
     """
-    games = []
+    episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
-            games.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
-    return games
+            episodes.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
+    return episodes
 
 
 # THE NETWORK -------------------------------------------------------------------------------------
