@@ -110,9 +110,12 @@ def runs(contract, tmp_path_factory, capsys):
         results, folder = {}, tmp_path_factory.mktemp(script.__name__)
         for name, seed in (("a", 3), ("b", 3), ("c", 4)):
             first_call = len(calls)
+            torch.backends.cudnn.conv.fp32_precision = torch.backends.cudnn.rnn.fp32_precision = "tf32"
             run_dir = script.main(make_args(script, folder / name, seed=seed))
+            precision = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.rnn.fp32_precision)
             results[name] = dict(run_dir=run_dir, scalars=read_scalars(run_dir), stdout=capsys.readouterr().out,
-                                 checkpoint=load(f"{run_dir}/checkpoint.pt"), gae_calls=calls[first_call:])
+                                 checkpoint=load(f"{run_dir}/checkpoint.pt"), gae_calls=calls[first_call:],
+                                 cudnn_precision=precision)
         RESULTS[script.__name__] = results
     return script, RESULTS[script.__name__]
 
@@ -147,6 +150,8 @@ def test_ratio_one_metrics_line_and_determinism(runs):
     assert max(value for _, value in a["scalars"]["debug/first_minibatch_ratio_deviation"]) < 1e-5
     assert_one_line_per_iteration_with_episodes(a["stdout"], LINE, a["scalars"]["charts/episodic_return"],
                                                 ITERATIONS, batch)
+    # --torch-deterministic (the default) turns cuDNN's TF32 off for convolutions and LSTMs
+    assert a["cudnn_precision"] == ("ieee", "ieee")
     # same seed, same run; another seed, another run
     returns = {name: [value for _, value in r["scalars"]["charts/episodic_return"]] for name, r in results.items()}
     assert returns["a"] and returns["a"] == returns["b"]
