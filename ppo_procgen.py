@@ -68,7 +68,8 @@ class Args:
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 2
-    """CPU threads for PyTorch (0 keeps PyTorch's default); measured: see the README, Speed, Pixel scripts"""
+    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine (pass 1
+    when runs share the cores; measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
     envpool_threads: int = 0
     """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
     track: bool = False
