@@ -1,17 +1,16 @@
 """ppo_atari.py as a user runs it (Breakout for a few iterations: files, metrics, stdout, the
 first-minibatch ratio, video, evaluation of the saved model), its command-line errors, and in-process
-runs on the fake game of atari_fakes.py: same seed same run, resume after an interruption."""
+runs on the fake game of atari_fakes.py: truncated games bootstrap (or not, with the flag). Same seed,
+same run, and resume: tests/test_contract.py, on every script."""
 
 import cv2
 import numpy as np
 import pytest
-import torch
 
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
-import ppo
 import ppo_atari as script
 from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
-                     check_resume_after_interruption, load, only_run_dir, read_scalars, run_script)
+                     load, only_run_dir, read_scalars, run_script)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
 BATCH = NUM_ENVS * NUM_STEPS
@@ -100,37 +99,12 @@ def test_bad_env_id_gets_one_line_and_exit_code_2(env_id, words, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_gae_is_the_same_step_gae_of_ppo_py():
-    g = torch.Generator().manual_seed(0)
-    T, N = 9, 3
-    rewards, values, final_values = (torch.randn(T, N, generator=g) for _ in range(3))
-    dones = (torch.rand(T, N, generator=g) < 0.3).float()
-    last_value = torch.randn(N, generator=g)
-    inputs = dict(rewards=rewards, values=values, dones=dones, last_value=last_value, gamma=0.99, gae_lambda=0.95,
-                  final_values=final_values)
-    for a, b in zip(script.compute_gae(**inputs), ppo.compute_gae(**inputs)):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
 def fake_args(runs_dir, **overrides):
     """A run of a second or two on the fake game: 2 envs x 32 steps (each env ends a game within 64)."""
     fields = dict(env_id="FakeAtari-v0", runs_dir=str(runs_dir), num_envs=2, num_steps=32, num_minibatches=2,
                   update_epochs=2, total_timesteps=2 * 32 * 2, torch_threads=1)
     fields.update(overrides)
     return script.Args(**fields)
-
-
-def test_same_seed_same_run(tmp_path):
-    runs = []
-    for attempt, seed in (("a", 3), ("b", 3), ("c", 4)):
-        run_dir = script.main(fake_args(tmp_path / attempt, seed=seed, checkpoint_every=2))
-        runs.append((read_scalars(run_dir), load(f"{run_dir}/checkpoint.pt")["model"]))
-    (scalars_a, model_a), (scalars_b, model_b), (_, model_c) = runs
-    assert scalars_a["charts/episodic_return"] and scalars_a["charts/episodic_return"] == scalars_b["charts/episodic_return"]
-    assert scalars_a["losses/value_loss"] == scalars_b["losses/value_loss"]
-    assert all(torch.equal(value, model_b[key]) for key, value in model_a.items())
-    # a different seed gives a different run, so the equality above is not vacuous
-    assert any(not torch.equal(value, model_c[key]) for key, value in model_a.items())
 
 
 @pytest.mark.parametrize("bootstrap", [True, False])
@@ -151,10 +125,3 @@ def test_truncated_games_bootstrap_the_value_of_their_final_observation(bootstra
         assert (final_values[dones.bool()] != 0).all()
     else:
         assert (final_values == 0).all()
-
-
-def test_resume_after_interruption_continues_the_run(tmp_path, monkeypatch):
-    iterations, batch = 3, 2 * 32
-    config = dict(total_timesteps=iterations * batch, checkpoint_every=1, save_model=True, eval_episodes=1)
-    check_resume_after_interruption(script, lambda folder: fake_args(tmp_path / folder, **config), iterations, batch,
-                                    monkeypatch, torch_threads=1)

@@ -172,25 +172,6 @@ def test_run_interrupted_and_resumed_ends_like_an_uninterrupted_one(tmp_path, mo
     assert not [pid for pid, _ in descendants(os.getpid()) if is_worker(pid)]
 
 
-def test_a_step_both_terminated_and_truncated_is_not_bootstrapped(tmp_path, monkeypatch):
-    """Every episode of EndsAtTimeLimit-v0 ends on a step where the environment terminates and Gymnasium's
-    TimeLimit truncates: that is a termination, so GAE gets final value 0 there, not V(final observation)."""
-    real_gae, batches = script.compute_gae, []
-
-    def spy(**kwargs):  # the learner's GAE inputs of every iteration (passed by keyword)
-        batches.append((kwargs["dones"].clone(), kwargs["final_values"].clone()))
-        return real_gae(**kwargs)
-
-    monkeypatch.setattr(script, "compute_gae", spy)
-    script.main(script.Args(env_id="tests.time_limit_envs:EndsAtTimeLimit-v0", runs_dir=str(tmp_path), num_workers=2,
-                            num_envs_per_worker=1, num_steps=16, seq_len=8, num_minibatches=2, update_epochs=1,
-                            total_timesteps=2 * 32))
-    assert len(batches) == 2
-    for dones, final_values in batches:
-        assert dones.sum() == 2 * 3  # episodes of 5 steps end at steps 4, 9, 14 of 16 in both environments
-        assert final_values[dones == 1].tolist() == [0.0] * 6
-
-
 # RECURRENT CHUNKS --------------------------------------------------------------------------------
 
 
