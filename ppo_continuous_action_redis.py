@@ -1,0 +1,1309 @@
+"""PPO for continuous (Box) actions on MuJoCo, with sampler processes on any number of machines feeding
+one learner through a Redis server (DPPO style: Heess et al., 2017).
+
+Run:
+    python ppo_continuous_action_redis.py --env-id Hopper-v4
+    tensorboard --logdir runs
+
+Across machines, with a Redis server the lab runs (README: two lines), start the learner on the GPU box
+    python ppo_continuous_action_redis.py --env-id Hopper-v4 --redis-url redis://:PASSWORD@HOST:6379/0 --num-samplers 0
+and on every other machine the command it prints:
+    python ppo_continuous_action_redis.py --role sampler --redis-url redis://:PASSWORD@HOST:6379/0 --run-id ID
+
+What this file shows: ppo_continuous_action.py's PPO (its agent, details and defaults: Gaussian policy,
+observation normalisation, reward scaling, truncation bootstrap) with the environments stepped by
+sampler processes, synchronous and on-policy:
+
+- Roles. The learner (`--role learner`, the default) trains; without `--redis-url` it starts its own
+  `redis-server` (127.0.0.1, a free port, no persistence) and `--num-samplers` local samplers, each the
+  command a remote machine runs, and stops all of them at the end, on Ctrl-C and on any error. A
+  sampler (`--role sampler`) needs only `--redis-url` and `--run-id`: it reads the run's Args from the
+  server. Samplers may join and leave at any time.
+- Versions and tickets. Before each update the learner publishes a version (the iteration number):
+  the flat float32 weights and the observation statistics, and `--num-chunks` tickets of that version.
+  A sampler pops a ticket (atomically into its own pending list), acts with exactly that version for
+  `--num-steps` steps of its one environment and pushes the chunk, tagged with the version; so no
+  chunk is made that nobody will take. The learner pops chunks (BLPOP: each consumed once) and trains
+  on exactly `--num-chunks` chunks of the current version, the columns of the batch (2048 steps by
+  default, as ppo_continuous_action.py); a chunk of an older version is dropped and counted
+  (`debug/stale_chunks`), never trained on. Ratio 1 at the first minibatch holds: the learner
+  normalises the chunks' raw observations with exactly the statistics their version carried.
+- Liveness. The learner keeps a heartbeat key with a TTL; a sampler exits by itself within seconds
+  when it expires or when the learner sets the stop key. A sampler keeps its own `alive` key; the
+  tickets held by one that stopped refreshing it (killed, machine gone) go back to the queue, so a
+  killed sampler's unfinished chunk never exists for the learner and another sampler makes it.
+  No chunk for `--sampler-timeout` seconds, or the server gone: one line, exit 1.
+- Wire format. Nothing from the network is unpickled: a message is a JSON header (run id, version,
+  sampler, sequence number, each array's dtype and shape, CRC-32 of the payload) and the raw array
+  bytes, checked in full before use; a malformed or foreign chunk is dropped and counted
+  (`debug/malformed_chunks`). Keys live under `ppo:{run_id}:`, so runs can share a server.
+- Named differences from ppo_continuous_action.py: the learner merges the observation and
+  discounted-return statistics of the trained chunks into its running statistics after each update
+  (ppo_continuous_action.py updates them at every step), so a version's rewards are scaled with the
+  statistics of that version; each sampler steps one environment and a chunk is one column of the
+  batch; an update's episodes are logged chunk by chunk (chunk k covers the update's global steps
+  k * num_steps + 1 ... (k + 1) * num_steps).
+- Same seed, same numbers only with one sampler (`--num-samplers 1` and no remote ones): with several,
+  which sampler gets which ticket, and so which environment fills which column, is a race.
+- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
+"""
+
+import ctypes
+import json
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import zlib
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal, NamedTuple
+from urllib.parse import urlsplit
+
+import gymnasium as gym
+import numpy as np
+import redis
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions.normal import Normal
+
+
+@dataclass
+class Args:
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
+    cuda: bool = True
+    """if toggled, cuda is used when available (by the learner; samplers run on the CPU)"""
+    torch_threads: int = 1
+    """CPU threads for PyTorch; 1 is fastest for these small networks, 0 keeps PyTorch's default"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """if toggled, videos of the first sampler's environment are saved to `runs/<run>/videos` on its machine"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue training from (its saved arguments are used, except the Redis ones)"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_episodes: int = 10
+    """number of episodes of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the mean action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
+    # Distribution (this file)
+    role: Literal["learner", "sampler"] = "learner"
+    """learner (trains, publishes the policy) or sampler (steps an environment for a learner's run)"""
+    redis_url: str | None = None
+    """the Redis server, e.g. redis://:PASSWORD@HOST:6379/0; none: the learner starts its own on 127.0.0.1"""
+    run_id: str | None = None
+    """the run's namespace on the server (a sampler needs it; a learner picks a fresh one when not given)"""
+    num_samplers: int = 2
+    """sampler processes the learner starts on this machine (0: only samplers started elsewhere)"""
+    num_chunks: int = 8
+    """chunks per update: the batch is num_chunks x num_steps (2048 by default, as ppo_continuous_action.py)"""
+    sampler_timeout: float = 60.0
+    """the learner gives up (exit 1) after this many seconds without a chunk; a sampler waits this long for its run"""
+
+    # Algorithm specific arguments
+    env_id: str = "Hopper-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total timesteps of the experiment"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_steps: int = 256
+    """the number of steps of one sampler's environment in a chunk"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold (stops the epochs of an update early)"""
+    bootstrap_truncation: bool = True
+    """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
+    obs_clip: float = 10.0
+    """normalised observations are clipped to [-obs_clip, obs_clip]"""
+    reward_clip: float = 10.0
+    """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+
+    @property
+    def batch_size(self) -> int:
+        """transitions per update: num_chunks * num_steps"""
+        return self.num_chunks * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        """updates in the whole run: total_timesteps // batch_size"""
+        return self.total_timesteps // self.batch_size
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def abort(message: str):
+    """A run that cannot go on (no sampler, server gone): one line naming the problem, exit code 1.
+    Raised inside main's `try`, so its `finally` still stops the local samplers and server."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it stands in key names and in the printed sampler command
+
+
+def check_args(args: Args) -> tuple[tuple, int]:
+    """Reject arguments that would crash or silently misbehave later. A learner's environment is made
+    once to check its spaces: returns the observation shape and the action dimension."""
+    if args.redis_url is not None:
+        try:
+            redis.Redis.from_url(args.redis_url)  # parses only; connect() reaches the server
+        except ValueError as e:
+            fail(f"--redis-url {redact(args.redis_url)} is not a Redis URL ({e}); e.g. redis://:PASSWORD@HOST:6379/0")
+    if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
+        fail(f"--run-id {args.run_id!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    if args.role == "sampler":
+        if args.redis_url is None or args.run_id is None:
+            fail("--role sampler needs --redis-url and --run-id (the learner prints the command)")
+        return (), 0
+    for name in ("total_timesteps", "num_chunks", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.obs_clip <= 0 or args.reward_clip <= 0 or args.sampler_timeout <= 0:
+        fail("--obs-clip, --reward-clip and --sampler-timeout must be positive")
+    if args.checkpoint_every < 0 or args.torch_threads < 0 or args.num_samplers < 0:
+        fail("--checkpoint-every, --torch-threads and --num-samplers must not be negative")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             f"(--num-chunks {args.num_chunks} x --num-steps {args.num_steps})")
+    if args.num_iterations == 0:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    try:
+        env = gym.make(args.env_id)
+    except (gym.error.Error, ImportError) as e:
+        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}; gymnasium.pprint_registry() lists the ids)")
+    observation_space, action_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
+        fail(f"{args.env_id} has action space {action_space}; {Path(__file__).name} supports one-dimensional Box "
+             "actions only (use ppo.py for Discrete actions)")
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        fail(f"{args.env_id} has observation space {observation_space}; a one-dimensional Box is needed")
+    return observation_space.shape, action_space.shape[0]
+
+
+# ENVIRONMENTS ------------------------------------------------------------------------------------
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
+    """A thunk that builds one environment; only environment 0 records videos."""
+
+    def thunk():
+        if capture_video and idx == 0:
+            os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+        else:
+            env = gym.make(env_id)
+        return env
+
+    return thunk
+
+
+def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
+    """A sampler's one environment as a vector environment with same-step autoreset: the step that
+    ends an episode returns the next episode's first observation and the last one arrives in
+    `info["final_obs"]`, so every stored transition is real experience. `idx`: the sampler's index
+    from 0 (only sampler 0 records videos).
+
+    RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
+    `info["_episode"]` at the step an episode ends (see `finished_episodes`), so every finished
+    episode is logged.
+    """
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, idx, args.capture_video, run_dir)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes that ended at this vector step: (env index, return, length)."""
+    return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+            for i in np.flatnonzero(infos.get("_episode", []))]
+
+
+class RunningMeanStd:
+    """Running mean and variance of a stream of batches (the parallel algorithm of Chan et al.)."""
+
+    def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = epsilon
+
+    def update(self, x: np.ndarray):
+        """Adds a batch x of shape (B,) + shape. It runs at every environment step, so it avoids
+        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers."""
+        n = x.shape[0]
+        batch_mean = np.add.reduce(x, axis=0) / n
+        batch_var = np.add.reduce(np.square(x - batch_mean), axis=0) / n
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean = self.mean + delta * (n / total)
+        self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, state: dict):
+        self.mean, self.var, self.count = state["mean"].copy(), state["var"].copy(), state["count"]
+
+
+class ObsNormalizer:
+    """Observation normalisation and clipping (detail 5 of the continuous-control ones).
+
+    `update=True` adds the observations to the statistics first (what the agent sees during training);
+    `update=False` uses frozen statistics (final observations, evaluation).
+    """
+
+    def __init__(self, shape: tuple, clip: float):
+        self.rms, self.clip = RunningMeanStd(shape), clip
+
+    def __call__(self, obs: np.ndarray, update: bool) -> np.ndarray:
+        if update:
+            self.rms.update(obs)
+        return np.clip((obs - self.rms.mean) / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
+
+
+class RewardScaler:
+    """Reward scaling and clipping (details 7 and 8): rewards are divided by the running standard
+    deviation of the discounted return, which restarts at every episode end.
+
+    Split between the processes: a sampler keeps its environment's discounted return (`track`) and
+    sends it with every chunk; the learner scales a version's rewards with that version's frozen
+    statistics (`__call__`) and merges the chunks' returns into `rms` after the update."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float):
+        self.rms, self.gamma, self.clip = RunningMeanStd(), gamma, clip
+        self.returns = np.zeros(num_envs)
+
+    def track(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """The discounted return including this step's reward (what the statistics are made of)."""
+        self.returns = self.returns * self.gamma + reward
+        tracked = self.returns.copy()
+        self.returns[done] = 0.0
+        return tracked
+
+    def __call__(self, reward: np.ndarray) -> np.ndarray:
+        return np.clip(reward / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip)
+
+
+# THE NETWORK -------------------------------------------------------------------------------------
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std` and constant biases (detail 2 of the 37)."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Separate actor and critic MLPs (64-64, tanh) and a Gaussian policy whose log standard deviation
+    is a learned parameter independent of the state; action dimensions are independent."""
+
+    def __init__(self, obs_dim: int, act_dim: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, act_dim), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x).squeeze(-1)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+        """Samples an action (or scores the given one): returns action, log-prob, entropy, value.
+        The log-probability and entropy of independent dimensions are sums over the dimensions."""
+        action_mean = self.actor_mean(x)
+        dist = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
+        if action is None:
+            action = dist.sample()
+        return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.get_value(x)
+
+    @torch.no_grad()
+    def act(self, x: torch.Tensor):
+        """The rollout's policy step: action, log-prob and value, without the entropy and the autograd
+        bookkeeping that only the update needs (on these tiny batches that overhead is most of the time).
+
+        action = mean + std * eps with eps ~ N(0, 1), so (action - mean) / std is eps itself and the
+        Gaussian log-density needs no division: sum over dimensions of -eps^2/2 - log std - log(2 pi)/2.
+        """
+        action_mean = self.actor_mean(x)
+        eps = torch.randn_like(action_mean)
+        action = action_mean + self.actor_logstd.exp() * eps
+        logprob = (-0.5 * eps.square() - self.actor_logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return action, logprob, self.get_value(x)
+
+
+# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+    *,
+    final_values: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
+
+    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
+
+    | tensor         | meaning at step t                                                        |
+    |----------------|--------------------------------------------------------------------------|
+    | rewards[t]     | reward of the transition taken at step t                                  |
+    | values[t]      | V(obs[t]), the critic's value of the observation the action was taken in |
+    | dones[t]       | 1 if the episode ended at step t (terminated or truncated), else 0        |
+    | final_values[t]| where dones[t]: the value of the state the episode ended in: 0 after a    |
+    |                | termination, V(final observation) after a truncation (0 when truncation   |
+    |                | is treated as termination); ignored where not done                        |
+    | last_value     | V(observation after the last step), to bootstrap the unfinished episodes  |
+
+    With same-step autoreset obs[t+1] is the *next* episode's first observation where dones[t], so
+    the next state's value is final_values[t] there and values[t+1] elsewhere:
+
+        delta[t] = rewards[t] + gamma * next_value[t] - values[t]
+        adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
+
+    The trace is cut at every episode end; a truncated episode still sees the value of where it
+    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N).
+    """
+    next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
+    next_values = torch.where(dones.bool(), final_values, next_values)
+    deltas = rewards + gamma * next_values - values
+    not_done = 1.0 - dones
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        lastgaelam = deltas[t] + gamma * gae_lambda * not_done[t] * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    entropy: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    oldvalues: torch.Tensor,
+    args: Args,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
+
+    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+    """
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss, optionally clipped around the values predicted during the rollout
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+    return loss, stats
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int,
+                    global_step: int, *, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler):
+    """Everything needed to continue or evaluate: weights, optimizer, normalisation statistics,
+    progress, RNG states, args.
+
+    Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
+    """
+    checkpoint = {
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "obs_rms": obs_normalizer.rms.state_dict(),
+        "reward_rms": reward_scaler.rms.state_dict(),
+        "iteration": iteration,
+        "global_step": global_step,
+        "args": asdict(args),
+        "rng": rng_state(next(agent.parameters()).device),
+    }
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Reads a checkpoint written by `save_checkpoint` (a one-line error if it is not one)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file: say so in one line
+        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {e}")
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
+        fail(f"{path} is not a checkpoint written by {Path(__file__).name}")
+    return checkpoint
+
+
+def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int, device: torch.device,
+             *, obs_normalizer: ObsNormalizer) -> list[float]:
+    """Plays `episodes` whole episodes of `args.env_id` with the given policy and returns their
+    undiscounted returns.
+
+    Observations are normalised with the training statistics, frozen. The action sampling uses its own
+    seeded RNG stream, so the same model and seed score the same right after training and later.
+    """
+    env = gym.make(args.env_id)
+    low, high = env.action_space.low, env.action_space.high
+    returns = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            done, episodic_return = False, 0.0
+            while not done:
+                x = torch.as_tensor(obs_normalizer(obs[None], update=False), device=device)
+                with torch.no_grad():
+                    action = agent.actor_mean(x) if deterministic else agent.get_action_and_value(x)[0]
+                obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].cpu().numpy(), low, high))
+                episodic_return += float(reward)
+                done = terminated or truncated
+            returns.append(episodic_return)
+    env.close()
+    return returns
+
+
+def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
+    """A saved model or checkpoint as the policy it was in training: weights and frozen statistics."""
+    checkpoint = load_checkpoint(path)
+    saved = Args(**checkpoint["args"])
+    env = gym.make(saved.env_id)
+    obs_shape, act_dim = env.observation_space.shape, int(np.prod(env.action_space.shape))
+    env.close()
+    agent = Agent(int(np.prod(obs_shape)), act_dim)
+    agent.load_state_dict(checkpoint["model"])
+    obs_normalizer = ObsNormalizer(obs_shape, saved.obs_clip)
+    obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
+    return saved, agent, obs_normalizer
+
+
+def run_evaluation(path: str, args: Args) -> list[float]:
+    """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
+    saved, agent, obs_normalizer = load_for_evaluation(path)
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
+                       torch.device("cpu"), obs_normalizer=obs_normalizer)  # the episodes played after training
+    print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
+          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    return returns
+
+
+# THE WIRE FORMAT AND THE SERVER -------------------------------------------------------------------
+
+HEADER_LIMIT = 1 << 16  # bytes of JSON header a message may have
+HEARTBEAT_TTL = 5  # seconds a learner's heartbeat or a sampler's alive key lives unless refreshed
+BEAT_PERIOD = 0.5  # seconds between two refreshes (a refresh is one round trip)
+POP_TIMEOUT = 0.5  # seconds one blocking pop waits, so the waiting loops beat and check often
+
+
+class BadMessage(ValueError):
+    """A message from the network that fails a check: it is dropped and counted, never used."""
+
+
+class RunOver(Exception):
+    """The learner ended the run or is gone: a sampler's cue to exit."""
+
+
+def key(run_id: str, *parts) -> str:
+    """Every key of a run lives under `ppo:{run_id}:`, so several runs can share one server."""
+    return ":".join(["ppo", run_id, *map(str, parts)])
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden, for everything printed, logged, saved or published."""
+    parts = urlsplit(url)
+    return url if parts.password is None else url.replace(f":{parts.password}@", ":***@", 1)
+
+
+def encode_message(header: dict, arrays: dict[str, np.ndarray]) -> bytes:
+    """4-byte big-endian header length, the JSON header, the arrays' raw bytes one after another.
+
+    The header adds each array's name, dtype (with byte order, e.g. "<f4") and shape and the CRC-32
+    of the payload, so the receiver checks everything before it reads a byte; nothing is pickled."""
+    payload = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays.values())
+    layout = [[name, a.dtype.str, list(a.shape)] for name, a in arrays.items()]
+    head = json.dumps({**header, "arrays": layout, "crc32": zlib.crc32(payload)}).encode()
+    return len(head).to_bytes(4, "big") + head + payload
+
+
+def read_header(message: bytes) -> tuple[dict, int]:
+    """The JSON header of a message and its length, or BadMessage."""
+    if not isinstance(message, bytes) or len(message) < 4:
+        raise BadMessage("shorter than a header")
+    size = int.from_bytes(message[:4], "big")
+    if size > HEADER_LIMIT or 4 + size > len(message):
+        raise BadMessage(f"header length {size} out of bounds")
+    try:
+        header = json.loads(message[4:4 + size])
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadMessage(f"header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise BadMessage("header is not a JSON object")
+    return header, size
+
+
+def decode_message(message: bytes, run_id: str, schema: dict[str, tuple[str, tuple]]) -> tuple[dict, dict]:
+    """The header and arrays of a message, after checking: header size and JSON, the run id, an integer
+    version, exactly the arrays of `schema` (name -> (dtype, shape); a `range` in a shape bounds a
+    variable dimension) in that order, the payload's length and checksum, finite floats. The arrays
+    are read-only views of `message`. Anything else raises BadMessage."""
+    header, size = read_header(message)
+    if header.get("run_id") != run_id:
+        raise BadMessage("not a message of this run")
+    if type(header.get("version")) is not int or type(header.get("crc32")) is not int:
+        raise BadMessage("version or crc32 missing or not an integer")
+    layout = header.get("arrays")
+    if not isinstance(layout, list) or len(layout) != len(schema):
+        raise BadMessage("unexpected arrays")
+    payload = message[4 + size:]
+    if zlib.crc32(payload) != header["crc32"]:
+        raise BadMessage("checksum mismatch")
+    arrays, offset = {}, 0
+    for entry, (name, (dtype, shape)) in zip(layout, schema.items()):
+        if (not isinstance(entry, list) or len(entry) != 3 or entry[:2] != [name, dtype] or not isinstance(entry[2], list)
+                or len(entry[2]) != len(shape) or any(type(d) is not int for d in entry[2])
+                or any(d not in s if isinstance(s, range) else d != s for d, s in zip(entry[2], shape))):
+            raise BadMessage(f"array {name}: expected {dtype} {shape}, got {str(entry)[:200]}")
+        count, itemsize = math.prod(entry[2]), np.dtype(dtype).itemsize
+        if offset + count * itemsize > len(payload):
+            raise BadMessage(f"payload too short for {name}")
+        arrays[name] = np.frombuffer(payload, dtype, count, offset).reshape(entry[2])
+        offset += count * itemsize
+        if arrays[name].dtype.kind == "f" and not np.isfinite(arrays[name]).all():
+            raise BadMessage(f"array {name} is not finite")
+    if offset != len(payload):
+        raise BadMessage(f"payload has {len(payload) - offset} bytes too many")
+    return header, arrays
+
+
+F32, F64, U8 = np.dtype(np.float32).str, np.dtype(np.float64).str, np.dtype(np.uint8).str
+
+
+def chunk_schema(num_steps: int, obs_dim: int, act_dim: int) -> dict[str, tuple[str, tuple]]:
+    """The arrays of a chunk: `num_steps` steps of one sampler's environment acting with one version.
+
+    | array        | shape       | meaning at step t                                                  |
+    |--------------|-------------|--------------------------------------------------------------------|
+    | obs          | (T, obs)    | the raw observation the action was taken in (float32)              |
+    | actions      | (T, act)    | the unclipped sample (its log-prob is the stored one)              |
+    | logprobs     | (T,)        | log-probability of the action under the version                    |
+    | values       | (T,)        | V(normalised obs[t]) under the version                             |
+    | rewards      | (T,)        | the raw reward                                                     |
+    | dones        | (T,)        | 1 where the episode ended (terminated or truncated)                |
+    | terminated   | (T,)        | 1 where it terminated                                              |
+    | final_values | (T,)        | V(final observation) where truncated and not terminated, else 0    |
+    | returns      | (T,)        | the discounted return so far (for the reward statistics)           |
+    | last_value   | (1,)        | V(observation after the chunk), to bootstrap the open episode      |
+    | episodes     | (E, 3)      | the episodes that ended: step in the chunk, return, length         |
+    """
+    T = num_steps
+    return {"obs": (F32, (T, obs_dim)), "actions": (F32, (T, act_dim)), "logprobs": (F32, (T,)),
+            "values": (F32, (T,)), "rewards": (F32, (T,)), "dones": (U8, (T,)), "terminated": (U8, (T,)),
+            "final_values": (F32, (T,)), "returns": (F32, (T,)), "last_value": (F32, (1,)),
+            "episodes": (F64, (range(T + 1), 3))}
+
+
+def policy_schema(num_params: int, obs_dim: int) -> dict[str, tuple[str, tuple]]:
+    """A published version: the flat float32 weights and the observation statistics."""
+    return {"weights": (F32, (num_params,)), "obs_mean": (F64, (obs_dim,)), "obs_var": (F64, (obs_dim,))}
+
+
+def decode_chunk(message: bytes, run_id: str, schema: dict) -> tuple[dict, dict]:
+    """decode_message, then what a chunk must also be: integer sampler and sequence numbers, 0/1 flags,
+    no bootstrap value on a termination, every episode ending on an end step."""
+    header, chunk = decode_message(message, run_id, schema)
+    if type(header.get("sampler")) is not int or type(header.get("seq")) is not int:
+        raise BadMessage("sampler or seq missing or not an integer")
+    dones, terminated = chunk["dones"], chunk["terminated"]
+    if dones.max() > 1 or (terminated > dones).any() or (chunk["final_values"][terminated == 1] != 0).any():
+        raise BadMessage("inconsistent end flags")
+    steps = chunk["episodes"][:, 0]
+    if ((steps != np.floor(steps)) | (steps < 0) | (steps >= len(dones))).any() or not dones[steps.astype(int)].all():
+        raise BadMessage("an episode does not end on an end step")
+    return header, chunk
+
+
+def connect(url: str) -> redis.Redis:
+    """A client of the server at `url`, checked with a PING: an unreachable server is bad input (exit 2)."""
+    # the socket timeout outlasts a blocking pop (POP_TIMEOUT); a server that stops answering ends the run
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+    try:
+        client.ping()
+    except redis.RedisError as e:
+        fail(f"--redis-url {redact(url)}: cannot reach the Redis server ({type(e).__name__}: {e})")
+    return client
+
+
+def die_with_parent():
+    """Run in a local child before it starts (Linux): SIGTERM when the learner dies, even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def start_redis_server() -> tuple[subprocess.Popen, str]:
+    """A `redis-server` on a free port of 127.0.0.1 without persistence, for this run alone; returns the
+    process and its URL. It dies with the learner even when the learner is killed (die_with_parent)."""
+    executable = shutil.which("redis-server")
+    if executable is None:
+        fail("redis-server not found (Debian package redis-server); install it or pass --redis-url")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                               "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL, start_new_session=True,
+                              preexec_fn=die_with_parent)
+    url, deadline = f"redis://127.0.0.1:{port}/0", time.monotonic() + 10
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+            return server, url
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    stop_processes([server])
+    abort(f"the embedded redis-server on port {port} did not start (exit code {server.returncode})")
+
+
+def stop_processes(processes: list[subprocess.Popen]):
+    """SIGTERM to every process, SIGKILL to those still there after 5 seconds, and wait: none is left."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + 5
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def sampler_command(url: str, run_id: str, python: str = "python", script: str = Path(__file__).name) -> list[str]:
+    """The command that starts a sampler for this run: printed for other machines, run for local ones."""
+    return [python, script, "--role", "sampler", "--redis-url", url, "--run-id", run_id]
+
+
+class Heartbeat:
+    """Keeps a key alive (TTL HEARTBEAT_TTL) when called at least every second; one round trip per
+    BEAT_PERIOD at most, however often it is called. A sampler's (`run_id` given) reads the learner's
+    heartbeat and stop key in the same round trip and raises RunOver when the run is over."""
+
+    def __init__(self, client: redis.Redis, name: str, run_id: str | None = None):
+        self.client, self.name, self.run_id, self.last = client, name, run_id, -math.inf
+        self.value = f"{socket.gethostname()}:{os.getpid()}"  # who holds the key
+
+    def __call__(self):
+        now = time.monotonic()
+        if now - self.last < BEAT_PERIOD:
+            return
+        self.last = now
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.name, self.value, ex=HEARTBEAT_TTL)
+        if self.run_id is not None:
+            pipe.exists(key(self.run_id, "heartbeat"), key(self.run_id, "stop"))
+        watched = pipe.execute()[1:]
+        if watched and watched[0] != 1:
+            raise RunOver("the learner ended the run or is gone")
+
+
+# SAMPLER -----------------------------------------------------------------------------------------
+
+
+class Sampler:
+    """One environment stepped with the published versions of the policy, a chunk at a time."""
+
+    def __init__(self, args: Args, sampler_id: int, run_dir: str):
+        self.args, self.sampler_id = args, sampler_id
+        self.envs = make_envs(args, run_dir, sampler_id - 1)
+        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
+        self.act_dim = self.envs.single_action_space.shape[0]
+        self.low, self.high = self.envs.single_action_space.low, self.envs.single_action_space.high
+        self.agent = Agent(self.obs_dim, self.act_dim)
+        self.obs_normalizer = ObsNormalizer((self.obs_dim,), args.obs_clip)
+        self.reward_scaler = RewardScaler(1, args.gamma, args.reward_clip)  # only its discounted return
+        self.version, self.next_obs = 0, None
+
+    def load_policy(self, message: bytes | None, run_id: str, version: int) -> bool:
+        """Acts with the published version from now on; False if `message` is not that version."""
+        num_params = sum(p.numel() for p in self.agent.parameters())
+        try:
+            header, policy = decode_message(message or b"", run_id, policy_schema(num_params, self.obs_dim))
+        except BadMessage as e:
+            print(f"sampler {self.sampler_id}: unusable policy of version {version} ({e})", file=sys.stderr)
+            return False
+        if header["version"] != version:
+            return False
+        nn.utils.vector_to_parameters(torch.from_numpy(policy["weights"].copy()), self.agent.parameters())
+        self.obs_normalizer.rms.mean, self.obs_normalizer.rms.var = policy["obs_mean"].copy(), policy["obs_var"].copy()
+        if self.next_obs is None:  # the first version: seeded by sampler and version, so a resumed run differs
+            seed = self.args.seed + 1000 * self.sampler_id + version
+            torch.manual_seed(seed)
+            self.next_obs = self.envs.reset(seed=seed)[0].astype(np.float32)
+        self.version = version
+        return True
+
+    def collect(self, beat) -> dict[str, np.ndarray]:
+        """`num_steps` steps with the current version; the arrays of chunk_schema. `beat` runs every step."""
+        T, normalize = self.args.num_steps, self.obs_normalizer
+        chunk = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
+                 chunk_schema(T, self.obs_dim, self.act_dim).items() if name != "episodes"}
+        episodes = []
+        for step in range(T):
+            beat()
+            chunk["obs"][step] = self.next_obs[0]
+            x = torch.as_tensor(normalize(self.next_obs, update=False))
+            action, logprob, value = (y.numpy() for y in self.agent.act(x))
+            chunk["actions"][step], chunk["logprobs"][step], chunk["values"][step] = action[0], logprob[0], value[0]
+            # the environment gets the action clipped to its bounds; the chunk keeps the sample
+            next_obs, reward, terminated, truncated, infos = self.envs.step(
+                np.clip(chunk["actions"][step:step + 1], self.low, self.high))
+            done = terminated | truncated
+            chunk["rewards"][step], chunk["dones"][step], chunk["terminated"][step] = reward[0], done[0], terminated[0]
+            chunk["returns"][step] = self.reward_scaler.track(reward, done)[0]
+            # Gymnasium's TimeLimit sets truncated on the last allowed step even when the episode also
+            # terminated there: such a step is a termination (value 0), so only truncated-and-not-terminated
+            # steps bootstrap, with V(final observation) normalised with this version's statistics
+            if self.args.bootstrap_truncation and truncated[0] and not terminated[0]:
+                final_obs = normalize(infos["final_obs"][0][None].astype(np.float32), update=False)
+                with torch.no_grad():
+                    chunk["final_values"][step] = self.agent.get_value(torch.as_tensor(final_obs))[0]
+            episodes += [(step, episodic_return, length) for _, episodic_return, length in finished_episodes(infos)]
+            self.next_obs = next_obs.astype(np.float32)
+        with torch.no_grad():
+            chunk["last_value"][0] = self.agent.get_value(torch.as_tensor(normalize(self.next_obs, update=False)))[0]
+        chunk["episodes"] = np.array(episodes, np.float64).reshape(-1, 3)
+        return chunk
+
+
+def wait_for_run(client: redis.Redis, run_id: str, timeout: float) -> dict:
+    """The run's published info (Args and run folder), waiting up to `timeout` seconds for its learner."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info, learner = client.get(key(run_id, "info")), client.exists(key(run_id, "heartbeat"))
+        if info is not None and learner:
+            return json.loads(info)
+        if time.monotonic() > deadline:
+            abort(f"no learner of run {run_id} on the server after {timeout:g} s")
+        time.sleep(0.2)
+
+
+def run_sampler(args: Args):
+    """`--role sampler`: steps one environment for the learner of `--run-id` until the run ends.
+
+    Loop: pop a ticket (moved atomically into this sampler's pending list, so the learner can give a
+    dead sampler's tickets to others), load its version if new, collect a chunk, push it and drop the
+    ticket in one transaction (with the count of chunks sent per version and sampler)."""
+    client, run_id, sampler_id = connect(args.redis_url), args.run_id, None
+    try:
+        info = wait_for_run(client, run_id, args.sampler_timeout)
+        run_args = Args(**info["args"])
+        if run_args.torch_threads > 0:
+            torch.set_num_threads(run_args.torch_threads)
+        sampler_id = client.incr(key(run_id, "next_sampler"))
+        beat, pending = Heartbeat(client, key(run_id, "alive", sampler_id), run_id), key(run_id, "pending", sampler_id)
+        beat()
+        sampler, seq = Sampler(run_args, sampler_id, info["run_dir"]), 0
+        print(f"sampler {sampler_id} joined run {run_id} ({run_args.env_id})", flush=True)
+        while True:
+            beat()
+            ticket = client.blmove(key(run_id, "tickets"), pending, POP_TIMEOUT, "LEFT", "RIGHT")
+            if ticket is None:
+                continue
+            version = int(ticket) if ticket.isdigit() else -1
+            if version != sampler.version and not sampler.load_policy(client.get(key(run_id, "policy")), run_id, version):
+                client.lrem(pending, 1, ticket)  # a ticket of a version that is gone
+                continue
+            chunk = sampler.collect(beat)
+            seq += 1
+            message = encode_message({"run_id": run_id, "version": version, "sampler": sampler_id, "seq": seq}, chunk)
+            pipe = client.pipeline(transaction=True)
+            pipe.rpush(key(run_id, "chunks"), message)
+            pipe.lrem(pending, 1, ticket)
+            pipe.hincrby(key(run_id, "sent"), f"{version}:{sampler_id}", 1)
+            pipe.execute()
+    except RunOver as e:
+        print(f"sampler {sampler_id}: {e}; exiting", flush=True)
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        print(f"sampler {sampler_id}: lost the Redis server ({e}); exiting", file=sys.stderr)
+        raise SystemExit(1)
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+    finally:  # leaving: the learner gives this sampler's tickets to others at once
+        if sampler_id is not None:
+            try:
+                client.delete(key(run_id, "alive", sampler_id))
+            except redis.RedisError:
+                pass
+
+
+# LEARNER -----------------------------------------------------------------------------------------
+
+
+def publish_policy(client: redis.Redis, run_id: str, version: int, agent: Agent, obs_normalizer: ObsNormalizer,
+                   num_chunks: int) -> int:
+    """Publishes `version` (weights and observation statistics) with `num_chunks` tickets for it, in one
+    transaction that also drops the tickets left of the version before. Returns the message's size."""
+    weights = nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
+    message = encode_message({"run_id": run_id, "version": version},
+                             {"weights": weights, "obs_mean": obs_normalizer.rms.mean, "obs_var": obs_normalizer.rms.var})
+    pipe = client.pipeline(transaction=True)
+    pipe.set(key(run_id, "policy"), message)
+    pipe.delete(key(run_id, "tickets"))
+    pipe.rpush(key(run_id, "tickets"), *[version] * num_chunks)
+    pipe.execute()
+    return len(message)
+
+
+def requeue_lost_tickets(client: redis.Redis, run_id: str):
+    """Tickets held by a sampler whose alive key expired (killed, machine gone) go back to the queue, so
+    the chunks it never delivered are made by the samplers still running."""
+    for pending in client.scan_iter(match=key(run_id, "pending", "*")):
+        sampler_id = pending.decode().rsplit(":", 1)[1]
+        if client.exists(key(run_id, "alive", sampler_id)):
+            continue
+        pipe = client.pipeline(transaction=True)
+        pipe.lrange(pending, 0, -1)
+        pipe.delete(pending)
+        tickets = pipe.execute()[0]
+        if tickets:
+            client.rpush(key(run_id, "tickets"), *tickets)
+
+
+class Received(NamedTuple):
+    """What one update's collection brought: its chunks, in (sampler, seq) order, and the counts."""
+    chunks: list[dict]
+    samplers: int  # distinct samplers among the chunks
+    transfer_time: float  # seconds spent decoding and checking
+    nbytes: int  # bytes popped, dropped messages included
+    stale: int
+    malformed: int
+
+
+def receive_chunks(client: redis.Redis, run_id: str, version: int, args: Args, schema: dict, beat: Heartbeat,
+                   sampler_hint: str) -> Received:
+    """Pops chunks (each exactly once) until `args.num_chunks` of `version` are in; drops and counts the
+    stale and malformed ones. Between pops it beats and gives lost samplers' tickets back; no chunk of
+    this version for `args.sampler_timeout` seconds ends the run (one line, exit 1)."""
+    chunks, stale, malformed, nbytes, transfer_time = {}, 0, 0, 0, 0.0
+    last_chunk = time.monotonic()
+    while len(chunks) < args.num_chunks:
+        beat()
+        popped = client.blpop([key(run_id, "chunks")], timeout=POP_TIMEOUT)
+        if popped is None:
+            if time.monotonic() - last_chunk > args.sampler_timeout:
+                abort(f"no chunk from any sampler for {args.sampler_timeout:g} s (run {run_id}, version {version}, "
+                      f"{len(chunks)}/{args.num_chunks} chunks); start samplers with: {sampler_hint}")
+            requeue_lost_tickets(client, run_id)
+            continue
+        decode_start, message = time.perf_counter(), popped[1]
+        nbytes += len(message)
+        try:
+            header, chunk = decode_chunk(message, run_id, schema)
+        except BadMessage:
+            header = None
+        transfer_time += time.perf_counter() - decode_start
+        name = None if header is None else (header["sampler"], header["seq"])
+        if header is None or header["version"] > version or name in chunks:
+            malformed += 1  # garbage, foreign, from a version not yet published, or a replay
+        elif header["version"] < version:
+            stale += 1
+            client.hincrby(key(run_id, "stale"), f"{header['version']}:{header['sampler']}", 1)
+        else:
+            chunks[name], last_chunk = chunk, time.monotonic()
+    names = sorted(chunks)  # one order whatever the arrival order: one sampler gives the same batch every time
+    pipe = client.pipeline(transaction=False)
+    for sampler, _ in names:
+        pipe.hincrby(key(run_id, "trained"), f"{version}:{sampler}", 1)
+    pipe.execute()
+    return Received([chunks[n] for n in names], len({s for s, _ in names}), transfer_time, nbytes, stale, malformed)
+
+
+def end_run(client: redis.Redis | None, run_id: str):
+    """Tells the samplers the run is over and clears the server: the stop key and the accounting
+    (chunks sent, trained and stale per version and sampler) stay an hour, the rest goes now. Chunks
+    still queued are counted as stale. Errors are ignored: the server may be what failed."""
+    if client is None:
+        return
+    try:
+        client.set(key(run_id, "stop"), 1, ex=3600)
+        client.delete(key(run_id, "heartbeat"), key(run_id, "tickets"), key(run_id, "policy"))
+        while (message := client.lpop(key(run_id, "chunks"))) is not None:
+            try:
+                header = read_header(message)[0]
+                client.hincrby(key(run_id, "stale"), f"{int(header['version'])}:{int(header['sampler'])}", 1)
+            except (BadMessage, KeyError, TypeError, ValueError):  # not a chunk: nothing to count
+                pass
+        for name in client.scan_iter(match=key(run_id, "*")):
+            client.expire(name, 3600)
+    except redis.RedisError:
+        pass
+
+
+# TRAINING ----------------------------------------------------------------------------------------
+
+
+def main(args: Args):
+    obs_shape, act_dim = check_args(args)
+    if args.role == "sampler":
+        return run_sampler(args)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args)
+
+    checkpoint = None
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        given = args
+        args = Args(**checkpoint["args"])
+        # the run continues with its saved arguments, on the server and samplers of this command line
+        for name in ("resume", "redis_url", "run_id", "num_samplers", "sampler_timeout"):
+            setattr(args, name, getattr(given, name))
+        run_dir = str(Path(args.resume).parent)
+    else:
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"{args.runs_dir}/{run_name}"
+        if os.path.exists(run_dir):
+            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+                 "pass another --exp-name")
+
+    run_id = args.run_id or uuid.uuid4().hex[:12]
+    server, samplers, client, ours, url = None, [], None, False, args.redis_url
+    try:
+        if url is None:
+            server, url = start_redis_server()
+        client = connect(url)
+        if client.exists(key(run_id, "heartbeat")):
+            fail(f"run id {run_id} is in use on {redact(url)} (its learner is alive); pass another --run-id")
+        ours = True
+        leftovers = list(client.scan_iter(match=key(run_id, "*")))  # of a dead learner with this run id
+        if leftovers:
+            client.delete(*leftovers)
+        # what is saved, logged and published names the server without its password
+        args.run_id, args.redis_url = run_id, None if args.redis_url is None else redact(url)
+        return train(args, checkpoint, run_dir, obs_shape, act_dim, client, url, samplers)
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        abort(f"lost the Redis server at {redact(url)} ({type(e).__name__}: {e})")
+    finally:
+        if ours:
+            end_run(client, run_id)
+        stop_processes(samplers + ([server] if server is not None else []))
+
+
+def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, act_dim: int, client: redis.Redis,
+          url: str, samplers: list) -> str:
+    """The learner's training loop; `samplers` receives the local sampler processes it starts (main
+    stops them). Returns the run folder."""
+    run_id = args.run_id
+    # Seeding: same seed, same machine, same thread count, one sampler -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
+    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
+    # at the first minibatch is 1 to float precision
+    if args.torch_deterministic:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # Distribution argument checks cost more than the sampling itself on these tiny batches
+    torch.distributions.Distribution.set_default_validate_args(False)
+
+    obs_dim = int(np.prod(obs_shape))
+    agent = Agent(obs_dim, act_dim).to(device)
+    obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
+    reward_scaler = RewardScaler(0, args.gamma, args.reward_clip)  # the learner only scales and merges
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+
+    start_iteration, global_step = 1, 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
+        reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
+        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        set_rng_state(checkpoint["rng"], device)
+        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
+
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb  # imported only when used
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=asdict(args), name=Path(run_dir).name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+
+    # The run on the server: its Args for the samplers, the learner's heartbeat, the first version; then
+    # the local samplers, started with the very command another machine runs
+    beat = Heartbeat(client, key(run_id, "heartbeat"))
+    beat()
+    client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run_dir}))
+    publish_start = time.perf_counter()
+    policy_bytes = publish_policy(client, run_id, start_iteration, agent, obs_normalizer, args.num_chunks)
+    publish_time = time.perf_counter() - publish_start
+    hint = shlex.join(sampler_command(url, run_id))
+    print(f"run {run_id} on {redact(url)}; samplers join with: {hint}", flush=True)
+    for _ in range(args.num_samplers):
+        samplers.append(subprocess.Popen(sampler_command(url, run_id, sys.executable, __file__), start_new_session=True))
+    schema = chunk_schema(args.num_steps, obs_dim, act_dim)
+
+    T, K = args.num_steps, args.num_chunks
+    start_time, start_step = time.time(), global_step
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # COLLECT TRAJECTORIES (the samplers act with version `iteration`; the learner receives) ---
+        rollout_start = time.perf_counter()
+        received = receive_chunks(client, run_id, iteration, args, schema, beat, hint)
+        rollout_time = time.perf_counter() - rollout_start - received.transfer_time
+
+        # The chunks are the K columns of the batch: arrays (T, K, ...). Observations are normalised and
+        # rewards scaled with exactly the statistics of the version the samplers acted with
+        def columns(name: str) -> np.ndarray:
+            return np.stack([chunk[name] for chunk in received.chunks], axis=1)
+
+        raw_obs = columns("obs").reshape(T * K, obs_dim)
+        raw_returns = columns("returns")
+        obs = torch.from_numpy(obs_normalizer(raw_obs, update=False))
+        actions = torch.from_numpy(columns("actions").reshape(T * K, act_dim))
+        rewards = torch.from_numpy(reward_scaler(columns("rewards")).astype(np.float32))  # logged returns stay raw
+        logprobs, values, dones, final_values = (torch.from_numpy(columns(name).astype(np.float32))
+                                                 for name in ("logprobs", "values", "dones", "final_values"))
+        last_value = torch.from_numpy(columns("last_value")[0])
+        base_step, global_step = global_step, global_step + args.batch_size
+        episode_returns = []
+        for k, chunk in enumerate(received.chunks):
+            for step, episodic_return, episodic_length in chunk["episodes"]:
+                episode_step = base_step + k * T + int(step) + 1  # the step this episode ended at
+                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
+                episode_returns.append(episodic_return)
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
+                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        update_start = time.perf_counter()
+        b_obs = obs.to(device)
+        b_actions = actions.to(device)
+        b_logprobs = logprobs.reshape(-1).to(device)
+        b_advantages = advantages.reshape(-1).to(device)
+        b_returns = returns.reshape(-1).to(device)
+        b_values = values.reshape(-1).to(device)
+
+        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                beat()  # the samplers wait for the next version meanwhile: they must not think us gone
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                mb_advantages = b_advantages[mb_inds]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb_inds], mb_advantages,
+                                       b_returns[mb_inds], b_values[mb_inds], args)
+                if epoch == 0 and start == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the stored log-probs do not belong to the stored observations
+                    first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                clipfracs.append(stats["clipfrac"])
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+                break
+        # the trained chunks' statistics join the running ones only now (a named difference from
+        # ppo_continuous_action.py, which adds every step's): the next version carries them
+        obs_normalizer.rms.update(raw_obs.astype(np.float64))
+        reward_scaler.rms.update(raw_returns.reshape(-1).astype(np.float64))
+        update_time = time.perf_counter() - update_start
+
+        # LOGGING -------------------------------------------------------------------------------
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update
+        stats = {k: v.item() for k, v in {**stats, "clipfrac": torch.stack(clipfracs).mean()}.items()}
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        # steps per second of the samplers while the learner waited, and of the learner's update
+        writer.add_scalar("charts/experience_SPS", args.batch_size / max(rollout_time + received.transfer_time, 1e-9), global_step)
+        writer.add_scalar("charts/learner_SPS", args.batch_size / update_time, global_step)
+        # through Redis per step: the chunks popped, and the version each contributing sampler fetched
+        writer.add_scalar("charts/bytes_per_step", (received.nbytes + policy_bytes * received.samplers) / args.batch_size, global_step)
+        writer.add_scalar("charts/samplers_per_update", received.samplers, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        writer.add_scalar("debug/stale_chunks", received.stale, global_step)
+        writer.add_scalar("debug/malformed_chunks", received.malformed, global_step)
+        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        writer.add_scalar("perf/transfer_time", received.transfer_time, global_step)
+        writer.add_scalar("perf/update_time", update_time, global_step)
+        writer.add_scalar("perf/publish_time", publish_time, global_step)
+        if episode_returns:
+            print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
+                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, transfer "
+                  f"{received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers})")
+
+        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
+                            obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
+        if iteration < args.num_iterations:  # the next version, which the samplers act with
+            publish_start = time.perf_counter()
+            policy_bytes = publish_policy(client, run_id, iteration + 1, agent, obs_normalizer, args.num_chunks)
+            publish_time = time.perf_counter() - publish_start
+
+    end_run(client, run_id)  # the samplers go while the model is evaluated
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step,
+                        obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"), obs_normalizer=obs_normalizer)
+        for i, episodic_return in enumerate(returns):
+            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return run_dir
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
