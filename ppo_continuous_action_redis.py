@@ -1081,6 +1081,7 @@ def main(args: Args):
         # the run continues with its saved arguments, on the server and samplers of this command line
         for name in ("resume", "redis_url", "run_id", "num_samplers", "sampler_timeout"):
             setattr(args, name, getattr(given, name))
+        obs_shape, act_dim = check_args(args)  # the spaces of the saved run's environment
         run_dir = str(Path(args.resume).parent)
     else:
         run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"

@@ -8,12 +8,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 SCRIPTS = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_procgen",
-           "ppo_atari_multigpu", "ppo_shared_memory_lstm"]
+           "ppo_atari_multigpu", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
 
 # compute_gae in its two forms: same-step autoreset (keyword `final_values`) and envpool's next-step
 # reset with its reset rows (keyword `terminations`)
 SAME_STEP_GAE = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu",
-                 "ppo_shared_memory_lstm"]
+                 "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
 NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
 
 # Functions and classes that several scripts repeat on purpose. Within each group the copies must be
@@ -30,14 +30,14 @@ IDENTICAL = {
     "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
     # gymnasium's vector RecordEpisodeStatistics (classic control, MuJoCo) / a per-env one below the
     # Atari wrappers, whose info arrives in final_info with same-step autoreset
-    "finished_episodes": [["ppo", "ppo_continuous_action"],
+    "finished_episodes": [["ppo", "ppo_continuous_action", "ppo_continuous_action_redis"],
                           ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "step_in_reset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "NoopReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "MaxAndSkip": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "EpisodicLife": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
-    "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen"]],
+    "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen", "ppo_continuous_action_redis"]],
 }
 
 

@@ -58,6 +58,10 @@ RUNS = {  # the Args of a run of ITERATIONS iterations
     # spawned rollout workers import tests/fake_envs.py by the id's module part, which registers the id
     "ppo_shared_memory_lstm": dict(env_id="tests.fake_envs:MixedEnds-v0", num_workers=2, num_envs_per_worker=1,
                                    num_steps=16, seq_len=8, num_minibatches=2, update_epochs=2),
+    # its own redis-server and one sampler process: with two, which sampler fills which column races, so
+    # same seed, same run holds only with one
+    "ppo_continuous_action_redis": dict(env_id="tests.fake_envs:MixedEndsBox-v0", num_samplers=1, num_chunks=2,
+                                        num_steps=16, num_minibatches=2, update_epochs=2),
 }
 ITERATIONS = 3
 ENVPOOL_FRAMES = {"ppo_atari_envpool": (4, 84, 84), "ppo_procgen": (64, 64, 3)}
@@ -68,6 +72,8 @@ def test_every_script_has_a_run():
 
 
 def batch_size(config: dict) -> int:
+    if "num_chunks" in config:  # the Redis script: chunks of one sampler's environment
+        return config["num_chunks"] * config["num_steps"]
     envs = config["num_envs"] if "num_envs" in config else config["num_workers"] * config["num_envs_per_worker"]
     return envs * config["num_steps"]
 
