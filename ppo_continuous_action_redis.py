@@ -822,10 +822,13 @@ class Heartbeat:
         pipe = self.client.pipeline(transaction=False)
         pipe.set(self.name, self.value, ex=HEARTBEAT_TTL)
         if self.run_id is not None:
-            pipe.exists(key(self.run_id, "heartbeat"), key(self.run_id, "stop"))
+            pipe.exists(key(self.run_id, "heartbeat"))
+            pipe.exists(key(self.run_id, "stop"))
         watched = pipe.execute()[1:]
-        if watched and watched[0] != 1:
-            raise RunOver("the learner ended the run or is gone")
+        if watched and watched[1]:
+            raise RunOver("the learner ended the run")
+        if watched and not watched[0]:
+            raise RunOver("the learner is gone (its heartbeat expired)")
 
 
 # SAMPLER -----------------------------------------------------------------------------------------
@@ -1056,7 +1059,8 @@ def end_run(client: redis.Redis | None, run_id: str):
             except (BadMessage, KeyError, TypeError, ValueError):  # not a chunk: nothing to count
                 pass
         for name in client.scan_iter(match=key(run_id, "*")):
-            client.expire(name, 3600)
+            if client.ttl(name) == -1:  # the keys that would stay for ever
+                client.expire(name, 3600)
     except redis.RedisError:
         pass
 

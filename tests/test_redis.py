@@ -1,0 +1,340 @@
+"""ppo_continuous_action_redis.py against a real redis-server on a free loopback port: end to end from the
+command line, samplers killed and joining, the learner starved, killed or without its server, malformed
+and foreign chunks, the chunk accounting (trained + stale == sent, per version), bad --redis-url, and
+the wire format's checks. Samplers and learners run as the commands a user types."""
+
+import importlib
+import os
+import signal
+import subprocess
+import time
+import types
+import uuid
+
+import numpy as np
+import pytest
+import redis
+
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
+                     only_run_dir, process_table, read_scalars, run_script, script_command)
+
+NAME = "ppo_continuous_action_redis"
+script = importlib.import_module(NAME)
+ENV = "tests.fake_envs:MixedEndsBox-v0"  # 2-d observations and actions, episodes of 5 steps
+T, K = 32, 4  # steps per chunk, chunks per update
+FAST = ["--env-id", ENV, "--num-steps", T, "--num-chunks", K, "--num-minibatches", 4, "--update-epochs", 2]
+EXTRA_METRICS = ["charts/experience_SPS", "charts/learner_SPS", "charts/bytes_per_step", "charts/samplers_per_update",
+                 "perf/transfer_time", "perf/publish_time", "debug/stale_chunks", "debug/malformed_chunks"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A redis-server on a free loopback port for this file (the script's own way of starting one)."""
+    process, url = script.start_redis_server()
+    yield url
+    script.stop_processes([process])
+    assert process.poll() is not None
+
+
+@pytest.fixture
+def client(server):
+    return redis.Redis.from_url(server)
+
+
+def run_id() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+def launch(cwd, label: str, *argv) -> subprocess.Popen:
+    """The script as a user starts it, stdout and stderr to files `label`.out/.err (no pipe that a
+    surviving child could hold open)."""
+    with open(cwd / f"{label}.out", "w") as out, open(cwd / f"{label}.err", "w") as err:
+        return subprocess.Popen(script_command(NAME, *argv), cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                stdout=out, stderr=err)
+
+
+def output(cwd, label: str) -> tuple[str, str]:
+    return (cwd / f"{label}.out").read_text(), (cwd / f"{label}.err").read_text()
+
+
+def descendants(pid: int) -> set[tuple[int, int]]:
+    """(pid, start time) of every process below `pid` now."""
+    table, found, frontier = process_table(), set(), {pid}
+    while frontier:
+        frontier = {p for p, (parent, _, _) in table.items() if parent in frontier} - {p for p, _ in found}
+        found |= {(p, table[p][2]) for p in frontier}
+    return found
+
+
+def running(processes: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Those of `processes` that still run (same pid and start time, not a zombie)."""
+    table = process_table()
+    return {(p, t) for p, t in processes if p in table and table[p][2] == t and table[p][1] != "Z"}
+
+
+def wait_watching(process: subprocess.Popen, timeout: float) -> set[tuple[int, int]]:
+    """Waits for `process` to end, noting every process it had below it meanwhile."""
+    seen, deadline = set(), time.monotonic() + timeout
+    while process.poll() is None:
+        seen |= descendants(process.pid)
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"still running after {timeout} s")
+        time.sleep(0.1)
+    return seen
+
+
+def wait_until(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def counts(client, rid: str, name: str) -> dict[tuple[int, int], int]:
+    """The accounting hash `name` (sent, trained, stale): (version, sampler) -> chunks."""
+    return {tuple(map(int, field.decode().split(":"))): int(value)
+            for field, value in client.hgetall(script.key(rid, name)).items()}
+
+
+def per_version(table: dict) -> dict[int, int]:
+    totals = {}
+    for (version, _), n in table.items():
+        totals[version] = totals.get(version, 0) + n
+    return totals
+
+
+def assert_chunks_accounted(client, rid: str, iterations: int):
+    """Every update trained on exactly K chunks; per version and sampler, nothing was trained that was not
+    sent; per version, trained + stale == sent (the learner drains the queue into stale at the end)."""
+    sent, trained, stale = (counts(client, rid, name) for name in ("sent", "trained", "stale"))
+    assert per_version(trained) == {v: K for v in range(1, iterations + 1)}
+    assert all(n <= sent.get(name, 0) for name, n in trained.items())
+    for version, n in per_version(sent).items():
+        assert per_version(trained).get(version, 0) + per_version(stale).get(version, 0) == n, version
+
+
+def total_trained(client, rid) -> int:
+    return sum(counts(client, rid, "trained").values())
+
+
+# END TO END ---------------------------------------------------------------------------------------
+
+
+def test_end_to_end_with_two_local_samplers(tmp_path):
+    iterations = 6
+    learner = launch(tmp_path, "learner", *FAST, "--num-samplers", 2, "--total-timesteps", iterations * T * K,
+                     "--save-model", "--eval-episodes", 2, "--checkpoint-every", 2)
+    seen = wait_watching(learner, 120)
+    stdout, stderr = output(tmp_path, "learner")
+    assert learner.returncode == 0, stderr
+    assert len(seen) >= 3  # the server and two samplers were there
+    assert not running(seen), "a process of the run is left"
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert {"checkpoint.pt", "model.pt"} <= {p.name for p in run_dir.iterdir()}
+    assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
+    scalars = read_scalars(run_dir)
+    for tag in METRICS + EXTRA_METRICS:
+        assert tag in scalars, tag
+    assert max(v for _, v in scalars["debug/first_minibatch_ratio_deviation"]) < 1e-5
+    assert 2 in [v for _, v in scalars["charts/samplers_per_update"]]
+    # every episode logged once, at its own step: 5 steps each, so a sampler that stepped S steps ended
+    # S // 5 of them; 3 where the episode terminated, 4 where it was only truncated
+    returns = scalars["charts/episodic_return"]
+    assert iterations * T * K // 5 - 1 <= len(returns) <= iterations * T * K // 5
+    assert {v for _, v in returns} == {3.0, 4.0}
+    assert {v for _, v in scalars["charts/episodic_length"]} == {5.0}
+    assert_one_line_per_iteration_with_episodes(stdout, LINE, returns, iterations, T * K)
+    assert "samplers 2)" in stdout
+    e2e = dict(result=types.SimpleNamespace(stdout=stdout), run_dir=run_dir, cwd=tmp_path)
+    assert_evaluate_flag_matches_training(NAME, e2e, 2)
+
+
+# ELASTIC SAMPLERS ---------------------------------------------------------------------------------
+
+
+def test_killed_samplers_lose_nothing_and_later_ones_join(tmp_path, server, client):
+    """Samplers A and B; B killed with SIGKILL mid-run: A carries on. Then A killed too and C and D,
+    started later, finish the run: both contribute. Nothing trained that a sampler did not send."""
+    rid, iterations = run_id(), 50
+    learner = launch(tmp_path, "learner", *FAST, "--redis-url", server, "--run-id", rid, "--num-samplers", 0,
+                     "--total-timesteps", iterations * T * K, "--sampler-timeout", 30)
+    sampler = ["--role", "sampler", "--redis-url", server, "--run-id", rid]
+    processes = [learner, launch(tmp_path, "a", *sampler), launch(tmp_path, "b", *sampler)]
+    try:
+        wait_until(lambda: len({s for _, s in counts(client, rid, "sent")}) == 2, 60, "A and B to send chunks")
+        processes[2].send_signal(signal.SIGKILL)
+        at_kill = total_trained(client, rid)
+        wait_until(lambda: total_trained(client, rid) >= at_kill + 2 * K, 30, "A alone to carry on")
+        processes[1].send_signal(signal.SIGKILL)
+        processes += [launch(tmp_path, "c", *sampler), launch(tmp_path, "d", *sampler)]
+        wait_watching(learner, 120)
+        assert learner.returncode == 0, output(tmp_path, "learner")[1]
+        for late in processes[3:]:  # they exit by themselves when the run ends
+            late.wait(15)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert_chunks_accounted(client, rid, iterations)
+    trained = counts(client, rid, "trained")
+    assert {sampler_id for _, sampler_id in trained} == {1, 2, 3, 4}  # A and B, then C and D, in joining order
+    # samplers_per_update counts the later two in the updates that both fed
+    samplers_per_update = [v for _, v in read_scalars(only_run_dir(tmp_path / "runs"))["charts/samplers_per_update"]]
+    both = [v for v in range(1, iterations + 1) if (v, 3) in trained and (v, 4) in trained]
+    assert both and all(samplers_per_update[v - 1] == 2 for v in both)
+
+
+# THE LEARNER ALONE, KILLED, OR WITHOUT ITS SERVER -------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["lab_server", "embedded_server", "server_killed"])
+def test_learner_ends_with_one_line_and_leaves_no_process(tmp_path, server, case):
+    """No sampler for --sampler-timeout seconds, or the server gone: one line naming the problem, exit 1,
+    in bounded time; the embedded server is stopped."""
+    argv = [*FAST, "--num-samplers", 0, "--total-timesteps", 10 * T * K]
+    argv += ["--redis-url", server] if case == "lab_server" else []
+    argv += ["--sampler-timeout", 60 if case == "server_killed" else 3]
+    learner, start = launch(tmp_path, "learner", *argv), time.monotonic()
+    if case == "server_killed":
+        wait_until(lambda: len(descendants(learner.pid)) == 1 and "samplers join" in output(tmp_path, "learner")[0],
+                   30, "the learner to start its server")
+        [(server_pid, _)] = descendants(learner.pid)
+        os.kill(server_pid, signal.SIGKILL)
+    seen = wait_watching(learner, 40)
+    assert time.monotonic() - start < 35
+    stderr = output(tmp_path, "learner")[1]
+    assert learner.returncode == 1, stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{NAME}.py: error: "), stderr
+    expected = "lost the Redis server" if case == "server_killed" else "no chunk from any sampler for 3 s"
+    assert expected in lines[0]
+    assert len(seen) == (0 if case == "lab_server" else 1) and not running(seen)
+
+
+@pytest.mark.parametrize("case", ["lab_server", "embedded_server"])
+def test_samplers_exit_by_themselves_when_the_learner_dies(tmp_path, server, client, case):
+    """SIGKILL to the learner: samplers started elsewhere see its heartbeat expire, local ones lose the
+    embedded server (which dies with the learner); all exit within seconds."""
+    argv, rid = [*FAST, "--total-timesteps", 10 ** 6], run_id()
+    if case == "lab_server":
+        learner = launch(tmp_path, "learner", *argv, "--redis-url", server, "--run-id", rid, "--num-samplers", 0)
+        samplers = [launch(tmp_path, f"s{i}", "--role", "sampler", "--redis-url", server, "--run-id", rid)
+                    for i in range(2)]
+        wait_until(lambda: total_trained(client, rid) >= 2 * K, 60, "the run to train")
+        processes = {(p.pid, process_table()[p.pid][2]) for p in samplers}
+    else:
+        learner = launch(tmp_path, "learner", *argv, "--num-samplers", 2)
+        wait_until(lambda: "iteration 2/" in output(tmp_path, "learner")[0], 60, "the run to train")
+        processes = descendants(learner.pid)
+        assert len(processes) == 3
+    learner.send_signal(signal.SIGKILL)
+    learner.wait()
+    killed = time.monotonic()
+    wait_until(lambda: not running(processes), 15, "the samplers to exit")
+    assert time.monotonic() - killed < script.HEARTBEAT_TTL + 5
+
+
+# MALFORMED AND FOREIGN CHUNKS ---------------------------------------------------------------------
+
+
+def valid_chunk(steps: int = T, obs_dim: int = 2, act_dim: int = 2) -> dict[str, np.ndarray]:
+    """Arrays of chunk_schema: zeros, the episode at step 4 (an end step)."""
+    chunk = {name: np.zeros([0 if isinstance(d, range) else d for d in shape], dtype)
+             for name, (dtype, shape) in script.chunk_schema(steps, obs_dim, act_dim).items()}
+    chunk["dones"][4] = chunk["terminated"][4] = 1
+    chunk["episodes"] = np.array([[4, 3.0, 5]])
+    return chunk
+
+
+def message(rid: str, chunk: dict | None = None, **header) -> bytes:
+    return script.encode_message({"run_id": rid, "version": 1, "sampler": 9, "seq": 1, **header},
+                                 valid_chunk() if chunk is None else chunk)
+
+
+def flip_last_byte(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 1])
+
+
+def changed(**arrays) -> dict:
+    return {**valid_chunk(), **arrays}
+
+
+def float_with_nan():
+    values = np.zeros(T, np.float32)
+    values[3] = np.nan
+    return values
+
+
+CORRUPT = {  # case -> the message made from a valid one of run "r"
+    "wrong_shape": lambda: message("r", changed(obs=np.zeros((T, 3), np.float32))),
+    "wrong_dtype": lambda: message("r", changed(values=np.zeros(T, np.float64))),
+    "missing_array": lambda: message("r", {k: v for k, v in valid_chunk().items() if k != "returns"}),
+    "foreign_run": lambda: message("other"),
+    "bad_checksum": lambda: flip_last_byte(message("r")),
+    "truncated": lambda: message("r")[:-8],
+    "extra_bytes": lambda: message("r") + b"\0" * 8,
+    "garbage": lambda: os.urandom(300),
+    "header_too_long": lambda: (1 << 30).to_bytes(4, "big") + message("r")[4:],
+    "not_json": lambda: (5).to_bytes(4, "big") + b"\x80abcd" + bytes(100),
+    "pickle": lambda: __import__("pickle").dumps(valid_chunk()),
+    "bool_version": lambda: message("r", version=True),
+    "no_sampler": lambda: message("r", sampler="9"),
+    "not_finite": lambda: message("r", changed(values=float_with_nan())),
+    "termination_not_an_end": lambda: message("r", changed(dones=np.zeros(T, np.uint8))),
+    "bootstrapped_termination": lambda: message("r", changed(final_values=np.ones(T, np.float32))),
+    "episode_off_an_end": lambda: message("r", changed(episodes=np.array([[5, 3.0, 5]]))),
+}
+
+
+def test_chunk_round_trip():
+    chunk = valid_chunk()
+    chunk["obs"][:] = np.arange(2 * T).reshape(T, 2)
+    header, decoded = script.decode_chunk(message("r", chunk, seq=7), "r", script.chunk_schema(T, 2, 2))
+    assert (header["run_id"], header["version"], header["sampler"], header["seq"]) == ("r", 1, 9, 7)
+    assert decoded.keys() == chunk.keys()
+    for name, array in chunk.items():
+        assert decoded[name].dtype == array.dtype and np.array_equal(decoded[name], array), name
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_corrupt_chunks_are_refused(case):
+    with pytest.raises(script.BadMessage):
+        script.decode_chunk(CORRUPT[case](), "r", script.chunk_schema(T, 2, 2))
+
+
+def test_malformed_and_foreign_chunks_are_dropped_and_counted(tmp_path, server, client):
+    """Pushed into a running learner's queue: each is counted under debug/malformed_chunks, none stops
+    it, and the chunk accounting holds (what was trained is what the samplers sent)."""
+    rid, iterations = run_id(), 4
+    learner = launch(tmp_path, "learner", *FAST, "--redis-url", server, "--run-id", rid, "--num-samplers", 1,
+                     "--total-timesteps", iterations * T * K)
+    wait_until(lambda: client.exists(script.key(rid, "policy")), 30, "the first version")
+    bad = [message(rid, changed(obs=np.zeros((T, 3), np.float32))), message("other-run"),
+           flip_last_byte(message(rid)), os.urandom(200)]
+    client.rpush(script.key(rid, "chunks"), *bad)
+    wait_watching(learner, 90)
+    assert learner.returncode == 0, output(tmp_path, "learner")[1]
+    scalars = read_scalars(only_run_dir(tmp_path / "runs"))
+    assert sum(v for _, v in scalars["debug/malformed_chunks"]) == len(bad)
+    assert sum(v for _, v in scalars["debug/stale_chunks"]) == 0
+    assert [s for s, _ in scalars["charts/SPS"]] == [k * T * K for k in range(1, iterations + 1)]
+    assert_chunks_accounted(client, rid, iterations)
+
+
+# BAD INPUT ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--redis-url", "redis://127.0.0.1:1/0"], ["--redis-url", "127.0.0.1:1", "cannot reach"]),
+    (["--redis-url", "nonsense"], ["--redis-url", "nonsense", "not a Redis URL"]),
+    (["--role", "sampler", "--redis-url", "redis://127.0.0.1:1/0"], ["--run-id"]),
+])
+def test_bad_redis_arguments_get_one_line_and_exit_code_2(tmp_path, argv, words):
+    result = run_script(NAME, "--env-id", ENV, *argv, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{NAME}.py: error: "), result.stderr
+    for word in words:
+        assert word in lines[0]
+    assert not (tmp_path / "runs").exists()
