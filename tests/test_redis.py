@@ -195,13 +195,13 @@ def test_learner_ends_with_one_line_and_leaves_no_process(tmp_path, server, case
     argv = [*FAST, "--num-samplers", 0, "--total-timesteps", 10 * T * K]
     argv += ["--redis-url", server] if case == "lab_server" else []
     argv += ["--sampler-timeout", 60 if case == "server_killed" else 3]
-    learner, start = launch(tmp_path, "learner", *argv), time.monotonic()
+    learner, start, seen = launch(tmp_path, "learner", *argv), time.monotonic(), set()
     if case == "server_killed":
         wait_until(lambda: len(descendants(learner.pid)) == 1 and "samplers join" in output(tmp_path, "learner")[0],
                    30, "the learner to start its server")
-        [(server_pid, _)] = descendants(learner.pid)
-        os.kill(server_pid, signal.SIGKILL)
-    seen = wait_watching(learner, 40)
+        seen = descendants(learner.pid)
+        os.kill(next(iter(seen))[0], signal.SIGKILL)
+    seen |= wait_watching(learner, 40)
     assert time.monotonic() - start < 35
     stderr = output(tmp_path, "learner")[1]
     assert learner.returncode == 1, stderr
@@ -304,20 +304,23 @@ def test_corrupt_chunks_are_refused(case):
 
 
 def test_malformed_and_foreign_chunks_are_dropped_and_counted(tmp_path, server, client):
-    """Pushed into a running learner's queue: each is counted under debug/malformed_chunks, none stops
-    it, and the chunk accounting holds (what was trained is what the samplers sent)."""
+    """Pushed into a running learner's queue: each is counted under debug/malformed_chunks (a stale one
+    under debug/stale_chunks), none is trained on or stops it, and the chunk accounting holds (what was
+    trained is what the samplers sent)."""
     rid, iterations = run_id(), 4
     learner = launch(tmp_path, "learner", *FAST, "--redis-url", server, "--run-id", rid, "--num-samplers", 1,
                      "--total-timesteps", iterations * T * K)
     wait_until(lambda: client.exists(script.key(rid, "policy")), 30, "the first version")
     bad = [message(rid, changed(obs=np.zeros((T, 3), np.float32))), message("other-run"),
            flip_last_byte(message(rid)), os.urandom(200)]
-    client.rpush(script.key(rid, "chunks"), *bad)
+    stale = message(rid, version=0)  # well formed, of a version older than the current one
+    client.rpush(script.key(rid, "chunks"), *bad, stale)
     wait_watching(learner, 90)
     assert learner.returncode == 0, output(tmp_path, "learner")[1]
     scalars = read_scalars(only_run_dir(tmp_path / "runs"))
     assert sum(v for _, v in scalars["debug/malformed_chunks"]) == len(bad)
-    assert sum(v for _, v in scalars["debug/stale_chunks"]) == 0
+    assert sum(v for _, v in scalars["debug/stale_chunks"]) == 1
+    assert counts(client, rid, "stale") == {(0, 9): 1} and (0, 9) not in counts(client, rid, "trained")
     assert [s for s, _ in scalars["charts/SPS"]] == [k * T * K for k in range(1, iterations + 1)]
     assert_chunks_accounted(client, rid, iterations)
 
