@@ -56,10 +56,10 @@ def later(scalars: dict[str, list[tuple[int, float]]], tag: str) -> list[float]:
 
 
 def time_split(scalars: dict[str, list[tuple[int, float]]]) -> str:
-    """The shares of rollout, update and (where logged) publication in the time after the first iteration,
+    """The shares of rollout, (where logged) transfer, update and publication in the time after the first iteration,
     as `58.1% rollout / 41.8% update / 0.1% publish`."""
     times = {part: float(np.sum(later(scalars, f"perf/{part}_time")))
-             for part in ("rollout", "update", "publish") if f"perf/{part}_time" in scalars}
+             for part in ("rollout", "transfer", "update", "publish") if f"perf/{part}_time" in scalars}
     total = sum(times.values())
     return " / ".join(f"{value / total:.1%} {part}" for part, value in times.items())
 
