@@ -17,12 +17,14 @@
 #   multigpu  ppo_atari_multigpu.py on Breakout through `torchrun --standalone --nproc_per_node=2`, 10M steps
 #   sharedmem ppo_shared_memory_lstm.py on CartPole-v1 (500k steps) and, with its Atari flags, on
 #             Breakout (10M steps)
+#   redis     ppo_continuous_action_redis.py (its own redis-server, 2 samplers) on Hopper-v4
+#             HalfCheetah-v4 Walker2d-v4, 1M steps
 #
 # Variables (default):
 #   BLOCKS       the blocks to run, in this order (all of them)
 #   SEEDS        the seeds of every script and env ("1 2 3")
-#   WORKERS      jobs at once (CPU count); the multigpu and sharedmem blocks run half as many (their jobs
-#                are several processes each)
+#   WORKERS      jobs at once (CPU count); the multigpu, sharedmem and redis blocks run half as many
+#                (their jobs are several processes each)
 #   RUNS_DIR     run folders go to RUNS_DIR/<block>/, one log per job to RUNS_DIR/<block>/logs/
 #                (runs/benchmark; with QUICK=1 runs/benchmark-quick)
 #   RESULTS_DIR  the table of a block goes to RESULTS_DIR/<block>.md, its plots to RESULTS_DIR/<block>/
@@ -36,7 +38,7 @@
 # jobs and the script.
 set -uo pipefail
 
-ALL_BLOCKS="classic mujoco atari procgen multigpu sharedmem"
+ALL_BLOCKS="classic mujoco atari procgen multigpu sharedmem redis"
 here=$PWD
 absolute() { if [[ $1 = /* ]]; then echo "$1"; else echo "$here/$1"; fi; }
 [[ -n ${RUNS_DIR:-} ]] && RUNS_DIR=$(absolute "$RUNS_DIR")
@@ -77,7 +79,7 @@ bench() {
     if [[ $block == multigpu ]]; then
         launch="$TORCHRUN --standalone --nproc_per_node=2"
     fi
-    if [[ $block == multigpu || $block == sharedmem ]]; then
+    if [[ $block == multigpu || $block == sharedmem || $block == redis ]]; then
         workers=$(( WORKERS > 1 ? WORKERS / 2 : 1 ))
     fi
     echo "== $block: $script on $* (seeds $SEEDS) $args"
@@ -125,6 +127,11 @@ for block in $BLOCKS; do
         bench sharedmem ppo_shared_memory_lstm.py 500000 "--total-timesteps 2048" CartPole-v1
         atari_flags="--num-workers 4 --num-envs-per-worker 2 --seq-len 128 --clip-coef 0.1 --learning-rate 2.5e-4"
         bench sharedmem ppo_shared_memory_lstm.py "10000000 $atari_flags" "--total-timesteps 2048 $atari_flags" Breakout
+        ;;
+    redis)
+        echo "== redis needs: mujoco>=3, gymnasium[mujoco], redis (requirements.txt) and the redis-server" \
+             "program (system package redis-server on Debian/Ubuntu)"
+        bench redis ppo_continuous_action_redis.py 1000000 "--total-timesteps 4096" Hopper-v4 HalfCheetah-v4 Walker2d-v4
         ;;
     esac
     results "$block"
