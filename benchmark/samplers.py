@@ -32,7 +32,7 @@ import numpy as np
 
 from benchmark.events import read_scalars
 from benchmark.throughput import ROOT, child_env
-from benchmark.workers import later, run, time_split
+from benchmark.workers import later, report, run, time_split
 
 SCRIPT = "ppo_continuous_action_redis"
 BATCH = 2048
@@ -116,10 +116,7 @@ def main():
 
     lines = [f"{SCRIPT}.py on {args.env_id}, batch {BATCH}, {args.iterations} iterations per run (medians of "
              f"iterations 2..{args.iterations}); machine: {cores} cores", ""] + rows
-    text = "\n".join(lines)
-    print(f"\n{text}")
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    report("\n".join(lines), args.out)
     if args.plot:
         plot(points, args.plot, args.env_id)
 

@@ -113,6 +113,13 @@ def atari_side_by_side(game: str, iterations: int) -> list[str]:
     return rows
 
 
+def report(text: str, out: str | None):
+    """Prints the markdown result and writes it to the file `out` too, if given."""
+    print(f"\n{text}")
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def plot(results: dict[str, list[dict]], path: str, env_id: str):
     import matplotlib
 
@@ -163,10 +170,7 @@ def main():
     if args.atari_game:
         lines += ["", f"End to end on {args.atari_game}, {args.atari_iterations} iterations each, one after the other:",
                   ""] + atari_side_by_side(args.atari_game, args.atari_iterations)
-    text = "\n".join(lines)
-    print(f"\n{text}")
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    report("\n".join(lines), args.out)
     if args.plot:
         plot(results, args.plot, args.env_id)
 
