@@ -25,8 +25,10 @@ What is special in this file:
   (convolutions and the LSTM).
 """
 
+import math
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -71,7 +73,7 @@ class Args:
     checkpoint_every: int = 0
     """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
     resume: str | None = None
-    """path of a checkpoint to continue training from (its saved arguments are used)"""
+    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
     eval_episodes: int = 10
@@ -143,8 +145,42 @@ def atari_id(env_id: str) -> str:
     return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
 
 
+def check_numbers(args: Args):
+    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
+    coefficient or a NaN learning rate trains without an error, on nonsense."""
+    for name, value in asdict(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for name, valid, meaning in (
+        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
+                                                  "offsets added to it must stay below 2**31)"),
+        ("learning_rate", args.learning_rate > 0, "positive"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
+        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
+        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
+        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
+    ):
+        if not valid:
+            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
+
+
+def check_tracking(args: Args):
+    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
+    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return
+    import wandb  # imported only when used
+
+    if not wandb.login(prompt=False, verify=False):
+        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+
+
 def check_args(args: Args):
     """Reject arguments that would crash or silently misbehave later."""
+    check_numbers(args)
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
                  "max_episode_steps"):
         if getattr(args, name) <= 0:
@@ -154,8 +190,12 @@ def check_args(args: Args):
     if args.num_envs % args.num_minibatches != 0:
         fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
              "(a minibatch is a set of whole environment sequences)")
+    if args.batch_size // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
     if args.num_iterations == 0:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    check_tracking(args)
     for name in ("resume", "evaluate"):
         path = getattr(args, name)
         if path is not None and not Path(path).is_file():
@@ -572,11 +612,16 @@ def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
 
 
+# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before
+# checkpoints named their script and format)
+CHECKPOINT_FORMAT = 2
+
+
 def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
                     iteration: int, global_step: int):
     """Everything needed to continue or evaluate: weights, optimizer, progress, RNG states, args.
 
-    Written to a temporary file and renamed, so a run killed while saving keeps its last checkpoint.
+    Written by `write_checkpoint_file`, so a run killed while saving keeps its last checkpoint.
     """
     checkpoint = {
         "model": agent.state_dict(),
@@ -584,11 +629,30 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
         "iteration": iteration,
         "global_step": global_step,
         "args": asdict(args),
+        "script": Path(__file__).name,  # read_checkpoint refuses the checkpoints of other scripts
+        "format": CHECKPOINT_FORMAT,
         "rng": rng_state(next(agent.parameters()).device),
     }
+    write_checkpoint_file(checkpoint, path)
+
+
+def write_checkpoint_file(checkpoint: dict, path: str):
+    """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
+    one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
+    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes."""
     tmp = f"{path}.tmp"
-    torch.save(checkpoint, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    for stale in Path(path).parent.glob("*.pt.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def rng_state(device: torch.device) -> dict:
@@ -607,15 +671,66 @@ def set_rng_state(state: dict, device: torch.device):
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def load_checkpoint(path: str) -> dict:
-    """Reads a checkpoint written by `save_checkpoint` (a one-line error if it is not one)."""
+def read_checkpoint(path: str) -> dict | str:
+    """Reads a checkpoint written by this script's `save_checkpoint`; returns the problem, in words, if the
+    file is not one (empty or truncated, not a checkpoint, of another script, of another format)."""
+    head = b""
     try:
+        with open(path, "rb") as f:
+            head = f.read(4)
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a truncated or foreign file: say so in one line
-        fail(f"cannot read checkpoint {path}: {type(e).__name__}: {e}")
+    except Exception as e:
+        if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
+            return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
+        return f"{path} is not a checkpoint (torch.load: {type(e).__name__})"
     if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
-        fail(f"{path} is not a checkpoint written by {Path(__file__).name}")
+        return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
+    script = checkpoint.get("script")
+    if script is None:
+        return (f"{path} is a checkpoint from before format {CHECKPOINT_FORMAT} (older checkpoints do not say which "
+                "script wrote them); retrain, or read it with the version of the scripts that wrote it")
+    if script != Path(__file__).name:
+        return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads format "
+                f"{CHECKPOINT_FORMAT}")
     return checkpoint
+
+
+def load_checkpoint(path: str) -> dict:
+    """`read_checkpoint`, with a one-line error if the file is not a checkpoint of this script."""
+    checkpoint = read_checkpoint(path)
+    if isinstance(checkpoint, str):
+        fail(checkpoint)
+    return checkpoint
+
+
+# the flags a --resume may change (where and how the run goes on); every other flag keeps the
+# checkpoint's value
+CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
+                        "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
+                        "eval_deterministic")
+
+
+def resume_args(args: Args, checkpoint: dict) -> Args:
+    """`--resume`: the checkpoint's arguments, with the flags of this command line that may change
+    (CHANGEABLE_ON_RESUME: where and how the run goes on, and --total-timesteps to train longer or stop
+    sooner); a flag that differs from its default and from the saved value and cannot change is refused
+    in one line. (A flag given with its default value cannot be told from one not given.)"""
+    saved, defaults = Args(**checkpoint["args"]), Args()
+    for name in asdict(saved):
+        given, default = getattr(args, name), getattr(defaults, name)
+        if name in CHANGEABLE_ON_RESUME:
+            if given != default:
+                setattr(saved, name, given)
+        elif given != default and given != getattr(saved, name):
+            changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
+            fail(f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
+                 f"only {changeable} can; start a new run to change it")
+    if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
+        fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+             "pass a larger --total-timesteps to train longer")
+    return saved
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
@@ -662,6 +777,31 @@ def run_evaluation(path: str, args: Args) -> list[float]:
 # TRAINING ----------------------------------------------------------------------------------------
 
 
+def make_run_dir(run_dir: str):
+    """Creates the run folder, or ends in one line saying why it cannot."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
+
+
+def exit_on_ctrl_c(run_dir: str):
+    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
+    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
+    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
+
+    def handler(signum, frame):
+        checkpoint = Path(run_dir) / "checkpoint.pt"
+        if checkpoint.is_file():
+            where = f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
+        else:
+            where = f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+        print(f"{Path(sys.argv[0]).name}: interrupted: {where}", file=sys.stderr, flush=True)
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, handler)
+
+
 def main(args: Args):
     check_args(args)
     if args.torch_threads > 0:
@@ -672,16 +812,15 @@ def main(args: Args):
     checkpoint = None
     if args.resume is not None:
         checkpoint = load_checkpoint(args.resume)
-        resume_path = args.resume
-        args = Args(**checkpoint["args"])
-        args.resume = resume_path
-        run_dir = str(Path(resume_path).parent)
+        args = resume_args(args, checkpoint)  # the saved arguments, with the flags that may change
+        run_dir = str(Path(args.resume).parent)
     else:
         run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_dir = f"{args.runs_dir}/{run_name}"
         if os.path.exists(run_dir):
             fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
                  "pass another --exp-name")
+    exit_on_ctrl_c(run_dir)
 
     # Seeding: same seed, same machine, same thread count -> same numbers
     random.seed(args.seed)
@@ -711,7 +850,7 @@ def main(args: Args):
         set_rng_state(checkpoint["rng"], device)
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
-    os.makedirs(run_dir, exist_ok=True)
+    make_run_dir(run_dir)
     if args.track:
         import wandb  # imported only when used
 

@@ -1,4 +1,5 @@
 import importlib
+import signal
 
 import pytest
 import torch
@@ -17,6 +18,14 @@ def on_the_cpu(request, monkeypatch):
     marked `gpu` (tests/test_gpu.py)."""
     if request.node.get_closest_marker("gpu") is None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture(autouse=True)
+def keep_the_ctrl_c_handler():
+    """A script run in-process installs its Ctrl-C handler (exit_on_ctrl_c): the suite's own comes back after."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture(params=MODULES)

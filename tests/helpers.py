@@ -2,6 +2,7 @@
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -56,11 +57,18 @@ def run_script(name: str, *argv, cwd, timeout: float = 300) -> subprocess.Comple
                           timeout=timeout)
 
 
+def default_ctrl_c():
+    """Run in a child before it starts: Ctrl-C (SIGINT) gets its default disposition, whatever the suite
+    inherited. A job started in the background (`nohup ... &`, some CI runners and schedulers) starts with
+    SIGINT ignored, its children too, and a test that sends SIGINT would then see nothing happen."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_script(name: str, *argv, cwd) -> subprocess.Popen:
-    """Like run_script, but returns the running process."""
+    """Like run_script, but returns the running process (with the default Ctrl-C disposition)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen(script_command(name, *argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
 
 
 def only_run_dir(runs_dir) -> Path:

@@ -38,6 +38,15 @@ IDENTICAL = {
     "EpisodicLife": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen", "ppo_continuous_action_redis"]],
+    # bad input, checkpoint files, resuming and Ctrl-C: the same rules in every script
+    "check_numbers": [SCRIPTS],
+    "check_tracking": [SCRIPTS],
+    "write_checkpoint_file": [SCRIPTS],
+    "read_checkpoint": [SCRIPTS],
+    "load_checkpoint": [SCRIPTS],
+    "resume_args": [SCRIPTS],
+    "make_run_dir": [SCRIPTS],
+    "exit_on_ctrl_c": [SCRIPTS],
 }
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, default_ctrl_c
 
 JOB = """
 import json, os, subprocess, sys, time
@@ -102,7 +102,7 @@ def pid_alive(pid: int) -> bool:
 
 def test_ctrl_c_kills_the_running_jobs_and_their_children(tmp_path, job):
     runner = subprocess.Popen(runner_argv(job(60, "spawn"), ["A-v0", "B-v0"], [1], 2, tmp_path / "logs"), cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
     pid_files = [tmp_path / "out" / f"{env_id}__1.pids" for env_id in ("A-v0", "B-v0")]
     deadline = time.time() + 30
     while not all(p.exists() and len(p.read_text().split()) == 2 for p in pid_files):
