@@ -37,6 +37,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -188,6 +189,16 @@ def check_tracking(args: Args):
              "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
 
 
+def check_runs_dir(runs_dir: str):
+    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
+    reports what the OS says if creating it fails all the same)."""
+    path = Path(runs_dir).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
+
+
 def check_args(args: Args):
     """Reject arguments that would crash or silently misbehave later."""
     check_numbers(args)
@@ -203,9 +214,11 @@ def check_args(args: Args):
     if args.batch_size // args.num_minibatches < 2:
         fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
              f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
-    if args.num_iterations == 0:
+    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     check_tracking(args)
+    if args.resume is None and args.evaluate is None:
+        check_runs_dir(args.runs_dir)
     for name in ("resume", "evaluate"):
         path = getattr(args, name)
         if path is not None and not Path(path).is_file():
@@ -758,6 +771,8 @@ def exit_on_ctrl_c(run_dir: str):
         else:
             where = f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
         print(f"{Path(sys.argv[0]).name}: interrupted: {where}", file=sys.stderr, flush=True)
+        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")
         raise SystemExit(130)
 
     signal.signal(signal.SIGINT, handler)

@@ -41,6 +41,7 @@ IDENTICAL = {
     # bad input, checkpoint files, resuming and Ctrl-C: the same rules in every script
     "check_numbers": [SCRIPTS],
     "check_tracking": [SCRIPTS],
+    "check_runs_dir": [SCRIPTS],
     "write_checkpoint_file": [SCRIPTS],
     "read_checkpoint": [SCRIPTS],
     "load_checkpoint": [SCRIPTS],

@@ -1,0 +1,240 @@
+"""Every bad input and every interruption ends in one line, on every script: checkpoints of another
+script, of an older format, truncated or empty; --resume with other flags; --track without a login;
+Ctrl-C (a real SIGINT, with children and a video recorder running). The bad numbers and folders are
+in test_cli.py's in-process cases."""
+
+import importlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import default_ctrl_c, load, read_scalars, script_command
+from scripts import SCRIPTS
+
+
+def refusal(script, capsys, **fields) -> str:
+    """The one line on stderr of `script.main(Args(**fields))`, which must end in exit code 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(script.Args(cuda=False, **fields))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0], lines
+    return lines[0]
+
+
+# CHECKPOINTS -------------------------------------------------------------------------------------
+
+
+def real_checkpoint(name: str, path: Path) -> Path:
+    """A checkpoint written by `name`'s own save_checkpoint (ppo.py or ppo_continuous_action.py)."""
+    script = importlib.import_module(name)
+    agent = script.Agent(4, 2)
+    optimizer = torch.optim.Adam(agent.parameters())
+    extras = {}
+    if name == "ppo_continuous_action":
+        extras = dict(obs_normalizer=script.ObsNormalizer((4,), 10.0), reward_scaler=script.RewardScaler(1, 0.99, 10.0))
+    script.save_checkpoint(str(path), agent, optimizer, script.Args(), 1, 512, **extras)
+    return path
+
+
+@pytest.mark.parametrize("flag", ["evaluate", "resume"])
+def test_a_checkpoint_of_another_script_is_refused_naming_its_script(every_script, flag, tmp_path, monkeypatch,
+                                                                      capsys):
+    monkeypatch.chdir(tmp_path)
+    writer = "ppo_continuous_action" if every_script.__name__ == "ppo" else "ppo"
+    path = real_checkpoint(writer, tmp_path / "model.pt")
+    line = refusal(every_script, capsys, runs_dir=str(tmp_path / "runs"), **{flag: str(path)})
+    assert f"was written by {writer}.py, not {every_script.__name__}.py" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def damaged_files(name: str, folder: Path) -> dict[str, tuple[Path, list[str]]]:
+    """case -> (file, words the error line must contain)"""
+    whole = folder / "whole.pt"
+    torch.save({"model": {}, "args": {}, "script": f"{name}.py", "format": 2, "padding": torch.zeros(1000)}, whole)
+    truncated, empty, old = folder / "truncated.pt", folder / "empty.pt", folder / "old.pt"
+    truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    empty.write_bytes(b"")
+    torch.save({"model": {}, "args": {}, "iteration": 1}, old)  # the keys of a checkpoint before format 2
+    return {"truncated": (truncated, ["truncated.pt", "truncated", "not a complete checkpoint"]),
+            "empty": (empty, ["empty.pt", "not a complete checkpoint"]),
+            "old_format": (old, ["old.pt", "from before format 2"])}
+
+
+@pytest.mark.parametrize("case", ["truncated", "empty", "old_format"])
+def test_a_damaged_or_old_checkpoint_is_refused_saying_what_it_is(every_script, case, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path, words = damaged_files(every_script.__name__, tmp_path)[case]
+    line = refusal(every_script, capsys, evaluate=str(path))
+    for word in words:
+        assert word in line
+    assert "Errno" not in line
+
+
+def test_a_checkpoint_is_flushed_before_its_rename_and_stale_temporary_files_go(tmp_path, monkeypatch):
+    """write_checkpoint_file (the same in every script): fsync of the file, then the rename, then fsync of
+    the folder; a `.pt.tmp` that a killed run left is gone after the next checkpoint."""
+    import ppo
+
+    (tmp_path / "checkpoint.pt.tmp").write_bytes(b"left by a kill")
+    (tmp_path / "model.pt.tmp").write_bytes(b"left by a kill")
+    events, real_fsync, real_replace = [], os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b)))
+    path = tmp_path / "checkpoint.pt"
+    ppo.write_checkpoint_file({"model": {}, "step": 7}, str(path))
+    assert events == [("fsync", f"{path}.tmp"), ("replace", str(path)), ("fsync", str(tmp_path))]
+    assert load(path)["step"] == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+
+# RESUME WITH OTHER FLAGS -------------------------------------------------------------------------
+
+
+def saved_run(script, iteration: int = 2) -> dict:
+    """What resume_args reads from a checkpoint: the saved arguments and how far the run got."""
+    args = script.Args(total_timesteps=script.Args().batch_size * 4, torch_threads=2)
+    return {"args": asdict(args), "iteration": iteration, "global_step": iteration * args.batch_size}
+
+
+def test_resume_honours_what_may_change_and_keeps_the_rest(every_script):
+    saved = saved_run(every_script)
+    total = every_script.Args().batch_size * 10
+    args = every_script.resume_args(every_script.Args(resume="c.pt", total_timesteps=total, torch_threads=3),
+                                    saved)
+    assert (args.resume, args.total_timesteps, args.torch_threads) == ("c.pt", total, 3)
+    assert asdict(args) == {**saved["args"], "resume": "c.pt", "total_timesteps": total, "torch_threads": 3}
+    # a flag not given keeps the saved value, not the default
+    assert every_script.resume_args(every_script.Args(resume="c.pt"), saved).torch_threads == 2
+
+
+@pytest.mark.parametrize("flag, value", [("env_id", "Acrobot-v1"), ("gamma", 0.5), ("num_steps", 7),
+                                         ("runs_dir", "elsewhere")])
+def test_resume_refuses_a_flag_that_cannot_change_naming_it(every_script, flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        every_script.resume_args(every_script.Args(resume="c.pt", **{flag: value}), saved_run(every_script))
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"--{flag.replace('_', '-')} {value}: cannot change on --resume" in line
+
+
+def test_resume_refuses_a_total_the_run_has_reached(every_script, capsys):
+    saved = saved_run(every_script, iteration=4)
+    with pytest.raises(SystemExit):
+        every_script.resume_args(every_script.Args(resume="c.pt"), saved)
+    assert "the run is at step" in capsys.readouterr().err
+
+
+def test_resume_with_a_larger_total_trains_on_with_the_learning_rate_of_the_new_total(tmp_path):
+    """ppo.py trained 2 iterations, resumed with --total-timesteps for 4: 2 more, annealed over 4."""
+    import ppo
+
+    fields = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
+    run_dir = ppo.main(ppo.Args(runs_dir=str(tmp_path), total_timesteps=2 * 32, checkpoint_every=1, **fields))
+    ppo.main(ppo.Args(resume=f"{run_dir}/checkpoint.pt", total_timesteps=4 * 32, cuda=False))
+    assert load(f"{run_dir}/checkpoint.pt")["global_step"] == 4 * 32
+    rates = read_scalars(run_dir)["charts/learning_rate"]
+    lr = ppo.Args().learning_rate
+    assert [step for step, _ in rates] == [32, 64, 96, 128]
+    assert [rate for _, rate in rates] == pytest.approx([lr, lr / 2, lr / 2, lr / 4], rel=1e-6)
+
+
+# WEIGHTS & BIASES --------------------------------------------------------------------------------
+
+
+def test_track_without_a_login_is_refused_before_any_work(every_script, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    line = refusal(every_script, capsys, track=True, runs_dir=str(tmp_path / "runs"))
+    assert "--track: not logged in to Weights & Biases" in line and "wandb login" in line
+    assert "WANDB_MODE=offline" in line
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    every_script.check_tracking(every_script.Args(track=True))  # offline: nothing to refuse
+
+
+# CTRL-C ------------------------------------------------------------------------------------------
+
+# A tiny run of each script, long enough to be interrupted after its first checkpoint. ppo.py and the
+# shared-memory script record videos of CartPole, whose pygame would print a line of its own; Hopper-v5,
+# not the default v4, whose deprecation warning would be two lines more.
+CTRL_C_RUNS = {
+    "ppo": ["--num-envs", 2, "--num-steps", 16, "--capture-video"],
+    "ppo_continuous_action": ["--env-id", "Hopper-v5", "--num-envs", 2, "--num-steps", 16],
+    "ppo_atari": ["--num-envs", 2, "--num-steps", 16],
+    "ppo_atari_lstm": ["--num-envs", 2, "--num-steps", 16],
+    "ppo_atari_multigpu": ["--num-envs", 2, "--num-steps", 16],
+    "ppo_atari_envpool": ["--num-envs", 2, "--num-steps", 16],
+    "ppo_procgen": ["--num-envs", 2, "--num-steps", 16],
+    "ppo_shared_memory_lstm": ["--num-workers", 2, "--num-envs-per-worker", 1, "--num-steps", 16, "--seq-len", 8,
+                               "--capture-video"],
+    "ppo_continuous_action_redis": ["--env-id", "Hopper-v5", "--num-samplers", 1, "--num-chunks", 2, "--num-steps", 16],
+}
+
+
+def test_ctrl_c_ends_every_script_in_one_line_with_the_resume_command(tmp_path):
+    """All scripts at once, each in its own process group that gets SIGINT as a terminal's Ctrl-C sends
+    it (to the script and its workers): exit code 130, and on stderr only the line that names the last
+    checkpoint and the command that resumes it (no traceback, nothing from the workers, no SDL notice)."""
+    assert sorted(CTRL_C_RUNS) == sorted(SCRIPTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "SDL_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    processes = {}
+    try:
+        for name, argv in CTRL_C_RUNS.items():
+            (tmp_path / name).mkdir()
+            processes[name] = subprocess.Popen(
+                script_command(name, *argv, "--num-minibatches", 2, "--update-epochs", 1, "--total-timesteps", 10**8,
+                               "--checkpoint-every", 1),
+                cwd=tmp_path / name, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                preexec_fn=default_ctrl_c, start_new_session=True)
+        waiting, deadline = set(processes), time.monotonic() + 240
+        while waiting and time.monotonic() < deadline:
+            for name in list(waiting):
+                if list((tmp_path / name).glob("runs/*/checkpoint.pt")) or processes[name].poll() is not None:
+                    os.killpg(processes[name].pid, signal.SIGINT)
+                    waiting.discard(name)
+            time.sleep(0.1)
+        assert not waiting, f"no checkpoint in 240 s: {sorted(waiting)}"
+        for name, process in processes.items():
+            _, stderr = process.communicate(timeout=60)
+            (checkpoint,) = (tmp_path / name).glob("runs/*/checkpoint.pt")
+            checkpoint = checkpoint.relative_to(tmp_path / name)
+            assert process.returncode == 130, (name, stderr)
+            assert stderr.splitlines() == [
+                f"{name}.py: interrupted: last checkpoint {checkpoint}; continue with: "
+                f"python {script_command(name)[1]} --resume {checkpoint}"], (name, stderr)
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def test_children_get_the_default_ctrl_c_even_when_the_suite_ignores_it():
+    """A suite started in the background (`nohup bash .ci/run &`) ignores SIGINT and so would every child
+    it starts; the tests that send SIGINT start theirs with default_ctrl_c."""
+
+    def ignores_sigint(preexec_fn) -> bool:
+        child = subprocess.Popen(["sleep", "30"], preexec_fn=preexec_fn)
+        try:
+            ignored = int(Path(f"/proc/{child.pid}/status").read_text().split("SigIgn:")[1].split()[0], 16)
+        finally:
+            child.kill()
+            child.wait()
+        return bool(ignored & (1 << (signal.SIGINT - 1)))
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert ignores_sigint(None)  # what a background suite's children inherit
+        assert not ignores_sigint(default_ctrl_c)
+    finally:
+        signal.signal(signal.SIGINT, previous)
