@@ -42,6 +42,7 @@ Measured speed and scaling: see README, section Distributed scaling.
 """
 
 import hashlib
+import json
 import math
 import os
 import random
@@ -175,9 +176,24 @@ class Args:
 
 def fail(message: str):
     """Bad input: one line on stderr naming the problem, exit code 2, before any long work. Under torchrun
-    every rank checks the same things, so every rank prints the line and exits 2."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    every rank checks the same things, so every rank prints the line and exits 2; the line also goes to
+    torchrun's summary of the failed ranks (see tell_torchrun), the last thing torchrun prints."""
+    line = f"{Path(sys.argv[0]).name}: error: {message}"
+    print(line, file=sys.stderr)
+    tell_torchrun(line)
     raise SystemExit(2)
+
+
+def tell_torchrun(line: str):
+    """Under torchrun: writes `line` to this rank's error file (TORCHELASTIC_ERROR_FILE), which torchrun
+    reads when the rank fails: its ChildFailedError summary then shows the line as the rank's
+    `traceback :` instead of a link to its documentation."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        with open(path, "w") as f:
+            # the layout of torch.distributed.elastic's own error files (its @record decorator writes them)
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                                   "timestamp": str(int(time.time()))}}}, f)
 
 
 def atari_id(env_id: str) -> str:
@@ -1039,15 +1055,19 @@ def make_run_dir(run_dir: str):
 def exit_on_ctrl_c(run_dir: str):
     """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
     how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
-    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
+    It raises SystemExit, so `finally` blocks still run (leaving the process group). Under torchrun each
+    rank gets the signal and prints its line, naming its rank; the checkpoint is on rank 0's machine."""
+    rank, _, world_size = launch_info()
 
     def handler(signum, frame):
         checkpoint = Path(run_dir) / "checkpoint.pt"
+        command = f"python {sys.argv[0]}" if world_size == 1 else "the same torchrun command with"
         if checkpoint.is_file():
-            where = f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
+            where = f"last checkpoint {checkpoint}; continue with: {command} --resume {checkpoint}"
         else:
             where = f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-        print(f"{Path(sys.argv[0]).name}: interrupted: {where}", file=sys.stderr, flush=True)
+        who = "" if world_size == 1 else f"rank {rank}: "
+        print(f"{Path(sys.argv[0]).name}: {who}interrupted: {where}", file=sys.stderr, flush=True)
         # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
         warnings.filterwarnings("ignore", message=".*Unable to save last video")
         raise SystemExit(130)

@@ -20,7 +20,8 @@ NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
 # the same code (docstrings and comments may differ); a piece with more than one group names an
 # intended difference, and the comment says why it exists.
 IDENTICAL = {
-    "fail": [SCRIPTS],
+    # multigpu's also tells torchrun (its failure summary shows the line)
+    "fail": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
     "ppo_loss": [SCRIPTS],
     "layer_init": [SCRIPTS],
     "rng_state": [SCRIPTS],
@@ -47,7 +48,8 @@ IDENTICAL = {
     "load_checkpoint": [SCRIPTS],
     "resume_args": [SCRIPTS],
     "make_run_dir": [SCRIPTS],
-    "exit_on_ctrl_c": [SCRIPTS],
+    # under torchrun: the rank in the line, and torchrun's command to resume
+    "exit_on_ctrl_c": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
 }
 
 
