@@ -26,9 +26,10 @@
 #   WORKERS      jobs at once (CPU count); the multigpu, sharedmem and redis blocks run half as many
 #                (their jobs are several processes each)
 #   RUNS_DIR     run folders go to RUNS_DIR/<block>/, one log per job to RUNS_DIR/<block>/logs/
-#                (runs/benchmark; with QUICK=1 runs/benchmark-quick)
+#                (runs/benchmark in the folder ppo.sh is started from; with QUICK=1 runs/benchmark-quick)
 #   RESULTS_DIR  the table of a block goes to RESULTS_DIR/<block>.md, its plots to RESULTS_DIR/<block>/
-#                (benchmark/results; with QUICK=1 RUNS_DIR/results)
+#                (the repository's benchmark/results; with QUICK=1 RUNS_DIR/results)
+#   Relative paths are taken from the folder ppo.sh is started from; every path it prints is absolute.
 #   QUICK        1: tiny step budgets, for checking that the recipe runs, not for numbers (0)
 #   PYTHON       the Python interpreter (python); TORCHRUN, the multigpu launcher (torchrun)
 #
@@ -44,6 +45,7 @@ absolute() { if [[ $1 = /* ]]; then echo "$1"; else echo "$here/$1"; fi; }
 [[ -n ${RUNS_DIR:-} ]] && RUNS_DIR=$(absolute "$RUNS_DIR")
 [[ -n ${RESULTS_DIR:-} ]] && RESULTS_DIR=$(absolute "$RESULTS_DIR")
 cd "$(dirname "$0")/.."
+repo=$PWD
 
 BLOCKS=${*:-${BLOCKS:-$ALL_BLOCKS}}
 SEEDS=${SEEDS:-1 2 3}
@@ -52,15 +54,16 @@ WORKERS=${WORKERS:-$(getconf _NPROCESSORS_ONLN)}  # not nproc, which obeys OMP_N
 PYTHON=${PYTHON:-python}
 TORCHRUN=${TORCHRUN:-torchrun}
 if [[ $QUICK == 1 ]]; then
-    RUNS_DIR=${RUNS_DIR:-runs/benchmark-quick}
+    RUNS_DIR=${RUNS_DIR:-$here/runs/benchmark-quick}
     RESULTS_DIR=${RESULTS_DIR:-$RUNS_DIR/results}
 else
-    RUNS_DIR=${RUNS_DIR:-runs/benchmark}
-    RESULTS_DIR=${RESULTS_DIR:-benchmark/results}
+    RUNS_DIR=${RUNS_DIR:-$here/runs/benchmark}
+    RESULTS_DIR=${RESULTS_DIR:-$repo/benchmark/results}
 fi
 for block in $BLOCKS; do
     [[ " $ALL_BLOCKS " == *" $block "* ]] || { echo "unknown block '$block' (blocks: $ALL_BLOCKS)" >&2; exit 2; }
 done
+echo "== runs and logs go to $RUNS_DIR/<block>/, tables and plots to $RESULTS_DIR/"
 trap 'echo "ppo.sh: interrupted" >&2; exit 130' INT
 status=0
 

@@ -53,3 +53,31 @@ def test_a_script_not_in_the_repository_is_skipped_with_a_message(tmp_path):
     assert "skipping ppo_procgen.py, which is not in this repository yet" in result.stdout
     assert "skipping ppo_atari_multigpu.py, which is not in this repository yet" in result.stdout
     assert not (tmp_path / "runs").exists()
+
+
+FAKE_PPO = """import os, sys
+runs_dir, env_id = sys.argv[sys.argv.index("--runs-dir") + 1], sys.argv[sys.argv.index("--env-id") + 1]
+os.makedirs(f"{runs_dir}/{env_id}__fake", exist_ok=True)
+"""
+
+
+def test_runs_go_to_the_folder_it_is_started_from_and_printed_paths_exist_from_there(tmp_path):
+    """ppo.sh started from another folder than the repository (the default RUNS_DIR, relative): the run
+    folders are made there, and the folders it prints exist from there (here a repository whose ppo.py
+    only makes its run folder)."""
+    repo, user = tmp_path / "repo", tmp_path / "user"
+    shutil.copytree(REPO / "benchmark", repo / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
+    (repo / "ppo.py").write_text(FAKE_PPO)
+    user.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("RUNS_DIR", "RESULTS_DIR")}
+    result = subprocess.run(["bash", str(repo / "benchmark" / "ppo.sh")], cwd=user, capture_output=True, text=True,
+                            env=dict(env, PYTHON=sys.executable, QUICK="1", BLOCKS="classic", SEEDS="1", WORKERS="2"),
+                            timeout=120)
+    runs = user / "runs" / "benchmark-quick" / "classic"
+    assert sorted(p.name for p in runs.iterdir() if p.name != "logs") == sorted(f"{e}__fake" for e in CLASSIC)
+    assert not (repo / "runs").exists()
+    printed = [line.split(" logs in ")[1].split("/:")[0] for line in result.stdout.splitlines() if " logs in " in line]
+    printed.append(result.stdout.split("== runs and logs go to ")[1].split("/<block>/")[0])
+    assert len(printed) == 2
+    for path in printed:
+        assert (user / path).is_dir(), (path, result.stdout)
