@@ -1077,7 +1077,9 @@ def run_sampler(args: Args):
     except (redis.ConnectionError, redis.TimeoutError) as e:
         print(f"sampler {sampler_id}: lost the Redis server ({e}); exiting", file=sys.stderr)
         raise SystemExit(1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a sampler started by hand (local ones have their own session: no Ctrl-C)
+        print(f"sampler {sampler_id}: interrupted; the learner gives its tickets to the other samplers",
+              file=sys.stderr)
         raise SystemExit(130)
     finally:  # leaving: the learner gives this sampler's tickets to others at once
         if sampler_id is not None:
