@@ -41,6 +41,7 @@ The distributed steps of the training loop are marked DISTRIBUTED; the rest read
 Measured speed and scaling: see README, section Distributed scaling.
 """
 
+import copy
 import hashlib
 import math
 import os
@@ -104,6 +105,10 @@ class Args:
     """path of a checkpoint to continue training from (read by rank 0, sent to all; its saved arguments are used)"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates (on rank 0) and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; rank 0
+    evaluates while the other ranks wait in their next collective, so it must end within --timeout)"""
     eval_episodes: int = 10
     """number of episodes (whole games) of an evaluation"""
     eval_deterministic: bool = False
@@ -219,6 +224,8 @@ def check_args(args: Args, world_size: int):
         bad = [i for i in args.device_ids if not 0 <= i < torch.cuda.device_count()]
         if bad or not args.device_ids:
             fail(f"--device-ids {args.device_ids}: this machine has GPUs 0 to {torch.cuda.device_count() - 1}")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
     for name in ("resume", "evaluate"):
         path = getattr(args, name)
         # only rank 0 reads these files (and sends what it read), so only its machine needs them
@@ -907,6 +914,37 @@ def is_connection_failure(error: RuntimeError) -> bool:
         word in text for word in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out"))
 
 
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+def log_evaluation(writer, returns: list[float], global_step: int):
+    """An evaluation's scalars at the global step it was made: every episode's return as
+    `eval/episodic_return` and their mean as `eval/mean_return`."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+
 # TRAINING ----------------------------------------------------------------------------------------
 
 
@@ -967,6 +1005,7 @@ def run_folder_and_checkpoint(args: Args, rank: int, world_size: int) -> tuple[A
 def open_writer(args: Args, run_dir: str, world_size: int):
     """Rank 0's TensorBoard writer (and Weights & Biases run with --track), with the hyperparameters."""
     os.makedirs(run_dir, exist_ok=True)
+    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
     if args.track:
         import wandb  # imported only when used
 
@@ -1044,6 +1083,7 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
     # its environments differently, so it does not replay the first games
     next_obs, _ = envs.reset(seed=args.seed + global_step + rank * N)
     total_steps = args.num_iterations * args.batch_size
+    progress, best_return = ProgressLine(), float("-inf")  # rank 0's line timer; the best evaluation's mean
     start_time, start_step = time.time(), global_step
     iteration = start_iteration - 1
     while global_step < total_steps:  # the same global_step on every rank: they end together
@@ -1186,13 +1226,29 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
                 writer.add_scalar("charts/episodic_return", episode.episodic_return, episode.step)
                 writer.add_scalar("charts/episodic_length", episode.episodic_length, episode.step)
                 episode_returns.append(episode.episodic_return)
-            if episode_returns:
+            line = progress.due(episode_returns, last=global_step >= total_steps)
+            if line:
                 # with --preempt-fraction the number of iterations is unknown in advance: no "/N"
                 planned = "" if args.preempt_fraction is not None else f"/{args.num_iterations}"
                 eta = str(timedelta(seconds=int((total_steps - global_step) / max(sps, 1))))
-                print(f"iteration {iteration}{planned} global_step={global_step} episodes={len(episode_returns)} "
-                      f"mean_return={np.mean(episode_returns):.2f} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, "
-                      f"update {update_time:.2f}s, comm {comm.seconds:.2f}s)")
+                print(f"iteration {iteration}{planned} global_step={global_step} {line} SPS={sps} ETA={eta} "
+                      f"(rollout {rollout_time:.2f}s, update {update_time:.2f}s, comm {comm.seconds:.2f}s)", flush=True)
+
+        # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
+        # RNG stream (the same episodes every time, those of the final evaluation); the best is kept. Rank 0
+        # evaluates; the others go on to their next collective and wait there for it
+        if args.eval_every and iteration % args.eval_every == 0 and rank == 0:
+            eval_start = time.perf_counter()
+            # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+            eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                                    args.seed + 100_000, torch.device("cpu"))
+            log_evaluation(writer, eval_returns, global_step)
+            if np.mean(eval_returns) > best_return:
+                best_return = float(np.mean(eval_returns))
+                save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step,
+                                rank_rng=[rng_state(device)])
+            print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
+                  f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             rank_rng = all_gather(rng_state(device))  # DISTRIBUTED: every rank's random streams
@@ -1217,8 +1273,7 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"))
-        for i, episodic_return in enumerate(returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        log_evaluation(writer, returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:

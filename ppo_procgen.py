@@ -40,6 +40,7 @@ What is special in this file (the places where envpool scripts usually go wrong)
 - `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
+import copy
 import os
 import random
 import re
@@ -89,6 +90,9 @@ class Args:
     """path of a checkpoint to continue training from (its saved arguments are used)"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training)"""
     eval_episodes: int = 10
     """number of episodes of an evaluation"""
     eval_deterministic: bool = False
@@ -185,6 +189,8 @@ def check_args(args: Args):
              f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
     if args.num_iterations == 0:
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
     for name in ("resume", "evaluate"):
         path = getattr(args, name)
         if path is not None and not Path(path).is_file():
@@ -587,6 +593,37 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     return returns
 
 
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+def log_evaluation(writer, returns: list[float], global_step: int):
+    """An evaluation's scalars at the global step it was made: every episode's return as
+    `eval/episodic_return` and their mean as `eval/mean_return`."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+
 # TRAINING ----------------------------------------------------------------------------------------
 
 
@@ -643,6 +680,7 @@ def main(args: Args):
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     os.makedirs(run_dir, exist_ok=True)
+    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
     if args.track:
         import wandb  # imported only when used
 
@@ -673,6 +711,7 @@ def main(args: Args):
     episode_stats = EpisodeStatistics(N)
     next_obs, _ = envs.reset()
     next_done = np.zeros(N, dtype=bool)  # did the previous step end an episode (then this one is a reset row)
+    progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
     start_time, start_step = time.time(), global_step
     for iteration in range(start_iteration, args.num_iterations + 1):
         if args.anneal_lr:
@@ -767,10 +806,25 @@ def main(args: Args):
         writer.add_scalar("perf/act_time", act_time, global_step)
         writer.add_scalar("perf/env_time", env_time, global_step)
         writer.add_scalar("perf/update_time", update_time, global_step)
-        if episode_returns:
+        line = progress.due(episode_returns, last=iteration == args.num_iterations)
+        if line:
             print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)")
+                  f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+
+        # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
+        # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
+        if args.eval_every and iteration % args.eval_every == 0:
+            eval_start = time.perf_counter()
+            # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+            eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                                    args.seed + 100_000, torch.device("cpu"))
+            log_evaluation(writer, eval_returns, global_step)
+            if np.mean(eval_returns) > best_return:
+                best_return = float(np.mean(eval_returns))
+                save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step,
+                                reward_scaler=reward_scaler)
+            print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
+                  f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
@@ -784,8 +838,7 @@ def main(args: Args):
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"))
-        for i, episodic_return in enumerate(returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        log_evaluation(writer, returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:

@@ -37,6 +37,8 @@ IDENTICAL = {
     "MaxAndSkip": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "EpisodicLife": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "ProgressLine": [SCRIPTS],
+    "log_evaluation": [SCRIPTS],
     "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen", "ppo_continuous_action_redis"]],
 }
 

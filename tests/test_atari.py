@@ -9,7 +9,7 @@ import pytest
 
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari as script
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
                      load, only_run_dir, read_scalars, run_script)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
@@ -59,7 +59,7 @@ def test_games_are_logged_with_their_scores(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 ITERATIONS, BATCH)
 
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from helpers import (LINE, METRICS, MODULES, REAL_ENV, assert_one_line_per_iteration_with_episodes, load,
+from helpers import (LINE, METRICS, MODULES, REAL_ENV, assert_progress_lines, load,
                      only_run_dir, read_scalars, run_script)
 
 ITERATIONS, EVAL_EPISODES = 4, 3
@@ -51,7 +51,7 @@ def test_all_metrics_are_logged(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 ITERATIONS, e2e["batch"])
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ppo_procgen as script
-from helpers import LINE, METRICS, assert_one_line_per_iteration_with_episodes, load, only_run_dir, read_scalars, run_script
+from helpers import LINE, METRICS, assert_progress_lines, load, only_run_dir, read_scalars, run_script
 
 GAME = "bossfight"  # random play ends an episode every 40 steps or so, so episodes end within a short run
 NUM_ENVS, NUM_STEPS, ITERATIONS = 4, 32, 2
@@ -146,7 +146,7 @@ def test_every_episode_is_logged_and_followed_by_a_masked_reset_row(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 ITERATIONS, BATCH)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import redis
 
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
                      only_run_dir, process_table, read_scalars, run_script, script_command)
 
 NAME = "ppo_continuous_action_redis"
@@ -144,7 +144,7 @@ def test_end_to_end_with_two_local_samplers(tmp_path):
     assert iterations * T * K // 5 - 1 <= len(returns) <= iterations * T * K // 5
     assert {v for _, v in returns} == {3.0, 4.0}
     assert {v for _, v in scalars["charts/episodic_length"]} == {5.0}
-    assert_one_line_per_iteration_with_episodes(stdout, LINE, returns, iterations, T * K)
+    assert_progress_lines(stdout, LINE, returns, iterations, T * K)
     assert "samplers 2)" in stdout
     e2e = dict(result=types.SimpleNamespace(stdout=stdout), run_dir=run_dir, cwd=tmp_path)
     assert_evaluate_flag_matches_training(NAME, e2e, 2)
