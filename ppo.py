@@ -407,14 +407,19 @@ def load_checkpoint(path: str) -> dict:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device) -> list[float]:
+             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole episodes of `args.env_id` with the given policy and returns their
     undiscounted returns.
 
     The action sampling uses its own seeded RNG stream, so the same model and seed score the same
     whether evaluated right after training or later from the saved file.
+    `video_prefix` (`--evaluate --capture-video`): records every episode with RecordVideo as
+    `<video_prefix>-episode-<k>.mp4`.
     """
-    env = gym.make(args.env_id)
+    env = gym.make(args.env_id, render_mode="rgb_array" if video_prefix else None)
+    if video_prefix is not None:
+        env = gym.wrappers.RecordVideo(env, str(Path(video_prefix).parent), name_prefix=Path(video_prefix).name,
+                                       episode_trigger=lambda episode: True, disable_logger=True)
     returns = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -442,10 +447,14 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     env.close()
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same episodes as the evaluation reported right after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"))
+                       torch.device("cpu"), video_prefix=video_prefix)
     print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
 
 

@@ -294,7 +294,8 @@ class FireReset(gym.Wrapper):
         return step_in_reset(self.env, 2, info)
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000):
+def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000,
+             video_prefix: str = "rl-video"):
     """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
 
     | wrapper                   | whose      | does                                                    |
@@ -328,7 +329,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
                         max_num_frames_per_episode=4 * max_episode_steps)
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix, disable_logger=True)
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)
@@ -344,7 +345,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     return thunk
 
 
-def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
+def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
+              video_prefix: str = "rl-video") -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
     The games step one after the other in this process, not one process per game (AsyncVectorEnv);
@@ -354,7 +356,8 @@ def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = Fal
     a no-op nor FIRE after a lost life.
     """
     return gym.vector.SyncVectorEnv(
-        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps) for i in range(num_envs)],
+        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix)
+         for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -589,11 +592,15 @@ def load_checkpoint(path: str) -> dict:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device) -> list[float]:
+             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
     and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
-    same model and seed score the same right after training and later from the saved file."""
-    envs = make_envs(args, episodes, "")
+    same model and seed score the same right after training and later from the saved file.
+    `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) with
+    RecordVideo, the unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
+    # environment 0 records to <run_dir>/videos: the videos folder's parent, named by the prefix
+    envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
+                     video_prefix=Path(video_prefix or "rl-video").name)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     with torch.random.fork_rng(devices=[]):
@@ -619,10 +626,14 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     env.close()
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same games as the evaluation reported right after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"))
+                       torch.device("cpu"), video_prefix=video_prefix)
     print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
 
 

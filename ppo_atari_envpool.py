@@ -229,8 +229,8 @@ class VideoRecorder:
     """`--capture-video` for envpool, which has no renderer: the last 84x84 frame of env 0's stacked
     observation, saved as an mp4 per recorded game (games 0, 1, 8, 27, ... as Gymnasium records)."""
 
-    def __init__(self, folder: str):
-        self.folder, self.game, self.frames = folder, 0, []
+    def __init__(self, folder: str, name: str = "game"):
+        self.folder, self.name, self.game, self.frames = folder, name, 0, []
         os.makedirs(folder, exist_ok=True)
 
     def recording(self) -> bool:
@@ -244,7 +244,7 @@ class VideoRecorder:
                 from moviepy import ImageSequenceClip  # imported only when used
 
                 ImageSequenceClip(self.frames, fps=15).write_videofile(
-                    f"{self.folder}/game-{self.game}.mp4", logger=None)
+                    f"{self.folder}/{self.name}-{self.game}.mp4", logger=None)
             self.game, self.frames = self.game + 1, []
 
 
@@ -466,14 +466,18 @@ def load_checkpoint(path: str) -> dict:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device) -> list[float]:
+             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
     and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
-    same model and seed score the same right after training and later from the saved file."""
+    same model and seed score the same right after training and later from the saved file.
+    `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) as
+    `<video_prefix>-episode-0.mp4`, from the observed 84x84 frames (envpool cannot render)."""
     envs = make_envs(args, episodes, seed)
     episode_stats = EpisodeStatistics(episodes)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset()
+    video = None if video_prefix is None else VideoRecorder(str(Path(video_prefix).parent),
+                                                            name=f"{Path(video_prefix).name}-episode")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         while np.isnan(scores).any():
@@ -481,6 +485,8 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
                 logits = agent.actor(agent.features(torch.as_tensor(obs, device=device)))
                 action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, _, _, truncated, info = envs.step(action.cpu().numpy())
+            if video is not None and np.isnan(scores[0]):  # environment 0's first game
+                video.add(obs[0], bool(info["terminated"][0] or truncated[0]))
             for i, score, _ in episode_stats.step(truncated, info):
                 if np.isnan(scores[i]):
                     scores[i] = score
@@ -495,10 +501,14 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent = Agent(make_envs(saved, 1, 0).action_space.n)
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same games as the evaluation reported right after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"))
+                       torch.device("cpu"), video_prefix=video_prefix)
     print(f"evaluation of {path} on {envpool_id(saved.env_id)}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
 
 

@@ -79,6 +79,11 @@ import tyro
 from torch.distributions.normal import Normal
 
 
+# --capture-video renders MuJoCo off-screen; without a display (a server, a container) through EGL
+if "DISPLAY" not in os.environ:
+    os.environ.setdefault("MUJOCO_GL", "egl")
+
+
 @dataclass
 class Args:
     exp_name: str = Path(__file__).stem
@@ -566,14 +571,19 @@ def load_checkpoint(path: str) -> dict:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int, device: torch.device,
-             *, obs_normalizer: ObsNormalizer) -> list[float]:
+             *, obs_normalizer: ObsNormalizer, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole episodes of `args.env_id` with the given policy and returns their
     undiscounted returns.
 
     Observations are normalised with the training statistics, frozen. The action sampling uses its own
     seeded RNG stream, so the same model and seed score the same right after training and later.
+    `video_prefix` (`--evaluate --capture-video`): records every episode with RecordVideo as
+    `<video_prefix>-episode-<k>.mp4`.
     """
-    env = gym.make(args.env_id)
+    env = gym.make(args.env_id, render_mode="rgb_array" if video_prefix else None)
+    if video_prefix is not None:
+        env = gym.wrappers.RecordVideo(env, str(Path(video_prefix).parent), name_prefix=Path(video_prefix).name,
+                                       episode_trigger=lambda episode: True, disable_logger=True)
     low, high = env.action_space.low, env.action_space.high
     returns = []
     with torch.random.fork_rng(devices=[]):
@@ -610,10 +620,14 @@ def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
 def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
     saved, agent, obs_normalizer = load_for_evaluation(path)
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"), obs_normalizer=obs_normalizer)  # the episodes played after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,  # the episodes
+                       torch.device("cpu"), obs_normalizer=obs_normalizer, video_prefix=video_prefix)  # after training
     print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
 
 

@@ -296,8 +296,8 @@ class VideoRecorder:
     """`--capture-video` for envpool, which has no renderer: env 0's 64x64 RGB observations, saved as an
     mp4 per recorded episode (episodes 0, 1, 8, 27, ... as Gymnasium records)."""
 
-    def __init__(self, folder: str):
-        self.folder, self.episode, self.frames = folder, 0, []
+    def __init__(self, folder: str, name: str = "episode"):
+        self.folder, self.name, self.episode, self.frames = folder, name, 0, []
         os.makedirs(folder, exist_ok=True)
 
     def recording(self) -> bool:
@@ -311,7 +311,7 @@ class VideoRecorder:
                 from moviepy import ImageSequenceClip  # imported only when used
 
                 ImageSequenceClip(self.frames, fps=15).write_videofile(
-                    f"{self.folder}/episode-{self.episode}.mp4", logger=None)
+                    f"{self.folder}/{self.name}-{self.episode}.mp4", logger=None)
             self.episode, self.frames = self.episode + 1, []
 
 
@@ -557,14 +557,18 @@ def load_checkpoint(path: str) -> dict:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device) -> list[float]:
+             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole episodes, one per environment, on the training distribution (easy, all
     levels) and returns their raw scores. The action sampling uses its own seeded RNG stream, so the
-    same model and seed score the same right after training and later from the saved file."""
+    same model and seed score the same right after training and later from the saved file.
+    `video_prefix` (`--evaluate --capture-video`): records the episode of environment 0 (the first) as
+    `<video_prefix>-episode-0.mp4`, from the observed 64x64 frames (envpool cannot render)."""
     envs = make_envs(args, episodes, seed)
     episode_stats = EpisodeStatistics(episodes)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset()
+    video = None if video_prefix is None else VideoRecorder(str(Path(video_prefix).parent),
+                                                            name=f"{Path(video_prefix).name}-episode")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         while np.isnan(scores).any():
@@ -572,6 +576,8 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
                 logits = agent.actor(agent.features(as_images(obs).to(device)))
                 action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            if video is not None and np.isnan(scores[0]):  # environment 0's first episode
+                video.add(obs[0], bool(terminated[0] or truncated[0]))
             for i, score, _ in episode_stats.step(reward, terminated | truncated, info):
                 if np.isnan(scores[i]):
                     scores[i] = score
@@ -586,10 +592,14 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent = Agent(envpool.make_spec(procgen_id(saved.env_id)).action_space.n)
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same levels as the evaluation reported right after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"))
+                       torch.device("cpu"), video_prefix=video_prefix)
     print(f"evaluation of {path} on {procgen_id(saved.env_id)}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
 
 

@@ -363,7 +363,7 @@ class HideVelocity(gym.ObservationWrapper):
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_velocity: bool = False,
-             max_episode_steps: int = 27_000):
+             max_episode_steps: int = 27_000, video_prefix: str = "rl-video"):
     """A thunk that builds environment `idx` of a vector environment; with `capture_video`, environment 0
     records videos to `run_dir/videos`.
 
@@ -394,7 +394,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
         if not atari:
             if capture_video:
                 env = gym.make(env_id, render_mode="rgb_array")
-                env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+                env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix, disable_logger=True)
             else:
                 env = gym.make(env_id)
             if hide_velocity:
@@ -404,7 +404,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
                         max_num_frames_per_episode=4 * max_episode_steps)
         if capture_video:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix, disable_logger=True)
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)
@@ -420,13 +420,14 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
     return thunk
 
 
-def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
+def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
+              video_prefix: str = "rl-video") -> gym.vector.VectorEnv:
     """One worker's vector environment, stepped in the worker's own process, with same-step autoreset:
     the step that ends an episode returns the next episode's first observation (the last one of the
     old episode is in `info["final_obs"]`), so every stored transition is real experience."""
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, capture_video, run_dir, hide_velocity=args.hide_velocity,
-                  max_episode_steps=args.max_episode_steps) for i in range(num_envs)],
+                  max_episode_steps=args.max_episode_steps, video_prefix=video_prefix) for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -835,12 +836,16 @@ def load_checkpoint(path: str) -> dict:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device) -> list[float]:
+             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole episodes (Atari: games, all lives), one per environment, in this process
     with the training preprocessing, and returns their returns (unclipped scores). The action sampling
     uses its own seeded RNG stream, so the same model and seed score the same right after training
-    and later from the saved file."""
-    envs = make_envs(args, episodes, "")
+    and later from the saved file.
+    `video_prefix` (`--evaluate --capture-video`): records the episode of environment 0 (the first) with
+    RecordVideo, the unpreprocessed RGB frames for a game, as `<video_prefix>-episode-0.mp4`."""
+    # environment 0 records to <run_dir>/videos: the videos folder's parent, named by the prefix
+    envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
+                     video_prefix=Path(video_prefix or "rl-video").name)
     returns = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
@@ -870,10 +875,14 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     envs.close()
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same episodes as the evaluation reported right after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"))
+                       torch.device("cpu"), video_prefix=video_prefix)
     print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
 
 

@@ -140,6 +140,17 @@ def assert_progress_lines(stdout: str, line: re.Pattern, returns, iterations: in
         previous = k
 
 
+def assert_evaluation_videos(script, model: Path, episodes: int, videos: int, capsys):
+    """`--evaluate MODEL --capture-video` (in-process) records `videos` non-empty mp4 files into videos/
+    beside the model, named after it, and prints where they are."""
+    capsys.readouterr()
+    script.main(script.Args(evaluate=str(model), eval_episodes=episodes, capture_video=True, cuda=False))
+    folder = model.parent / "videos"
+    recorded = sorted(folder.glob(f"{model.stem}-eval-episode-*.mp4"))
+    assert len(recorded) == videos and all(video.stat().st_size > 1000 for video in recorded), recorded
+    assert f"videos of the evaluation in {folder}: {', '.join(video.name for video in recorded)}" in capsys.readouterr().out
+
+
 def process_table() -> dict[int, tuple[int, str, int]]:
     """pid -> (parent pid, state, start time in clock ticks) of every process, from /proc."""
     table = {}

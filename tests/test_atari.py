@@ -9,7 +9,7 @@ import pytest
 
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari as script
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
+from helpers import (assert_evaluation_videos, LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
                      load, only_run_dir, read_scalars, run_script)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
@@ -125,3 +125,7 @@ def test_truncated_games_bootstrap_the_value_of_their_final_observation(bootstra
         assert (final_values[dones.bool()] != 0).all()
     else:
         assert (final_values == 0).all()
+
+
+def test_evaluate_capture_video_records_the_first_game(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 2, 1, capsys)

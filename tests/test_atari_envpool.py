@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ppo_atari_envpool as script
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
+from helpers import (assert_evaluation_videos, LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
                      load, only_run_dir, read_scalars, run_script)
 
 MAX_STEPS = 40  # a short time limit, so that games are truncated within the test
@@ -128,3 +128,7 @@ def test_bad_env_id_gets_one_line_and_exit_code_2(tmp_path, env_id, words):
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert line.startswith("ppo_atari_envpool.py: error: ") and all(word in line for word in words)
+
+
+def test_evaluate_capture_video_records_the_first_game_from_observations(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 1, 1, capsys)

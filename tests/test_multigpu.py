@@ -24,7 +24,7 @@ import torch.distributed as dist
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari
 import ppo_atari_multigpu as script
-from helpers import (LINE, METRICS, REPO, assert_evaluate_flag_matches_training,
+from helpers import (assert_evaluation_videos, LINE, METRICS, REPO, assert_evaluate_flag_matches_training,
                      assert_progress_lines, load, only_run_dir, process_table, read_scalars)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS = 6, 4, 32
@@ -438,3 +438,7 @@ def test_ranks_sharing_a_gpu_use_gloo(monkeypatch):
     assert script.select_backend(args, torch.device("cuda", 0)) == "gloo"
     with pytest.raises(SystemExit):
         script.select_backend(script.Args(backend="nccl"), torch.device("cuda", 0))
+
+
+def test_evaluate_capture_video_records_the_first_game(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 1, 1, capsys)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ppo_procgen as script
-from helpers import LINE, METRICS, assert_progress_lines, load, only_run_dir, read_scalars, run_script
+from helpers import LINE, assert_evaluation_videos, METRICS, assert_progress_lines, load, only_run_dir, read_scalars, run_script
 
 GAME = "bossfight"  # random play ends an episode every 40 steps or so, so episodes end within a short run
 NUM_ENVS, NUM_STEPS, ITERATIONS = 4, 32, 2
@@ -238,3 +238,7 @@ def test_missing_qt_runtime_gets_one_line_naming_the_package_and_exit_code_2(tmp
         "ppo_procgen.py: error: envpool's Procgen needs the Qt 5 runtime: install the Debian/Ubuntu package "
         "libqt5gui5 (sudo apt-get install libqt5gui5)"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_evaluate_capture_video_records_the_first_episode_from_observations(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 1, 1, capsys)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ppo_shared_memory_lstm as script
-from helpers import (LINE, METRICS, assert_progress_lines, check_resume_after_interruption,
+from helpers import (assert_evaluation_videos, LINE, METRICS, assert_progress_lines, check_resume_after_interruption,
                      load, only_run_dir, process_table, read_scalars, run_script, start_script)
 
 NAME = "ppo_shared_memory_lstm"
@@ -425,3 +425,7 @@ def test_classic_control_actor_and_critic_towers_are_separate():
         touched = {name for name, p in agent.named_parameters() if p.grad is not None and p.grad.any()}
         assert {prefix for prefix in tower if any(name.startswith(prefix) for name in touched)} == set(tower)
         assert all(name.startswith(tower) for name in touched), touched
+
+
+def test_evaluate_capture_video_records_the_first_episode(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 2, 1, capsys)
