@@ -1166,6 +1166,17 @@ def log_evaluation(writer, returns: list[float], global_step: int):
     writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
 
 
+def finish_tracking(run_dir: str):
+    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
+    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
+    they are written)."""
+    import wandb  # imported only when used
+
+    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
+        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
+    wandb.finish()
+
+
 # TRAINING ----------------------------------------------------------------------------------------
 
 
@@ -1384,7 +1395,7 @@ def main(args: Args):
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:
-        wandb.finish()
+        finish_tracking(run_dir)
     return run_dir
 
 

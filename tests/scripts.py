@@ -39,6 +39,7 @@ IDENTICAL = {
     "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "ProgressLine": [SCRIPTS],
     "log_evaluation": [SCRIPTS],
+    "finish_tracking": [SCRIPTS],
     "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen", "ppo_continuous_action_redis"]],
 }
 
