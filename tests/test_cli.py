@@ -51,6 +51,7 @@ EVERY_SCRIPT_CASES = {  # case -> (Args fields, words the error line must contai
     "missing_resume": (dict(resume="gone.pt"), ["--resume", "gone.pt"]),
     "not_a_checkpoint": (dict(evaluate="notes.txt"), ["notes.txt"]),
     "foreign_checkpoint": (dict(evaluate="foreign.pt"), ["foreign.pt", "not a checkpoint"]),
+    "negative_eval_every": (dict(eval_every=-1), ["--eval-every", "-1"]),
 }
 
 
