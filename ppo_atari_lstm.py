@@ -77,7 +77,8 @@ class Args:
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
     eval_every: int = 0
     """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training)"""
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
+    ppo_atari.py's: 54 s for 10 games of an untrained agent in benchmark/results/evaluation.md)"""
     eval_episodes: int = 10
     """number of episodes (whole games, all lives) of an evaluation"""
     eval_deterministic: bool = False

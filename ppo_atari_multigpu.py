@@ -107,8 +107,9 @@ class Args:
     """path of a checkpoint or model to evaluate; evaluates (on rank 0) and exits without training"""
     eval_every: int = 0
     """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; rank 0
-    evaluates while the other ranks wait in their next collective, so it must end within --timeout)"""
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
+    ppo_atari.py's: 54 s for 10 games of an untrained agent in benchmark/results/evaluation.md; rank 0 evaluates while the other ranks wait in their next
+    collective, so it must end within --timeout)"""
     eval_episodes: int = 10
     """number of episodes (whole games) of an evaluation"""
     eval_deterministic: bool = False

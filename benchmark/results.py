@@ -191,12 +191,18 @@ def plot_profiles(root: Path, out_dir: Path, last: int, references: dict[tuple[s
                                              xlabel=r"normalised score $\tau$ (1 = published reference)",
                                              ylabel=r"fraction of runs with score $> \tau$")
         ax.set_title(f"{exp_name}.py: {len(scores)} seeds x {len(envs)} envs", fontsize="medium")
-        fig.tight_layout()
-        path = out_dir / f"profile__{exp_name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, out_dir / f"profile__{exp_name}.png"))
     return written
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Writes a figure as a PNG (100 dpi, tight layout), closes it, and returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -266,11 +272,7 @@ def plot(root: Path, out_dir: Path, window: int = 10,
                            label=f"CleanRL at {short_steps(reference['steps'])} steps")
             ax.set(title=f"{exp_name}.py on {env_id}", xlabel=xlabel, ylabel="episodic return")
             ax.legend(loc="best", fontsize="small")
-            fig.tight_layout()
-            path = out_dir / f"{env_id.replace('/', '_')}__{exp_name}{suffix}.png"
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-            written.append(path)
+            written.append(save_figure(fig, out_dir / f"{env_id.replace('/', '_')}__{exp_name}{suffix}.png"))
     return written
 
 
