@@ -108,8 +108,8 @@ class Args:
     eval_every: int = 0
     """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
     model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
-    ppo_atari.py's: 54 s for 10 games of an untrained agent in benchmark/results/evaluation.md; rank 0 evaluates while the other ranks wait in their next
-    collective, so it must end within --timeout)"""
+    as ppo_atari.py's, 54 s for 10 games of an untrained agent, in benchmark/results/evaluation.md; rank 0
+    evaluates while the other ranks wait in their next collective, so it must end within --timeout)"""
     eval_episodes: int = 10
     """number of episodes (whole games) of an evaluation"""
     eval_deterministic: bool = False

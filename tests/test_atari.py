@@ -9,8 +9,8 @@ import pytest
 
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari as script
-from helpers import (assert_evaluation_videos, LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
-                     load, only_run_dir, read_scalars, run_script)
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
+                     assert_progress_lines, load, only_run_dir, read_scalars, run_script)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
 BATCH = NUM_ENVS * NUM_STEPS

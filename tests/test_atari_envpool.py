@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import ppo_atari_envpool as script
-from helpers import (assert_evaluation_videos, LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
-                     load, only_run_dir, read_scalars, run_script)
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
+                     assert_progress_lines, load, only_run_dir, read_scalars, run_script)
 
 MAX_STEPS = 40  # a short time limit, so that games are truncated within the test
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from helpers import (assert_evaluation_videos, LINE, METRICS, MODULES, REAL_ENV, assert_progress_lines, load,
+from helpers import (LINE, METRICS, MODULES, REAL_ENV, assert_evaluation_videos, assert_progress_lines, load,
                      only_run_dir, read_scalars, run_script)
 
 ITERATIONS, EVAL_EPISODES = 4, 3

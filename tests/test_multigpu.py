@@ -24,7 +24,7 @@ import torch.distributed as dist
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari
 import ppo_atari_multigpu as script
-from helpers import (assert_evaluation_videos, LINE, METRICS, REPO, assert_evaluate_flag_matches_training,
+from helpers import (LINE, METRICS, REPO, assert_evaluate_flag_matches_training, assert_evaluation_videos,
                      assert_progress_lines, load, only_run_dir, process_table, read_scalars)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS = 6, 4, 32

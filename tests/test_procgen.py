@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import ppo_procgen as script
-from helpers import LINE, assert_evaluation_videos, METRICS, assert_progress_lines, load, only_run_dir, read_scalars, run_script
+from helpers import (LINE, METRICS, assert_evaluation_videos, assert_progress_lines, load, only_run_dir, read_scalars,
+                     run_script)
 
 GAME = "bossfight"  # random play ends an episode every 40 steps or so, so episodes end within a short run
 NUM_ENVS, NUM_STEPS, ITERATIONS = 4, 32, 2

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ppo_shared_memory_lstm as script
-from helpers import (assert_evaluation_videos, LINE, METRICS, assert_progress_lines, check_resume_after_interruption,
+from helpers import (LINE, METRICS, assert_evaluation_videos, assert_progress_lines, check_resume_after_interruption,
                      load, only_run_dir, process_table, read_scalars, run_script, start_script)
 
 NAME = "ppo_shared_memory_lstm"
