@@ -296,7 +296,7 @@ class FireReset(gym.Wrapper):
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000,
-             video_prefix: str = "rl-video"):
+             video_prefix: str = "rl-video", video_trigger=None):
     """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
 
     | wrapper                   | whose      | does                                                    |
@@ -330,7 +330,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
                         max_num_frames_per_episode=4 * max_episode_steps)
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
+                                           episode_trigger=video_trigger, disable_logger=True)
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)
@@ -347,7 +348,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
 
 
 def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
-              video_prefix: str = "rl-video") -> gym.vector.VectorEnv:
+              video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
     The games step one after the other in this process, not one process per game (AsyncVectorEnv);
@@ -357,7 +358,7 @@ def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = Fal
     a no-op nor FIRE after a lost life.
     """
     return gym.vector.SyncVectorEnv(
-        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix)
+        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
          for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
@@ -599,9 +600,9 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     same model and seed score the same right after training and later from the saved file.
     `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) with
     RecordVideo, the unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
-    # environment 0 records to <run_dir>/videos: the videos folder's parent, named by the prefix
+    # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
     envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
-                     video_prefix=Path(video_prefix or "rl-video").name)
+                     video_prefix=Path(video_prefix or "rl-video").name, video_trigger=lambda episode: episode == 0)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     with torch.random.fork_rng(devices=[]):

@@ -365,7 +365,7 @@ class HideVelocity(gym.ObservationWrapper):
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_velocity: bool = False,
-             max_episode_steps: int = 27_000, video_prefix: str = "rl-video"):
+             max_episode_steps: int = 27_000, video_prefix: str = "rl-video", video_trigger=None):
     """A thunk that builds environment `idx` of a vector environment; with `capture_video`, environment 0
     records videos to `run_dir/videos`.
 
@@ -396,7 +396,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
         if not atari:
             if capture_video:
                 env = gym.make(env_id, render_mode="rgb_array")
-                env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix, disable_logger=True)
+                env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
+                                               episode_trigger=video_trigger, disable_logger=True)
             else:
                 env = gym.make(env_id)
             if hide_velocity:
@@ -406,7 +407,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
                         max_num_frames_per_episode=4 * max_episode_steps)
         if capture_video:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix, disable_logger=True)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
+                                           episode_trigger=video_trigger, disable_logger=True)
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)
@@ -423,13 +425,14 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
 
 
 def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
-              video_prefix: str = "rl-video") -> gym.vector.VectorEnv:
+              video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
     """One worker's vector environment, stepped in the worker's own process, with same-step autoreset:
     the step that ends an episode returns the next episode's first observation (the last one of the
     old episode is in `info["final_obs"]`), so every stored transition is real experience."""
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, capture_video, run_dir, hide_velocity=args.hide_velocity,
-                  max_episode_steps=args.max_episode_steps, video_prefix=video_prefix) for i in range(num_envs)],
+                  max_episode_steps=args.max_episode_steps, video_prefix=video_prefix,
+                  video_trigger=video_trigger) for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -845,9 +848,9 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     and later from the saved file.
     `video_prefix` (`--evaluate --capture-video`): records the episode of environment 0 (the first) with
     RecordVideo, the unpreprocessed RGB frames for a game, as `<video_prefix>-episode-0.mp4`."""
-    # environment 0 records to <run_dir>/videos: the videos folder's parent, named by the prefix
+    # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
     envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
-                     video_prefix=Path(video_prefix or "rl-video").name)
+                     video_prefix=Path(video_prefix or "rl-video").name, video_trigger=lambda episode: episode == 0)
     returns = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
