@@ -14,6 +14,7 @@ import uuid
 import numpy as np
 import pytest
 import redis
+import torch
 
 from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
                      only_run_dir, process_table, read_scalars, run_script, script_command)
@@ -341,3 +342,14 @@ def test_bad_redis_arguments_get_one_line_and_exit_code_2(tmp_path, argv, words)
     for word in words:
         assert word in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_evaluation_records_every_episode_on_video(tmp_path):
+    """`--evaluate --capture-video` in this script: its evaluate records with RecordVideo (MuJoCo off-screen),
+    as ppo_continuous_action.py's does (tests/test_end_to_end.py runs that one from a saved model)."""
+    args = script.Args(env_id="Hopper-v4")
+    agent, normalizer = script.Agent(11, 3), script.ObsNormalizer((11,), args.obs_clip)
+    prefix = tmp_path / "videos" / "model-eval"
+    script.evaluate(agent, args, 1, False, 0, torch.device("cpu"), obs_normalizer=normalizer, video_prefix=str(prefix))
+    (video,) = (tmp_path / "videos").glob("model-eval-episode-*.mp4")
+    assert video.name == "model-eval-episode-0.mp4" and video.stat().st_size > 1000
