@@ -581,8 +581,10 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     `video_prefix` (`--evaluate --capture-video`): records every episode with RecordVideo as
     `<video_prefix>-episode-<k>.mp4`.
     """
-    env = gym.make(args.env_id, render_mode="rgb_array" if video_prefix else None)
-    if video_prefix is not None:
+    if video_prefix is None:
+        env = gym.make(args.env_id)
+    else:
+        env = gym.make(args.env_id, render_mode="rgb_array")
         env = gym.wrappers.RecordVideo(env, str(Path(video_prefix).parent), name_prefix=Path(video_prefix).name,
                                        episode_trigger=lambda episode: True, disable_logger=True)
     low, high = env.action_space.low, env.action_space.high
