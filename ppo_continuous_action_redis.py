@@ -79,11 +79,6 @@ import tyro
 from torch.distributions.normal import Normal
 
 
-# --capture-video renders MuJoCo off-screen; without a display (a server, a container) through EGL
-if "DISPLAY" not in os.environ:
-    os.environ.setdefault("MUJOCO_GL", "egl")
-
-
 @dataclass
 class Args:
     exp_name: str = Path(__file__).stem
@@ -584,6 +579,7 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     if video_prefix is None:
         env = gym.make(args.env_id)
     else:
+        os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
         env = gym.make(args.env_id, render_mode="rgb_array")
         env = gym.wrappers.RecordVideo(env, str(Path(video_prefix).parent), name_prefix=Path(video_prefix).name,
                                        episode_trigger=lambda episode: True, disable_logger=True)
