@@ -31,6 +31,7 @@ What is special in this file (the places where Atari scripts usually go wrong):
 - `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
+import copy
 import math
 import os
 import random
@@ -83,6 +84,10 @@ class Args:
     """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
+    54 s for 10 games of an untrained agent, more for longer games in benchmark/results/evaluation.md)"""
     eval_episodes: int = 10
     """number of episodes (whole games, all lives) of an evaluation"""
     eval_deterministic: bool = False
@@ -216,6 +221,8 @@ def check_args(args: Args):
              f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
     check_tracking(args)
     if args.resume is None and args.evaluate is None:
         check_runs_dir(args.runs_dir)
@@ -341,7 +348,8 @@ class FireReset(gym.Wrapper):
         return step_in_reset(self.env, 2, info)
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000):
+def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000,
+             video_prefix: str = "rl-video", video_trigger=None):
     """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
 
     | wrapper                   | whose      | does                                                    |
@@ -375,7 +383,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
                         max_num_frames_per_episode=4 * max_episode_steps)
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
+                                           episode_trigger=video_trigger, disable_logger=True)
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)
@@ -391,7 +400,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     return thunk
 
 
-def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
+def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
+              video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
     The games step one after the other in this process, not one process per game (AsyncVectorEnv);
@@ -401,7 +411,8 @@ def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = Fal
     a no-op nor FIRE after a lost life.
     """
     return gym.vector.SyncVectorEnv(
-        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps) for i in range(num_envs)],
+        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
+         for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -686,7 +697,7 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_deterministic")
+                        "eval_every", "eval_deterministic")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -711,11 +722,15 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device) -> list[float]:
+             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
     and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
-    same model and seed score the same right after training and later from the saved file."""
-    envs = make_envs(args, episodes, "")
+    same model and seed score the same right after training and later from the saved file.
+    `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) with
+    RecordVideo, the unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
+    # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
+    envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
+                     video_prefix=Path(video_prefix or "rl-video").name, video_trigger=lambda episode: episode == 0)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     with torch.random.fork_rng(devices=[]):
@@ -741,11 +756,57 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     env.close()
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same games as the evaluation reported right after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"))
+                       torch.device("cpu"), video_prefix=video_prefix)
     print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
+
+
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+def log_evaluation(writer, returns: list[float], global_step: int):
+    """An evaluation's scalars at the global step it was made: every episode's return as
+    `eval/episodic_return` and their mean as `eval/mean_return`."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+
+def finish_tracking(run_dir: str):
+    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
+    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
+    they are written)."""
+    import wandb  # imported only when used
+
+    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
+        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
+    wandb.finish()
 
 
 # TRAINING ----------------------------------------------------------------------------------------
@@ -827,6 +888,7 @@ def main(args: Args):
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     make_run_dir(run_dir)
+    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
     if args.track:
         import wandb  # imported only when used
 
@@ -854,6 +916,7 @@ def main(args: Args):
 
     # A resumed run reseeds its environments differently, so it does not replay the first games
     next_obs, _ = envs.reset(seed=args.seed + global_step)
+    progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
     start_time, start_step = time.time(), global_step
     for iteration in range(start_iteration, args.num_iterations + 1):
         if args.anneal_lr:
@@ -952,10 +1015,24 @@ def main(args: Args):
         writer.add_scalar("perf/act_time", act_time, global_step)
         writer.add_scalar("perf/env_time", env_time, global_step)
         writer.add_scalar("perf/update_time", update_time, global_step)
-        if episode_returns:
+        line = progress.due(episode_returns, last=iteration == args.num_iterations)
+        if line:
             print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)")
+                  f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+
+        # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
+        # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
+        if args.eval_every and iteration % args.eval_every == 0:
+            eval_start = time.perf_counter()
+            # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+            eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                                    args.seed + 100_000, torch.device("cpu"))
+            log_evaluation(writer, eval_returns, global_step)
+            if np.mean(eval_returns) > best_return:
+                best_return = float(np.mean(eval_returns))
+                save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
+            print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
+                  f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
@@ -968,12 +1045,11 @@ def main(args: Args):
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"))
-        for i, episodic_return in enumerate(returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        log_evaluation(writer, returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:
-        wandb.finish()
+        finish_tracking(run_dir)
     return run_dir
 
 

@@ -28,6 +28,7 @@ What is special in this file (the places where envpool scripts usually go wrong)
 - `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
+import copy
 import math
 import os
 import random
@@ -79,6 +80,10 @@ class Args:
     """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
+    39 s for 10 games of an untrained agent, more for longer games in benchmark/results/evaluation.md)"""
     eval_episodes: int = 10
     """number of episodes (whole games, all lives) of an evaluation"""
     eval_deterministic: bool = False
@@ -208,6 +213,8 @@ def check_args(args: Args):
              f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
     check_tracking(args)
     if args.resume is None and args.evaluate is None:
         check_runs_dir(args.runs_dir)
@@ -276,8 +283,8 @@ class VideoRecorder:
     """`--capture-video` for envpool, which has no renderer: the last 84x84 frame of env 0's stacked
     observation, saved as an mp4 per recorded game (games 0, 1, 8, 27, ... as Gymnasium records)."""
 
-    def __init__(self, folder: str):
-        self.folder, self.game, self.frames = folder, 0, []
+    def __init__(self, folder: str, name: str = "game"):
+        self.folder, self.name, self.game, self.frames = folder, name, 0, []
         os.makedirs(folder, exist_ok=True)
 
     def recording(self) -> bool:
@@ -291,7 +298,7 @@ class VideoRecorder:
                 from moviepy import ImageSequenceClip  # imported only when used
 
                 ImageSequenceClip(self.frames, fps=15).write_videofile(
-                    f"{self.folder}/game-{self.game}.mp4", logger=None)
+                    f"{self.folder}/{self.name}-{self.game}.mp4", logger=None)
             self.game, self.frames = self.game + 1, []
 
 
@@ -563,7 +570,7 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_deterministic", "envpool_threads")
+                        "eval_every", "eval_deterministic", "envpool_threads")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -588,14 +595,18 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device) -> list[float]:
+             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
     and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
-    same model and seed score the same right after training and later from the saved file."""
+    same model and seed score the same right after training and later from the saved file.
+    `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) as
+    `<video_prefix>-episode-0.mp4`, from the observed 84x84 frames (envpool cannot render)."""
     envs = make_envs(args, episodes, seed)
     episode_stats = EpisodeStatistics(episodes)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset()
+    video = None if video_prefix is None else VideoRecorder(str(Path(video_prefix).parent),
+                                                            name=f"{Path(video_prefix).name}-episode")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         while np.isnan(scores).any():
@@ -603,6 +614,8 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
                 logits = agent.actor(agent.features(torch.as_tensor(obs, device=device)))
                 action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
             obs, _, _, truncated, info = envs.step(action.cpu().numpy())
+            if video is not None and np.isnan(scores[0]):  # environment 0's first game
+                video.add(obs[0], bool(info["terminated"][0] or truncated[0]))
             for i, score, _ in episode_stats.step(truncated, info):
                 if np.isnan(scores[i]):
                     scores[i] = score
@@ -617,11 +630,57 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent = Agent(make_envs(saved, 1, 0).action_space.n)
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same games as the evaluation reported right after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"))
+                       torch.device("cpu"), video_prefix=video_prefix)
     print(f"evaluation of {path} on {envpool_id(saved.env_id)}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
+
+
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+def log_evaluation(writer, returns: list[float], global_step: int):
+    """An evaluation's scalars at the global step it was made: every episode's return as
+    `eval/episodic_return` and their mean as `eval/mean_return`."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+
+def finish_tracking(run_dir: str):
+    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
+    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
+    they are written)."""
+    import wandb  # imported only when used
+
+    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
+        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
+    wandb.finish()
 
 
 # TRAINING ----------------------------------------------------------------------------------------
@@ -704,6 +763,7 @@ def main(args: Args):
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     make_run_dir(run_dir)
+    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
     if args.track:
         import wandb  # imported only when used
 
@@ -734,6 +794,7 @@ def main(args: Args):
     episode_stats = EpisodeStatistics(N)
     next_obs, _ = envs.reset()
     next_done = np.zeros(N, dtype=bool)  # did the previous step end an episode (then this one is a reset row)
+    progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
     start_time, start_step = time.time(), global_step
     for iteration in range(start_iteration, args.num_iterations + 1):
         if args.anneal_lr:
@@ -828,10 +889,24 @@ def main(args: Args):
         writer.add_scalar("perf/act_time", act_time, global_step)
         writer.add_scalar("perf/env_time", env_time, global_step)
         writer.add_scalar("perf/update_time", update_time, global_step)
-        if episode_returns:
+        line = progress.due(episode_returns, last=iteration == args.num_iterations)
+        if line:
             print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)")
+                  f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+
+        # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
+        # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
+        if args.eval_every and iteration % args.eval_every == 0:
+            eval_start = time.perf_counter()
+            # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+            eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                                    args.seed + 100_000, torch.device("cpu"))
+            log_evaluation(writer, eval_returns, global_step)
+            if np.mean(eval_returns) > best_return:
+                best_return = float(np.mean(eval_returns))
+                save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
+            print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
+                  f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
@@ -844,12 +919,11 @@ def main(args: Args):
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"))
-        for i, episodic_return in enumerate(returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        log_evaluation(writer, returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:
-        wandb.finish()
+        finish_tracking(run_dir)
     return run_dir
 
 

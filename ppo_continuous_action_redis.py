@@ -48,6 +48,7 @@ sampler processes, synchronous and on-policy:
 - `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
+import copy
 import ctypes
 import json
 import math
@@ -107,6 +108,10 @@ class Args:
     """path of a checkpoint to continue from; only --total-timesteps, machine and Redis flags may change"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
+    ppo_continuous_action.py's: 2 s for 10 episodes of an untrained agent in benchmark/results/evaluation.md)"""
     eval_episodes: int = 10
     """number of episodes of an evaluation"""
     eval_deterministic: bool = False
@@ -272,6 +277,8 @@ def check_args(args: Args) -> tuple[tuple, int]:
              f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
     check_tracking(args)
     if args.resume is None and args.evaluate is None:
         check_runs_dir(args.runs_dir)
@@ -661,7 +668,7 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_deterministic", "redis_url", "run_id", "num_samplers", "sampler_timeout")
+                        "eval_every", "eval_deterministic", "redis_url", "run_id", "num_samplers", "sampler_timeout")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -686,14 +693,22 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int, device: torch.device,
-             *, obs_normalizer: ObsNormalizer) -> list[float]:
+             *, obs_normalizer: ObsNormalizer, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole episodes of `args.env_id` with the given policy and returns their
     undiscounted returns.
 
     Observations are normalised with the training statistics, frozen. The action sampling uses its own
     seeded RNG stream, so the same model and seed score the same right after training and later.
+    `video_prefix` (`--evaluate --capture-video`): records every episode with RecordVideo as
+    `<video_prefix>-episode-<k>.mp4`.
     """
-    env = gym.make(args.env_id)
+    if video_prefix is None:
+        env = gym.make(args.env_id)
+    else:
+        os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
+        env = gym.make(args.env_id, render_mode="rgb_array")
+        env = gym.wrappers.RecordVideo(env, str(Path(video_prefix).parent), name_prefix=Path(video_prefix).name,
+                                       episode_trigger=lambda episode: True, disable_logger=True)
     low, high = env.action_space.low, env.action_space.high
     returns = []
     with torch.random.fork_rng(devices=[]):
@@ -730,10 +745,14 @@ def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
 def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
     saved, agent, obs_normalizer = load_for_evaluation(path)
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"), obs_normalizer=obs_normalizer)  # the episodes played after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
+    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,  # the episodes
+                       torch.device("cpu"), obs_normalizer=obs_normalizer, video_prefix=video_prefix)  # after training
     print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
 
 
@@ -1193,6 +1212,48 @@ def end_run(client: redis.Redis | None, run_id: str):
         pass
 
 
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+def log_evaluation(writer, returns: list[float], global_step: int):
+    """An evaluation's scalars at the global step it was made: every episode's return as
+    `eval/episodic_return` and their mean as `eval/mean_return`."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+
+def finish_tracking(run_dir: str):
+    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
+    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
+    they are written)."""
+    import wandb  # imported only when used
+
+    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
+        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
+    wandb.finish()
+
+
 # TRAINING ----------------------------------------------------------------------------------------
 
 
@@ -1310,6 +1371,7 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     make_run_dir(run_dir)
+    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
     if args.track:
         import wandb  # imported only when used
 
@@ -1335,6 +1397,7 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
     schema = chunk_schema(args.num_steps, obs_dim, act_dim)
 
     T, K = args.num_steps, args.num_chunks
+    progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
     start_time, start_step = time.time(), global_step
     for iteration in range(start_iteration, args.num_iterations + 1):
         if args.anneal_lr:
@@ -1433,11 +1496,26 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
         writer.add_scalar("perf/transfer_time", received.transfer_time, global_step)
         writer.add_scalar("perf/update_time", update_time, global_step)
         writer.add_scalar("perf/publish_time", publish_time, global_step)
-        if episode_returns:
+        line = progress.due(episode_returns, last=iteration == args.num_iterations)
+        if line:
             print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, transfer "
-                  f"{received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers})")
+                  f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, transfer "
+                  f"{received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers})", flush=True)
+
+        # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
+        # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
+        if args.eval_every and iteration % args.eval_every == 0:
+            eval_start = time.perf_counter()
+            # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+            eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                                    args.seed + 100_000, torch.device("cpu"), obs_normalizer=obs_normalizer)
+            log_evaluation(writer, eval_returns, global_step)
+            if np.mean(eval_returns) > best_return:
+                best_return = float(np.mean(eval_returns))
+                save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step,
+                                obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
+            print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
+                  f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
 
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
@@ -1456,12 +1534,11 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"), obs_normalizer=obs_normalizer)
-        for i, episodic_return in enumerate(returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        log_evaluation(writer, returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:
-        wandb.finish()
+        finish_tracking(run_dir)
     return run_dir
 
 

@@ -54,6 +54,7 @@ What is special in this file:
   LSTMs, so on a GPU the ratio at the first minibatch stays 1 to float precision.
 """
 
+import copy
 import datetime
 import math
 import os
@@ -110,6 +111,11 @@ class Args:
     """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
+    as ppo.py's on CartPole, 0.7 s for 10 episodes of an untrained agent, and on Atari as ppo_atari.py's,
+    54 s, in benchmark/results/evaluation.md)"""
     eval_episodes: int = 10
     """number of episodes of an evaluation"""
     eval_deterministic: bool = False
@@ -271,6 +277,8 @@ def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
              f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
     check_tracking(args)
     if args.resume is None and args.evaluate is None:
         check_runs_dir(args.runs_dir)
@@ -409,7 +417,7 @@ class HideVelocity(gym.ObservationWrapper):
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_velocity: bool = False,
-             max_episode_steps: int = 27_000):
+             max_episode_steps: int = 27_000, video_prefix: str = "rl-video", video_trigger=None):
     """A thunk that builds environment `idx` of a vector environment; with `capture_video`, environment 0
     records videos to `run_dir/videos`.
 
@@ -444,7 +452,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
                 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
                 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
                 env = gym.make(env_id, render_mode="rgb_array")
-                env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+                env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
+                                               episode_trigger=video_trigger, disable_logger=True)
             else:
                 env = gym.make(env_id)
             if hide_velocity:
@@ -454,7 +463,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
                         max_num_frames_per_episode=4 * max_episode_steps)
         if capture_video:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
+            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
+                                           episode_trigger=video_trigger, disable_logger=True)
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)
@@ -470,13 +480,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
     return thunk
 
 
-def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False) -> gym.vector.VectorEnv:
+def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
+              video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
     """One worker's vector environment, stepped in the worker's own process, with same-step autoreset:
     the step that ends an episode returns the next episode's first observation (the last one of the
     old episode is in `info["final_obs"]`), so every stored transition is real experience."""
     return gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, capture_video, run_dir, hide_velocity=args.hide_velocity,
-                  max_episode_steps=args.max_episode_steps) for i in range(num_envs)],
+                  max_episode_steps=args.max_episode_steps, video_prefix=video_prefix,
+                  video_trigger=video_trigger) for i in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -935,7 +947,7 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_deterministic")
+                        "eval_every", "eval_deterministic")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -960,12 +972,16 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device) -> list[float]:
+             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole episodes (Atari: games, all lives), one per environment, in this process
     with the training preprocessing, and returns their returns (unclipped scores). The action sampling
     uses its own seeded RNG stream, so the same model and seed score the same right after training
-    and later from the saved file."""
-    envs = make_envs(args, episodes, "")
+    and later from the saved file.
+    `video_prefix` (`--evaluate --capture-video`): records the episode of environment 0 (the first) with
+    RecordVideo, the unpreprocessed RGB frames for a game, as `<video_prefix>-episode-0.mp4`."""
+    # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
+    envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
+                     video_prefix=Path(video_prefix or "rl-video").name, video_trigger=lambda episode: episode == 0)
     returns = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
@@ -995,10 +1011,14 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     envs.close()
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same episodes as the evaluation reported right after training
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"))
+                       torch.device("cpu"), video_prefix=video_prefix)
     print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
           f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
 
 
@@ -1251,6 +1271,48 @@ def stop_workers(workers: list, conns: list, graceful: bool):
         conn.close()
 
 
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+def log_evaluation(writer, returns: list[float], global_step: int):
+    """An evaluation's scalars at the global step it was made: every episode's return as
+    `eval/episodic_return` and their mean as `eval/mean_return`."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+
+def finish_tracking(run_dir: str):
+    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
+    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
+    they are written)."""
+    import wandb  # imported only when used
+
+    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
+        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
+    wandb.finish()
+
+
 # TRAINING ----------------------------------------------------------------------------------------
 
 
@@ -1330,6 +1392,7 @@ def main(args: Args):
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
     make_run_dir(run_dir)
+    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
     # Shared memory, allocated once: the rollout buffer and the weights, handed to the workers at creation
     # (the handoff rule: at the SHARED MEMORY section)
     obs_dtype = torch.uint8 if observation_space.dtype == np.uint8 else torch.float32
@@ -1363,6 +1426,7 @@ def main(args: Args):
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
         wait_for_workers(workers, conns, Ready)
 
+        progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
         start_time, start_step = time.time(), global_step
         for iteration in range(start_iteration, args.num_iterations + 1):
             if args.anneal_lr:
@@ -1454,11 +1518,25 @@ def main(args: Args):
             # the workers' own split of the rollout (means over workers)
             writer.add_scalar("perf/act_time", np.mean([done.act_time for done in replies]), global_step)
             writer.add_scalar("perf/env_time", np.mean([done.env_time for done in replies]), global_step)
-            if episode_returns:
+            line = progress.due(episode_returns, last=iteration == args.num_iterations)
+            if line:
                 print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                      f"episodes={len(episode_returns)} mean_return={np.mean(episode_returns):.2f} SPS={sps} "
-                      f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, "
-                      f"publish {publish_time:.4f}s)")
+                      f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, "
+                      f"publish {publish_time:.4f}s)", flush=True)
+
+            # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
+            # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
+            if args.eval_every and iteration % args.eval_every == 0:
+                eval_start = time.perf_counter()
+                # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+                eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                                        args.seed + 100_000, torch.device("cpu"))
+                log_evaluation(writer, eval_returns, global_step)
+                if np.mean(eval_returns) > best_return:
+                    best_return = float(np.mean(eval_returns))
+                    save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
+                print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
+                      f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
 
             if args.checkpoint_every and iteration % args.checkpoint_every == 0:
                 save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
@@ -1475,12 +1553,11 @@ def main(args: Args):
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"))
-        for i, episodic_return in enumerate(returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, i)
+        log_evaluation(writer, returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     writer.close()
     if args.track:
-        wandb.finish()
+        finish_tracking(run_dir)
     return run_dir
 
 

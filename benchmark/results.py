@@ -7,6 +7,13 @@ The table: per seed the mean return of the last `--last` episodes, then the mean
 deviation over seeds, with steps, runtime and SPS, and the published reference beside ours where
 benchmark/reference.json has one (with its step budget; its sources are listed under the table).
 
+Beside it, the aggregates of Agarwal et al. (2021, "Deep RL at the edge of the statistical precipice"),
+computed with their library `rliable`: the interquartile mean (IQM, the mean of the middle 50% of the
+scores) with a 95% stratified-bootstrap confidence interval, per (env, script) over seeds, and per script
+over seeds and environments with scores normalised against the published reference (see `normalise`).
+With `--plots`, a performance profile per script (`DIR/profile__<exp_name>.png`): the fraction of runs
+whose normalised score exceeds each threshold tau, with its bootstrap band.
+
 The plots (`--plots DIR`), for each (env, script): `DIR/<env>__<exp_name>.png`, the episodic return
 against the global step, and `DIR/<env>__<exp_name>-time.png`, against the wall time since each run's
 first event: the mean over seeds as a line and the min-max range over seeds as a shaded band, with
@@ -18,6 +25,7 @@ env and exp_name are the seeds of one row (and of one plot).
 """
 
 import argparse
+import contextlib
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -93,6 +101,110 @@ def table(root: Path, last: int, references: dict[tuple[str, str], dict] | None 
     return "\n".join(lines)
 
 
+def normalise(score: float, reference: float) -> float:
+    """A score on the scale of the published reference: 1 at the reference's mean and 0 at score 0 for a
+    positive reference (score / reference); in general 1 + (score - reference) / |reference|, which keeps
+    "higher is better" for negative references (Acrobot, MountainCar)."""
+    return 1.0 + (score - reference) / abs(reference)
+
+
+def iqm_with_ci(scores: np.ndarray, reps: int, seed: int = 0) -> tuple[float, float, float]:
+    """IQM of a (runs, tasks) score matrix and its 95% stratified-bootstrap confidence interval (runs
+    resampled within each task), from rliable: (iqm, low, high). The same scores give the same interval:
+    see `seeded_numpy`."""
+    from rliable import library as rly, metrics
+
+    with seeded_numpy(seed):
+        points, intervals = rly.get_interval_estimates({"scores": scores}, lambda x: np.array([metrics.aggregate_iqm(x)]),
+                                                       reps=reps)
+    return float(points["scores"][0]), float(intervals["scores"][0, 0]), float(intervals["scores"][1, 0])
+
+
+@contextlib.contextmanager
+def seeded_numpy(seed: int):
+    """rliable 1.2.0 draws its bootstrap resamples from NumPy's global generator (the `random_state` it
+    takes is not used for them): seed that generator for the block, then give back its state."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
+def block_scores(root: Path, last: int, references: dict[tuple[str, str], dict]) -> dict[str, tuple[list, np.ndarray]]:
+    """{exp_name: (env ids, normalised scores of shape (seeds, envs))} for every script with a published
+    reference on at least one environment; seeds are those run on every such environment of the script."""
+    per_script = defaultdict(dict)
+    for (env_id, exp_name), runs in group_runs(root).items():
+        reference = references.get((f"{exp_name}.py", env_id))
+        if reference and reference["mean"] != 0:
+            per_script[exp_name][env_id] = {seed: normalise(summarize_run(run_dir, last)["return"], reference["mean"])
+                                            for run_dir, seed in runs}
+    blocks = {}
+    for exp_name, envs in per_script.items():
+        seeds = sorted(set.intersection(*(set(by_seed) for by_seed in envs.values())))
+        if seeds:
+            blocks[exp_name] = (sorted(envs), np.array([[envs[env][seed] for env in sorted(envs)] for seed in seeds]))
+    return blocks
+
+
+def aggregate_table(root: Path, last: int, references: dict[tuple[str, str], dict] | None = None,
+                    reps: int = 10_000) -> str:
+    """The IQM table: per (env, script) over seeds (raw returns), then per script over seeds and the
+    environments with a reference (normalised scores)."""
+    references = load_references() if references is None else references
+    lines = [f"| script | env | seeds | IQM of the seeds' mean of last {last} episodes [95% CI] |", "|---|---|---|---|"]
+    for (env_id, exp_name), runs in group_runs(root).items():
+        scores = np.array([[summarize_run(run_dir, last)["return"]] for run_dir, _ in runs])
+        iqm, low, high = iqm_with_ci(scores, reps)
+        lines.append(f"| {exp_name}.py | {env_id} | {len(runs)} | {iqm:.2f} [{low:.2f}, {high:.2f}] |")
+    blocks = block_scores(root, last, references)
+    if blocks:
+        lines += ["", "| script | envs (normalised: 1 = published reference) | seeds | IQM [95% CI] |", "|---|---|---|---|"]
+        for exp_name, (envs, scores) in blocks.items():
+            iqm, low, high = iqm_with_ci(scores, reps)
+            lines.append(f"| {exp_name}.py | {', '.join(envs)} | {len(scores)} | {iqm:.3f} [{low:.3f}, {high:.3f}] |")
+    return "\n".join(lines)
+
+
+def plot_profiles(root: Path, out_dir: Path, last: int, references: dict[tuple[str, str], dict] | None = None,
+                  reps: int = 2000) -> list[Path]:
+    """Writes one performance profile per script (`profile__<exp_name>.png`): the fraction of its runs
+    (seeds x envs) whose normalised score exceeds tau, with rliable's stratified-bootstrap 95% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from rliable import library as rly, plot_utils
+
+    references = load_references() if references is None else references
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for exp_name, (envs, scores) in block_scores(root, last, references).items():
+        taus = np.linspace(min(0.0, scores.min()), max(1.5, scores.max()), 101)
+        with seeded_numpy(0):
+            profiles, bands = rly.create_performance_profile({exp_name: scores}, taus, reps=reps)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        plot_utils.plot_performance_profiles(profiles, taus, performance_profile_cis=bands, ax=ax,
+                                             colors={exp_name: "tab:blue"},
+                                             xlabel=r"normalised score $\tau$ (1 = published reference)",
+                                             ylabel=r"fraction of runs with score $> \tau$")
+        ax.set_title(f"{exp_name}.py: {len(scores)} seeds x {len(envs)} envs", fontsize="medium")
+        written.append(save_figure(fig, out_dir / f"profile__{exp_name}.png"))
+    return written
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Writes a figure as a PNG (100 dpi, tight layout), closes it, and returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
     """Each value replaced by the mean of itself and the `window - 1` values before it (fewer at the
     start); window 1 leaves the values as they are."""
@@ -160,11 +272,7 @@ def plot(root: Path, out_dir: Path, window: int = 10,
                            label=f"CleanRL at {short_steps(reference['steps'])} steps")
             ax.set(title=f"{exp_name}.py on {env_id}", xlabel=xlabel, ylabel="episodic return")
             ax.legend(loc="best", fontsize="small")
-            fig.tight_layout()
-            path = out_dir / f"{env_id.replace('/', '_')}__{exp_name}{suffix}.png"
-            fig.savefig(path, dpi=100)
-            plt.close(fig)
-            written.append(path)
+            written.append(save_figure(fig, out_dir / f"{env_id.replace('/', '_')}__{exp_name}{suffix}.png"))
     return written
 
 
@@ -176,15 +284,17 @@ def main():
     parser.add_argument("--plots", type=Path, default=None, help="write learning-curve PNGs into this folder")
     parser.add_argument("--window", type=int, default=10, help="episodes each point of a plotted curve averages")
     parser.add_argument("--references", type=Path, default=REFERENCES, help="published numbers (JSON)")
+    parser.add_argument("--reps", type=int, default=10_000, help="bootstrap resamples of the IQM intervals")
     args = parser.parse_args()
     references = load_references(args.references)
-    text = table(args.root, args.last, references)
+    text = table(args.root, args.last, references) + "\n\n" + aggregate_table(args.root, args.last, references, args.reps)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     if args.plots:
-        for path in plot(args.root, args.plots, args.window, references):
+        for path in plot(args.root, args.plots, args.window, references) + plot_profiles(args.root, args.plots,
+                                                                                         args.last, references):
             print(f"wrote {path}")
 
 

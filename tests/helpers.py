@@ -23,9 +23,10 @@ REAL_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_ata
 FIXED_ENV = {"ppo": "FixedLength-v0", "ppo_continuous_action": "FixedLengthBox-v0"}
 CONSTANT_ENV = {"ppo": "Constant-v0", "ppo_continuous_action": "ConstantBox-v0"}
 
-# The per-iteration line every script prints on iterations in which episodes ended: captures iteration,
-# total, step, episode count, mean return
-LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean_return=(-?[\d.]+) SPS=\d+ "
+# The per-iteration line every script prints at its first and last iteration and at most every few seconds
+# between them: captures iteration, total, step, episode count (since the previous line), mean return (nan
+# when none ended)
+LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean_return=(-?[\d.]+|nan) SPS=\d+ "
                   r"ETA=\d+:\d\d:\d\d \(rollout [\d.]+s, update [\d.]+s[^)]*\)$", re.M)
 
 METRICS = [
@@ -129,19 +130,33 @@ def check_resume_after_interruption(script, make_args, iterations: int, batch: i
     assert len({lr for _, lr in full}) == iterations  # annealing happened, so the comparison means something
 
 
-def assert_one_line_per_iteration_with_episodes(stdout: str, line: re.Pattern, returns, iterations: int, batch: int):
-    """Each iteration in which episodes ended prints a line (`line` captures iteration, total, step, count,
-    mean) with its step, the number of episodes that ended in it and their mean return; the others print none."""
+def assert_progress_lines(stdout: str, line: re.Pattern, returns, iterations: int, batch: int):
+    """The first and the last iteration print a line (`line` captures iteration, total, step, count, mean),
+    iterations between them may (at most every few seconds); each line gives its step, the number of
+    episodes that ended since the previous line and their mean return (nan when none ended)."""
     lines = {int(m[0]): m for m in line.findall(stdout)}
-    assert lines, stdout
-    for k in range(1, iterations + 1):
-        episodes = [value for step, value in returns if (k - 1) * batch < step <= k * batch]
-        if not episodes:
-            assert k not in lines
-            continue
+    assert 1 in lines and iterations in lines, stdout
+    previous = 0
+    for k in sorted(lines):
         _, total, step, count, mean = lines[k]
+        episodes = [value for step_, value in returns if previous * batch < step_ <= k * batch]
         assert (int(total), int(step), int(count)) == (iterations, k * batch, len(episodes))
-        assert float(mean) == pytest.approx(np.mean(episodes), abs=0.006)
+        if episodes:
+            assert float(mean) == pytest.approx(np.mean(episodes), abs=0.006)
+        else:
+            assert mean == "nan"
+        previous = k
+
+
+def assert_evaluation_videos(script, model: Path, episodes: int, videos: int, capsys):
+    """`--evaluate MODEL --capture-video` (in-process) records `videos` non-empty mp4 files into videos/
+    beside the model, named after it, and prints where they are."""
+    capsys.readouterr()
+    script.main(script.Args(evaluate=str(model), eval_episodes=episodes, capture_video=True, cuda=False))
+    folder = model.parent / "videos"
+    recorded = sorted(folder.glob(f"{model.stem}-eval-episode-*.mp4"))
+    assert len(recorded) == videos and all(video.stat().st_size > 1000 for video in recorded), recorded
+    assert f"videos of the evaluation in {folder}: {', '.join(video.name for video in recorded)}" in capsys.readouterr().out
 
 
 def process_table() -> dict[int, tuple[int, str, int]]:

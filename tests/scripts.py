@@ -38,6 +38,9 @@ IDENTICAL = {
     "MaxAndSkip": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "EpisodicLife": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "ProgressLine": [SCRIPTS],
+    "log_evaluation": [SCRIPTS],
+    "finish_tracking": [SCRIPTS],
     "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen", "ppo_continuous_action_redis"]],
     # bad input, checkpoint files, resuming and Ctrl-C: the same rules in every script
     "check_numbers": [SCRIPTS],

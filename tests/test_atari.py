@@ -9,8 +9,8 @@ import pytest
 
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari as script
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
-                     load, only_run_dir, read_scalars, run_script)
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
+                     assert_progress_lines, load, only_run_dir, read_scalars, run_script)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
 BATCH = NUM_ENVS * NUM_STEPS
@@ -59,7 +59,7 @@ def test_games_are_logged_with_their_scores(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 ITERATIONS, BATCH)
 
 
@@ -125,3 +125,7 @@ def test_truncated_games_bootstrap_the_value_of_their_final_observation(bootstra
         assert (final_values[dones.bool()] != 0).all()
     else:
         assert (final_values == 0).all()
+
+
+def test_evaluate_capture_video_records_the_first_game(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 2, 1, capsys)

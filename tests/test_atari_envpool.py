@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import ppo_atari_envpool as script
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
-                     load, only_run_dir, read_scalars, run_script)
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
+                     assert_progress_lines, load, only_run_dir, read_scalars, run_script)
 
 MAX_STEPS = 40  # a short time limit, so that games are truncated within the test
 
@@ -98,7 +98,7 @@ def test_run_writes_its_files_and_metrics(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 3, 128)
 
 
@@ -128,3 +128,7 @@ def test_bad_env_id_gets_one_line_and_exit_code_2(tmp_path, env_id, words):
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert line.startswith("ppo_atari_envpool.py: error: ") and all(word in line for word in words)
+
+
+def test_evaluate_capture_video_records_the_first_game_from_observations(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 1, 1, capsys)

@@ -10,8 +10,8 @@ import torch
 import atari_fakes  # noqa: F401  (registers the FakeAtari games)
 import ppo_atari_lstm as script
 from benchmark.throughput import lstm_step_by_step
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
-                     load, only_run_dir, read_scalars, run_script)
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
+                     assert_progress_lines, load, only_run_dir, read_scalars, run_script)
 
 T, B = 40, 3
 
@@ -158,7 +158,7 @@ def test_first_minibatch_replays_the_rollout(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 3, 96)
 
 
@@ -171,3 +171,7 @@ def test_minibatch_count_must_divide_the_envs(tmp_path):
     assert result.returncode == 2
     (line,) = result.stderr.splitlines()
     assert "--num-minibatches 4 does not divide --num-envs 6" in line
+
+
+def test_evaluate_capture_video_records_the_first_game(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 1, 1, capsys)

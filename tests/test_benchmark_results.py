@@ -1,11 +1,13 @@
 """benchmark.results on event files written here with known values: the table follows from them."""
 
 import re
+import shutil
 
 import numpy as np
+import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmark.results import table
+from benchmark.results import aggregate_table, block_scores, iqm_with_ci, load_references, normalise, plot_profiles, table
 
 
 def write_run(root, seed, returns, sps):
@@ -29,3 +31,55 @@ def test_table_has_last_episodes_mean_per_seed_and_mean_std_over_seeds(tmp_path)
     mean, std = map(float, re.match(r"(-?[\d.]+) ± ([\d.]+)", cells[4]).groups())
     assert abs(mean - expected.mean()) < 0.01 and abs(std - expected.std()) < 0.01
     assert cells[5] == "1,500" and float(cells[7]) == 2000  # final step and mean SPS
+
+
+def write_constant_run(root, env_id, seed, value):
+    """A run of `ppo` on env_id whose every episode returns `value`."""
+    writer = SummaryWriter(root / f"{env_id}__ppo__{seed}__1700000000")
+    for step in range(1, 11):
+        writer.add_scalar("charts/episodic_return", value, step * 10)
+    writer.add_scalar("charts/SPS", 100, 100)
+    writer.close()
+
+
+REPS = 300  # bootstrap resamples: enough to order the interval around the IQM, quick
+
+
+def test_iqm_with_bootstrap_intervals_per_env_and_over_normalised_envs(tmp_path):
+    cartpole, acrobot = [100.0, 200.0, 300.0, 1000.0], [-80.0, -90.0, -100.0, -500.0]
+    for seed, (c, a) in enumerate(zip(cartpole, acrobot), start=1):
+        write_constant_run(tmp_path, "CartPole-v1", seed, c)
+        write_constant_run(tmp_path, "Acrobot-v1", seed, a)
+    write_constant_run(tmp_path, "MountainCar-v0", 1, -150.0)
+    text = aggregate_table(tmp_path, last=100, reps=REPS)
+    rows = {tuple(cells[:2]): cells[2:] for cells in
+            ([cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ppo.py"))}
+
+    def estimate(cell):
+        return [float(x) for x in re.match(r"(-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\]", cell).groups()]
+
+    # 4 seeds: the IQM drops the lowest and the highest and averages the two in the middle
+    iqm, low, high = estimate(rows[("ppo.py", "CartPole-v1")][1])
+    assert iqm == 250.0 and 100.0 <= low < iqm < high <= 1000.0
+    iqm, low, high = estimate(rows[("ppo.py", "Acrobot-v1")][1])
+    assert iqm == -95.0 and -500.0 <= low < iqm < high <= -80.0
+    assert rows[("ppo.py", "MountainCar-v0")] == ["1", "-150.00 [-150.00, -150.00]"]  # one seed: no spread
+    # over the environments: scores normalised against the published means (490.04 and -86.36), the 8
+    # seed-env scores' middle 4 averaged. With MountainCar-v0 run by seed 1 only, the block has the seeds
+    # run on every one of its environments: seed 1
+    normalised = sorted([c / 490.04 for c in cartpole] + [1 + (a + 86.36) / 86.36 for a in acrobot])
+    assert normalise(-86.36 * 2, -86.36) == 0.0 and normalise(245.02, 490.04) == 0.5
+    seeds, estimate_cell = rows[("ppo.py", "Acrobot-v1, CartPole-v1, MountainCar-v0")]
+    # seed 1's normalised scores on the three: trimming 25% of 3 scores trims none
+    seed1 = np.mean([cartpole[0] / 490.04, 1 + (acrobot[0] + 86.36) / 86.36, 1 + (-150 + 200) / 200])
+    assert seeds == "1" and estimate(estimate_cell) == pytest.approx([seed1] * 3, abs=0.0006)
+    # with the MountainCar run removed, the block has all 4 seeds of both environments
+    for run in tmp_path.glob("MountainCar-v0__*"):
+        shutil.rmtree(run)
+    envs, scores = block_scores(tmp_path, 100, load_references())["ppo"]
+    assert envs == ["Acrobot-v1", "CartPole-v1"] and scores.shape == (4, 2)
+    iqm, low, high = iqm_with_ci(scores, reps=REPS)
+    assert iqm == pytest.approx(np.mean(normalised[2:6]), abs=1e-9) and low < iqm < high
+    assert iqm_with_ci(scores, reps=REPS) == (iqm, low, high)  # a seeded bootstrap
+    (profile,) = plot_profiles(tmp_path, tmp_path / "plots", 100, reps=REPS)
+    assert profile.name == "profile__ppo.png" and profile.stat().st_size > 10_000

@@ -69,6 +69,7 @@ EVERY_SCRIPT_CASES = {  # case -> (Args fields, words the error line must contai
                                ["leaves minibatches of one sample", "at least 2"]),
     "runs_dir_under_a_file": (dict(runs_dir="notes.txt/runs"), ["--runs-dir notes.txt/runs cannot be created",
                                                                 "notes.txt is a file"]),
+    "negative_eval_every": (dict(eval_every=-1), ["--eval-every", "-1"]),
 }
 
 

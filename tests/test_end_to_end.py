@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from helpers import (LINE, METRICS, MODULES, REAL_ENV, assert_one_line_per_iteration_with_episodes, load,
+from helpers import (LINE, METRICS, MODULES, REAL_ENV, assert_evaluation_videos, assert_progress_lines, load,
                      only_run_dir, read_scalars, run_script)
 
 ITERATIONS, EVAL_EPISODES = 4, 3
@@ -51,7 +51,7 @@ def test_all_metrics_are_logged(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 ITERATIONS, e2e["batch"])
 
 
@@ -83,3 +83,9 @@ def test_capture_video(tmp_path):
                         "--capture-video", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert list((only_run_dir(tmp_path / "runs") / "videos").glob("*.mp4"))
+
+
+def test_evaluate_capture_video_records_every_episode(e2e, capsys):
+    script = importlib.import_module(e2e["name"])
+    episodes = 2 if e2e["name"] == "ppo" else 1  # MuJoCo's off-screen rendering on a CPU is slow
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", episodes, episodes, capsys)

@@ -25,8 +25,8 @@ import torch.distributed as dist
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari
 import ppo_atari_multigpu as script
-from helpers import (LINE, METRICS, REPO, assert_evaluate_flag_matches_training,
-                     assert_one_line_per_iteration_with_episodes, load, only_run_dir, process_table, read_scalars)
+from helpers import (LINE, METRICS, REPO, assert_evaluate_flag_matches_training, assert_evaluation_videos,
+                     assert_progress_lines, load, only_run_dir, process_table, read_scalars)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS = 6, 4, 32
 BATCH = NUM_ENVS * NUM_STEPS
@@ -107,7 +107,7 @@ def test_rank_zero_logs_every_metric_once_per_iteration(e2e):
 
 def test_one_line_per_iteration_with_episodes_and_the_evaluation_lines(e2e):
     stdout = e2e["result"].stdout
-    assert_one_line_per_iteration_with_episodes(stdout, LINE, e2e["scalars"]["charts/episodic_return"], ITERATIONS,
+    assert_progress_lines(stdout, LINE, e2e["scalars"]["charts/episodic_return"], ITERATIONS,
                                                 BATCH)
     lines = [line for line in stdout.splitlines() if LINE.match(line)]
     assert all(re.search(r", update [\d.]+s, comm [\d.]+s\)$", line) for line in lines), lines
@@ -441,3 +441,7 @@ def test_ranks_sharing_a_gpu_use_gloo(monkeypatch):
     assert script.select_backend(args, torch.device("cuda", 0)) == "gloo"
     with pytest.raises(SystemExit):
         script.select_backend(script.Args(backend="nccl"), torch.device("cuda", 0))
+
+
+def test_evaluate_capture_video_records_the_first_game(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 1, 1, capsys)

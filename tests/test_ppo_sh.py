@@ -25,10 +25,13 @@ def test_quick_classic_block_runs_every_env_and_writes_the_table_and_plots(tmp_p
     assert runs == sorted(CLASSIC)
     assert all((tmp_path / "runs" / "classic" / "logs" / "ppo" / f"{env_id}__1.log").exists() for env_id in CLASSIC)
     rows = {}
-    for line in (tmp_path / "results" / "classic.md").read_text().splitlines():
+    table, aggregates = (tmp_path / "results" / "classic.md").read_text().split("\n\n", 1)  # mean ± std, then the IQMs
+    for line in table.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         if cells[0] == "ppo.py":
             rows[cells[1]] = cells
+    assert "| ppo.py | Acrobot-v1, CartPole-v1, MountainCar-v0 | 1 |" in aggregates
+    assert (tmp_path / "results" / "classic" / "profile__ppo.png").read_bytes().startswith(b"\x89PNG")
     assert sorted(rows) == sorted(CLASSIC)
     for env_id, cells in rows.items():
         assert cells[2] == "1" and cells[5] == "2,048"  # one seed, the quick step budget

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import ppo_procgen as script
-from helpers import LINE, METRICS, assert_one_line_per_iteration_with_episodes, load, only_run_dir, read_scalars, run_script
+from helpers import (LINE, METRICS, assert_evaluation_videos, assert_progress_lines, load, only_run_dir, read_scalars,
+                     run_script)
 
 GAME = "bossfight"  # random play ends an episode every 40 steps or so, so episodes end within a short run
 NUM_ENVS, NUM_STEPS, ITERATIONS = 4, 32, 2
@@ -146,7 +147,7 @@ def test_every_episode_is_logged_and_followed_by_a_masked_reset_row(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_one_line_per_iteration_with_episodes(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
                                                 ITERATIONS, BATCH)
 
 
@@ -238,3 +239,7 @@ def test_missing_qt_runtime_gets_one_line_naming_the_package_and_exit_code_2(tmp
         "ppo_procgen.py: error: envpool's Procgen needs the Qt 5 runtime: install the Debian/Ubuntu package "
         "libqt5gui5 (sudo apt-get install libqt5gui5)"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_evaluate_capture_video_records_the_first_episode_from_observations(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 1, 1, capsys)

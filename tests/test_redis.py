@@ -14,8 +14,9 @@ import uuid
 import numpy as np
 import pytest
 import redis
+import torch
 
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_one_line_per_iteration_with_episodes,
+from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
                      only_run_dir, process_table, read_scalars, run_script, script_command)
 
 NAME = "ppo_continuous_action_redis"
@@ -144,7 +145,7 @@ def test_end_to_end_with_two_local_samplers(tmp_path):
     assert iterations * T * K // 5 - 1 <= len(returns) <= iterations * T * K // 5
     assert {v for _, v in returns} == {3.0, 4.0}
     assert {v for _, v in scalars["charts/episodic_length"]} == {5.0}
-    assert_one_line_per_iteration_with_episodes(stdout, LINE, returns, iterations, T * K)
+    assert_progress_lines(stdout, LINE, returns, iterations, T * K)
     assert "samplers 2)" in stdout
     e2e = dict(result=types.SimpleNamespace(stdout=stdout), run_dir=run_dir, cwd=tmp_path)
     assert_evaluate_flag_matches_training(NAME, e2e, 2)
@@ -341,3 +342,14 @@ def test_bad_redis_arguments_get_one_line_and_exit_code_2(tmp_path, argv, words)
     for word in words:
         assert word in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_evaluation_records_every_episode_on_video(tmp_path):
+    """`--evaluate --capture-video` in this script: its evaluate records with RecordVideo (MuJoCo off-screen),
+    as ppo_continuous_action.py's does (tests/test_end_to_end.py runs that one from a saved model)."""
+    args = script.Args(env_id="Hopper-v4")
+    agent, normalizer = script.Agent(11, 3), script.ObsNormalizer((11,), args.obs_clip)
+    prefix = tmp_path / "videos" / "model-eval"
+    script.evaluate(agent, args, 1, False, 0, torch.device("cpu"), obs_normalizer=normalizer, video_prefix=str(prefix))
+    (video,) = (tmp_path / "videos").glob("model-eval-episode-*.mp4")
+    assert video.name == "model-eval-episode-0.mp4" and video.stat().st_size > 1000

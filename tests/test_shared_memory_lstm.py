@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ppo_shared_memory_lstm as script
-from helpers import (LINE, METRICS, assert_one_line_per_iteration_with_episodes, check_resume_after_interruption,
+from helpers import (LINE, METRICS, assert_evaluation_videos, assert_progress_lines, check_resume_after_interruption,
                      load, only_run_dir, process_table, read_scalars, run_script, start_script)
 
 NAME = "ppo_shared_memory_lstm"
@@ -130,7 +130,7 @@ def test_run_writes_its_files_metrics_and_stdout(e2e):
             assert [step for step, _ in scalars[tag]] == [BATCH * k for k in range(1, ITERATIONS + 1)], tag
     assert len(scalars["eval/episodic_return"]) == 2
     assert re.search(r"^evaluation: 2 episodes, mean return [\d.]+ \+- [\d.]+$", result.stdout, re.M)
-    assert_one_line_per_iteration_with_episodes(result.stdout, LINE, scalars["charts/episodic_return"], ITERATIONS,
+    assert_progress_lines(result.stdout, LINE, scalars["charts/episodic_return"], ITERATIONS,
                                                 BATCH)
     assert torch_shm() <= e2e["shm_before"]  # nothing left in /dev/shm
 
@@ -428,3 +428,7 @@ def test_classic_control_actor_and_critic_towers_are_separate():
         touched = {name for name, p in agent.named_parameters() if p.grad is not None and p.grad.any()}
         assert {prefix for prefix in tower if any(name.startswith(prefix) for name in touched)} == set(tower)
         assert all(name.startswith(tower) for name in touched), touched
+
+
+def test_evaluate_capture_video_records_the_first_episode(e2e, capsys):
+    assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 2, 1, capsys)

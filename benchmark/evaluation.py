@@ -1,0 +1,68 @@
+"""What `--eval-every` costs: the seconds of one evaluation (`evaluate(...)`, `--eval-episodes` episodes on a
+separate environment, as the training loop calls it) per script on its default environment, with an
+untrained agent, in this process, with one thread.
+
+    python -m benchmark.evaluation                 # 10 episodes, every script below
+    python -m benchmark.evaluation --episodes 3 --scripts ppo ppo_continuous_action
+
+An untrained agent's episodes are short (CartPole: about 20 steps, Breakout: one game of a random
+player); a trained agent's last longer, and an evaluation costs in proportion to the agent steps it
+plays. On CartPole-v1 the return is the episode's length, so the seconds per 1000 steps follow.
+"""
+
+import argparse
+import copy
+import importlib
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+DEFAULT_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_atari": "Breakout",
+               "ppo_atari_envpool": "Breakout-v5", "ppo_procgen": "starpilot"}
+
+
+def measure(name: str, episodes: int) -> dict:
+    script = importlib.import_module(name)
+    args = script.Args(env_id=DEFAULT_ENV[name], cuda=False)
+    torch.manual_seed(0)
+    agent, extra = make_agent(script, args)
+    start = time.perf_counter()
+    returns = script.evaluate(copy.deepcopy(agent), args, episodes, False, args.seed + 100_000, torch.device("cpu"),
+                              **extra)
+    return dict(script=name, env=args.env_id, episodes=episodes, seconds=time.perf_counter() - start,
+                mean_return=float(np.mean(returns)))
+
+
+def make_agent(script, args):
+    """An untrained agent of the script for args.env_id, and the keyword arguments its evaluate needs."""
+    name = script.__name__
+    if name == "ppo":
+        env = gym.make(args.env_id)
+        return script.Agent(int(np.prod(env.observation_space.shape)), int(env.action_space.n)), {}
+    if name == "ppo_continuous_action":
+        env = gym.make(args.env_id)
+        obs_shape = env.observation_space.shape
+        agent = script.Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)))
+        return agent, {"obs_normalizer": script.ObsNormalizer(obs_shape, args.obs_clip)}
+    if name == "ppo_atari":
+        return script.Agent(int(gym.make(script.atari_id(args.env_id)).action_space.n)), {}
+    return script.Agent(script.make_envs(args, 1, 0).action_space.n), {}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=10, help="episodes of an evaluation (--eval-episodes)")
+    parser.add_argument("--scripts", nargs="+", default=list(DEFAULT_ENV), choices=list(DEFAULT_ENV))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print("| script | env | episodes | seconds | mean return (untrained) |")
+    print("|---|---|---|---|---|")
+    for name in args.scripts:
+        r = measure(name, args.episodes)
+        print(f"| {r['script']}.py | {r['env']} | {r['episodes']} | {r['seconds']:.2f} | {r['mean_return']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
