@@ -1,0 +1,496 @@
+"""Side by side with CleanRL: the whole-process time of our scripts and of CleanRL 1.2.0's, same steps
+and hyperparameters, measured in one run.
+
+    python -m benchmark.peer --build     # once: CleanRL 1.2.0 and its own packages, in a virtualenv outside git
+    python -m benchmark.peer             # CartPole-v1 500k, Hopper-v4 1M, Breakout-v5 10M steps, 3 rounds
+    python -m benchmark.peer --pairs cartpole,hopper --steps cartpole=50000,hopper=20480 --rounds 1 --busy
+
+The pairs (ours against CleanRL's script of the same name):
+- cartpole: ppo.py against cleanrl/ppo.py on CartPole-v1 (default budget 500k steps),
+- hopper: ppo_continuous_action.py against cleanrl/ppo_continuous_action.py on Hopper-v4 (1M),
+- breakout: ppo_atari_envpool.py against cleanrl/ppo_atari_envpool.py on Breakout-v5 (10M).
+
+CleanRL runs from the virtualenv's site-packages at its own package versions (gym 0.23.1, gymnasium
+0.29.1, envpool 0.8.4, numpy<2, mujoco 2.3.7), with the same torch as ours; its code is never copied
+into this repository. Both sides get the same hyperparameters as explicit flags, our script's
+defaults (learning rate, envs, steps per rollout, minibatches, epochs, clipping, coefficients, seed,
+...), and before the first run every flag of CleanRL's script is checked to be either one we pass or
+one that does not change the training (run name, W&B names); its tracking, video and CUDA are off.
+
+What is timed: the whole process, from the interpreter's start (torch's import included) to its exit,
+each side at its own thread default (OMP_NUM_THREADS unset: CleanRL at PyTorch's default, one thread
+per core; ours at its `--torch-threads` default). `--busy` also times every run while another process
+keeps one core busy, as when runs share a machine. Where our script has `--compile`, it is timed in
+both modes (its default and the other one) and the table shows the eager/compiled split; the compile
+time is the script's own `perf/compile_time` where it logs one, else the whole-process difference.
+In each round every run is measured once, the order reversed every other round so that ours and
+CleanRL's take turns going first; the table shows each round, the median and the range, and the
+ratio CleanRL time / our time (median over rounds, and its range over the rounds' own ratios).
+
+Every finished run is appended at once to the `--log` file (JSON lines), and a run already there
+(same pair, steps, setting, run and round) is not measured again: an interrupted benchmark resumes
+where it stopped when given the same command. `--table` prints the table from the log only.
+"""
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PEER_VERSION = "1.2.0"
+PEER_DIR = Path(os.environ.get("PPO_LAB_PEER_DIR") or Path.home() / ".cache" / "ppo-lab" / f"cleanrl-{PEER_VERSION}")
+# CleanRL 1.2.0's scripts with the packages of their time: ppo.py and the envpool script are written for
+# gym 0.23's API (4-tuple step, env.seed), ppo_continuous_action.py for gymnasium 0.28/0.29; mujoco
+# 2.3.7 is the last 2.x release, the one Hopper-v4 ran on then (imageio: gymnasium 0.29's MuJoCo envs
+# import it); gym 0.23's CartPole imports pygame, whose pin in CleanRL (2.1.0) has no Python 3.11 wheel;
+# torch is ours, so that the networks' kernels are the same on both sides.
+PEER_PACKAGES = ["torch==2.13.0", "numpy<2", "gym==0.23.1", "gymnasium==0.29.1", "envpool==0.8.4",
+                 "mujoco==2.3.7", "imageio", "pygame==2.6.1", "tensorboard"]
+VERSIONS_OF = ["cleanrl", "torch", "numpy", "gym", "gymnasium", "envpool", "mujoco"]
+DEFAULT_LOG = ROOT / "runs" / "benchmark_peer.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    ours: str  # our script, a module at the repository root
+    theirs: str  # CleanRL's script of the same algorithm, in the cleanrl package
+    env_id: str
+    steps: int  # the default budget: the scripts' own default
+
+
+PAIRS = {
+    "cartpole": Pair("ppo", "ppo.py", "CartPole-v1", 500_000),
+    "hopper": Pair("ppo_continuous_action", "ppo_continuous_action.py", "Hopper-v4", 1_000_000),
+    "breakout": Pair("ppo_atari_envpool", "ppo_atari_envpool.py", "Breakout-v5", 10_000_000),
+}
+# given to both sides as flags, with our script's default values (CleanRL's flags have the same names)
+HYPERPARAMETERS = ("seed", "torch_deterministic", "learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma",
+                   "gae_lambda", "num_minibatches", "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef",
+                   "vf_coef", "max_grad_norm", "target_kl")
+# off on both sides: the benchmark times the training alone, on the CPU
+OFF = ("cuda", "track", "capture_video")
+# CleanRL's flags that do not change what is computed, which the benchmark leaves at their defaults
+NOT_PASSED = {"help", "exp-name", "wandb-project-name", "wandb-entity"}
+SETTINGS = {"idle": "default threads", "busy": "default threads, +1 busy process"}
+THEIRS = "CleanRL"
+
+
+def fail(message: str):
+    """One line on stderr and exit 2, as the training scripts do for bad input."""
+    print(f"benchmark.peer: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The peer: CleanRL 1.2.0 in a virtualenv of its own
+# ----------------------------------------------------------------------------------------------------------
+def peer_python(peer_dir: Path) -> Path:
+    return peer_dir / "bin" / "python"
+
+
+def peer_script(peer_dir: Path, pair: Pair) -> Path:
+    """CleanRL's script of `pair` in the virtualenv's site-packages."""
+    (script,) = sorted(peer_dir.glob(f"lib/python*/site-packages/cleanrl/{pair.theirs}"))
+    return script
+
+
+def check_peer(peer_dir: Path) -> dict[str, str]:
+    """The peer's package versions, written by --build as its last step; a one-line error when it is missing."""
+    ready = peer_dir / "versions.json"
+    if not ready.is_file():
+        fail(f"CleanRL {PEER_VERSION}'s virtualenv is missing ({peer_dir}): build it first with "
+             "`python -m benchmark.peer --build`")
+    return json.loads(ready.read_text())
+
+
+def build(peer_dir: Path):
+    """Creates the virtualenv and installs CleanRL 1.2.0 (its scripts only: its pinned requirements are of
+    2023 and it declares Python < 3.11) and the packages its PPO scripts import; checks that they import
+    and that the environments of the pairs open; writes versions.json last, which marks the build done."""
+    (peer_dir / "versions.json").unlink(missing_ok=True)
+    python = str(peer_python(peer_dir))
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(peer_dir)],
+        [python, "-m", "pip", "install", "--upgrade", "pip", "setuptools", "wheel"],
+        [python, "-m", "pip", "install", *PEER_PACKAGES],
+        [python, "-m", "pip", "install", "--no-deps", "--ignore-requires-python", f"cleanrl=={PEER_VERSION}"],
+    ]
+    for command in steps:
+        print("$", shlex.join(command), flush=True)
+        subprocess.run(command, check=True)
+    check = ("import json, sys; from importlib import metadata; import gym, gymnasium, envpool, torch, "
+             "torch.utils.tensorboard; gym.make('CartPole-v1').reset(); gymnasium.make('Hopper-v4').reset(seed=1); "
+             "envpool.make('Breakout-v5', env_type='gym', num_envs=1).reset(); "
+             f"json.dump({{p: metadata.version(p) for p in {VERSIONS_OF!r}}}, sys.stdout)")
+    versions = subprocess.run([python, "-c", check], check=True, capture_output=True, text=True).stdout
+    (peer_dir / "versions.json").write_text(versions + "\n")
+    print(f"CleanRL {PEER_VERSION} ready in {peer_dir}: {versions}")
+
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The command lines
+# ----------------------------------------------------------------------------------------------------------
+def our_defaults(pair: Pair) -> dict:
+    """Our script's `Args` defaults (the script imported, not run)."""
+    sys.path.insert(0, str(ROOT))
+    args = importlib.import_module(pair.ours).Args
+    return {field.name: field.default for field in dataclasses.fields(args)}
+
+
+def hyperparameters(defaults: dict) -> dict:
+    """The hyperparameters both sides get, at our defaults; `target_kl` only when it is set (the flag of
+    CleanRL's scripts takes a float, and its default there is None as ours)."""
+    return {name: defaults[name] for name in HYPERPARAMETERS if not (name == "target_kl" and defaults[name] is None)}
+
+
+def flags(values: dict, ours: bool) -> list[str]:
+    """`--kebab-case value` for each entry; booleans as `--x`/`--no-x` (ours, tyro) or `--x True` (CleanRL)."""
+    out = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool) and ours:
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def our_command(pair: Pair, steps: int, defaults: dict, runs_dir: str, extra: tuple[str, ...] = ()) -> list[str]:
+    values = {"env_id": pair.env_id, "total_timesteps": steps, **hyperparameters(defaults),
+              **dict.fromkeys(OFF + ("save_model",), False)}
+    return [sys.executable, str(ROOT / f"{pair.ours}.py"), *flags(values, ours=True), "--runs-dir", runs_dir, *extra]
+
+
+def their_command(pair: Pair, steps: int, defaults: dict, peer_dir: Path) -> list[str]:
+    values = {"env_id": pair.env_id, "total_timesteps": steps, **hyperparameters(defaults), **dict.fromkeys(OFF, False)}
+    return [str(peer_python(peer_dir)), str(peer_script(peer_dir, pair)), *flags(values, ours=False)]
+
+
+def unmatched_flags(help_text: str, command: list[str]) -> list[str]:
+    """CleanRL's flags (from its --help) that the command neither passes nor may leave at their defaults."""
+    offered = set(re.findall(r"--([a-z][a-z0-9-]*)", help_text))
+    passed = {arg[2:] for arg in command if arg.startswith("--")}
+    return sorted(offered - passed - NOT_PASSED)
+
+
+def our_variants(defaults: dict, threads: list[int]) -> list[tuple[str, tuple[str, ...]]]:
+    """(label, extra flags) of each run of our script: its defaults; where it has `--compile`, the other
+    mode too; and each asked-for `--torch-threads` count."""
+    variants = [("ours", ())]
+    if "compile" in defaults:
+        other = "--no-compile" if defaults["compile"] else "--compile"
+        variants.append((f"ours {other}", (other,)))
+    variants += [(f"ours --torch-threads {n}", ("--torch-threads", str(n))) for n in threads]
+    return variants
+
+
+def mode(defaults: dict, label: str) -> str:
+    """'compiled' or 'eager': how the run of our script with this label ran."""
+    compiled = bool(defaults.get("compile"))
+    if label.endswith("--compile"):
+        compiled = True
+    elif label.endswith("--no-compile"):
+        compiled = False
+    return "compiled" if compiled else "eager"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Timing one run
+# ----------------------------------------------------------------------------------------------------------
+def child_env(ours: bool) -> dict[str, str]:
+    """Each side at its own thread default: no OMP/MKL thread count from outside; CleanRL's interpreter
+    sees none of our Python path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if not ours:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def last_sps(output: str) -> float | None:
+    """The last SPS a script printed: ours `SPS=1234`, CleanRL's `SPS: 1234`."""
+    found = re.findall(r"SPS(?:=|: )(\d+)", output)
+    return float(found[-1]) if found else None
+
+
+def compile_seconds(runs_dir: Path) -> float | None:
+    """The script's own `perf/compile_time` (summed), where it logs one."""
+    from benchmark.events import read_scalars  # tensorboard: only where an event file is read
+
+    for run_dir in runs_dir.glob("*"):
+        points = read_scalars(run_dir).get("perf/compile_time")
+        if points:
+            return sum(value for _, value in points)
+    return None
+
+
+def time_run(command: list[str], ours: bool, busy: bool, cwd: str) -> tuple[float, str]:
+    """Whole-process wall time of `command` (optionally beside a process busy on one core) and its output."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=cwd, env=child_env(ours), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        seconds = time.perf_counter() - start
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    if done.returncode != 0:
+        tail = "\n".join(done.stdout.splitlines()[-20:])
+        print(tail, file=sys.stderr)
+        fail(f"exit {done.returncode} from: {shlex.join(command)}")
+    return seconds, done.stdout
+
+
+def measure(pair_name: str, steps: int, setting: str, label: str, extra: tuple[str, ...], defaults: dict,
+            peer_dir: Path) -> dict:
+    """One timed run: a record for the log."""
+    pair = PAIRS[pair_name]
+    with tempfile.TemporaryDirectory() as tmp:  # CleanRL writes runs/ in its working folder
+        ours = label != THEIRS
+        if ours:
+            command = our_command(pair, steps, defaults, f"{tmp}/runs", extra)
+        else:
+            command = their_command(pair, steps, defaults, peer_dir)
+        seconds, output = time_run(command, ours, setting == "busy", tmp)
+        compile_s = compile_seconds(Path(tmp, "runs")) if ours and mode(defaults, label) == "compiled" else None
+    return {"pair": pair_name, "steps": steps, "setting": setting, "run": label, "seconds": round(seconds, 3),
+            "sps": last_sps(output), "compile_s": compile_s, "command": shlex.join(command)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------------------
+def key(record: dict) -> tuple:
+    return record["pair"], record["steps"], record["setting"], record["run"], record["round"]
+
+
+def read_log(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def ratio_text(theirs: dict[int, float], ours: dict[int, float]) -> str:
+    """CleanRL time / our time over the rounds both have ({round: seconds}): the ratio of the medians, and
+    the range of the rounds' own ratios."""
+    rounds = sorted(set(theirs) & set(ours))
+    if not rounds:
+        return ""
+    ratios = [theirs[r] / ours[r] for r in rounds]
+    text = f"{statistics.median(theirs[r] for r in rounds) / statistics.median(ours[r] for r in rounds):.2f}x"
+    if len(ratios) > 1:
+        text += f" ({min(ratios):.2f}x-{max(ratios):.2f}x)"
+    return text
+
+
+def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings: list[str], rounds: int,
+          modes: dict[str, dict[str, str]]) -> str:
+    """The markdown tables: whole-process seconds of each run per round, median, range, the script's own
+    last SPS (median) and the ratio CleanRL / ours; then, where our script has `--compile`, its eager and
+    compiled times. `modes[pair]` maps the labels of our runs to 'eager' or 'compiled' (the table's rows:
+    CleanRL, then these in order)."""
+    found = {key(record): record for record in records}
+    header = " | ".join(f"round {r}" for r in range(1, rounds + 1))
+    lines = [f"| pair | steps | setting | run | {header} | median (s) | range (s) | script's SPS | CleanRL / this |",
+             "|---|---|---|---|" + "---|" * rounds + "---|---|---|---|"]
+    split = ["| script | steps | setting | eager (s) | compiled (s) | compiled / eager | compile time (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for pair in pairs:
+        name = f"{pair} ({PAIRS[pair].env_id})"
+        for setting in settings:
+            times, compile_times = {}, {}
+            for label in [THEIRS, *modes[pair]]:
+                runs = {r: found[pair, steps[pair], setting, label, r] for r in range(1, rounds + 1)
+                        if (pair, steps[pair], setting, label, r) in found}
+                times[label] = {r: run["seconds"] for r, run in runs.items()}
+                compile_times[label] = [run["compile_s"] for run in runs.values() if run.get("compile_s") is not None]
+                cells = " | ".join(f"{times[label][r]:.1f}" if r in runs else "" for r in range(1, rounds + 1))
+                if not runs:
+                    lines.append(f"| {name} | {steps[pair]:,} | {setting} | {label} | {cells} | not measured | | | |")
+                    continue
+                seconds = list(times[label].values())
+                speeds = [run["sps"] for run in runs.values() if run.get("sps") is not None]
+                speed = f"{statistics.median(speeds):,.0f}" if speeds else ""
+                ratio = "" if label == THEIRS else ratio_text(times[THEIRS], times[label])
+                lines.append(f"| {name} | {steps[pair]:,} | {setting} | {label} | {cells} "
+                             f"| {statistics.median(seconds):.1f} | {min(seconds):.1f}-{max(seconds):.1f} "
+                             f"| {speed} | {ratio} |")
+            # the eager/compiled split: the runs that differ from the default in the compile mode only
+            by_mode = {modes[pair][label]: label for label in modes[pair]
+                       if times[label] and not label.startswith("ours --torch-threads")}
+            if len(by_mode) == 2:
+                eager = statistics.median(times[by_mode["eager"]].values())
+                compiled = statistics.median(times[by_mode["compiled"]].values())
+                if compile_times[by_mode["compiled"]]:
+                    compile_time = f"{statistics.median(compile_times[by_mode['compiled']]):.1f} (perf/compile_time)"
+                else:
+                    compile_time = f"{compiled - eager:+.1f} (whole-process difference)"
+                split.append(f"| {PAIRS[pair].ours}.py | {steps[pair]:,} | {setting} | {eager:.1f} | {compiled:.1f} "
+                             f"| {compiled / eager:.2f} | {compile_time} |")
+    return "\n".join(lines + ([""] + split if len(split) > 2 else []))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The machine and the command
+# ----------------------------------------------------------------------------------------------------------
+def our_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in VERSIONS_OF[1:]:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def machine() -> str:
+    """CPU model, cores, load and OS, for the table's header."""
+    model = platform.processor() or platform.machine()
+    try:
+        names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
+        model = names[0] if names else model
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{model}, {os.cpu_count()} logical cores, load average {load} at the start, {platform.platform()}"
+
+
+def our_commit() -> str:
+    def git(*args):
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def check_flags(command: list[str]):
+    """Fails unless every flag of CleanRL's script (from its --help) is one the command passes or one
+    that does not change the training (NOT_PASSED): then no default of theirs differs unseen from ours."""
+    help_text = subprocess.run([*command[:2], "--help"], capture_output=True, text=True,
+                               env=child_env(ours=False)).stdout
+    missing = unmatched_flags(help_text, command)
+    if missing or "--env-id" not in help_text:
+        fail(f"CleanRL's {Path(command[1]).name} has flags that the benchmark does not set: {missing} "
+             f"(its --help: {help_text.strip()[-200:]!r})")
+
+
+def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], settings: list[str],
+               variants: dict[str, list[tuple[str, tuple[str, ...]]]], defaults: dict[str, dict], peer_dir: Path):
+    """Every run not yet in the log, round after round, each appended to the log as it finishes. In a
+    round, ours go first in odd rounds and CleanRL's in even ones."""
+    done = {key(record) for record in read_log(log)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    for r in range(1, rounds + 1):
+        for pair in pairs:
+            order = [(THEIRS, ())] + variants[pair]
+            if r % 2:
+                order.reverse()
+            for setting in settings:
+                for label, extra in order:
+                    if (pair, steps[pair], setting, label, r) in done:
+                        continue
+                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir)
+                    record.update(round=r, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                    with log.open("a") as f:
+                        f.write(json.dumps(record) + "\n")
+                    print(f"round {r} {pair} {setting} {label}: {record['seconds']:.1f} s", flush=True)
+
+
+def parse_steps(text: str | None) -> dict[str, int]:
+    """`--steps 50000` (every pair) or `--steps cartpole=50000,hopper=20480` (the others at their default)."""
+    steps = {name: pair.steps for name, pair in PAIRS.items()}
+    if not text:
+        return steps
+    try:
+        if "=" not in text:
+            return dict.fromkeys(steps, int(text))
+        for item in text.split(","):
+            name, value = item.split("=")
+            if name not in steps:
+                fail(f"--steps: unknown pair {name!r} (pairs: {', '.join(PAIRS)})")
+            steps[name] = int(value)
+    except ValueError:
+        fail(f"--steps: expected N or PAIR=N,PAIR=N, got {text!r}")
+    return steps
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(prog="python -m benchmark.peer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", action="store_true", help="create the CleanRL virtualenv (then exit)")
+    parser.add_argument("--peer-dir", type=Path, default=PEER_DIR,
+                        help="the CleanRL virtualenv (default: $PPO_LAB_PEER_DIR or %(default)s)")
+    parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated, of: %(default)s")
+    parser.add_argument("--steps", default=None, help="N for every pair or PAIR=N,...; default: the scripts' own")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating runs (default: %(default)s)")
+    parser.add_argument("--busy", action="store_true", help="also time every run beside a process busy on one core")
+    parser.add_argument("--torch-threads", default="", help="also time our scripts with these thread counts, "
+                        "comma-separated (e.g. 1,2)")
+    parser.add_argument("--log", type=Path, default=DEFAULT_LOG,
+                        help="JSON lines of the finished runs, read to resume (default: %(default)s)")
+    parser.add_argument("--table", action="store_true", help="print the table from --log only, run nothing")
+    parser.add_argument("--out", type=Path, default=None, help="also write the markdown to this file")
+    args = parser.parse_args(argv)
+    if args.build:
+        build(args.peer_dir)
+        return
+    pairs = [name for name in args.pairs.split(",") if name]
+    unknown = [name for name in pairs if name not in PAIRS]
+    if unknown or not pairs:
+        fail(f"--pairs: unknown {', '.join(unknown) or 'none given'} (pairs: {', '.join(PAIRS)})")
+    if args.rounds < 1:
+        fail(f"--rounds must be at least 1, got {args.rounds}")
+    try:
+        threads = [int(n) for n in args.torch_threads.split(",") if n]
+    except ValueError:
+        fail(f"--torch-threads: expected comma-separated integers, got {args.torch_threads!r}")
+    steps = parse_steps(args.steps)
+    settings = ["idle", "busy"] if args.busy else ["idle"]
+    peer_versions = check_peer(args.peer_dir) if not args.table else {}
+    defaults = {pair: our_defaults(PAIRS[pair]) for pair in pairs}
+    for pair in pairs:
+        batch = defaults[pair]["num_envs"] * defaults[pair]["num_steps"]
+        if steps[pair] < batch:
+            fail(f"--steps: {pair} needs at least one batch, {batch} steps, got {steps[pair]}")
+    variants = {pair: our_variants(defaults[pair], threads) for pair in pairs}
+    modes = {pair: {label: mode(defaults[pair], label) for label, _ in variants[pair]} for pair in pairs}
+    command = "python -m benchmark.peer " + shlex.join(argv if argv is not None else sys.argv[1:])
+
+    if not args.table:
+        for pair in pairs:
+            check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.peer_dir))
+        run_rounds(args.log, args.rounds, pairs, steps, settings, variants, defaults, args.peer_dir)
+
+    header = [f"Machine: {machine()}.",
+              f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + "."]
+    if peer_versions:
+        header.append(f"CleanRL: " + ", ".join(f"{k} {v}" for k, v in peer_versions.items())
+                      + f" (virtualenv {args.peer_dir}).")
+    header.append(f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
+    for pair in pairs:
+        compile_note = (f"`--compile` default {defaults[pair]['compile']}" if "compile" in defaults[pair]
+                        else "no `--compile`")
+        header.append(f"{pair}: {PAIRS[pair].ours}.py (`--torch-threads` default {defaults[pair]['torch_threads']}, "
+                      f"{compile_note}) against cleanrl/{PAIRS[pair].theirs} (PyTorch's default threads).")
+    text = "\n".join(header) + "\n\n" + table(read_log(args.log), pairs, steps, settings, args.rounds, modes)
+    print("\n" + text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
