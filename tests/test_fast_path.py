@@ -4,14 +4,18 @@
   test_contract.py) raise nothing a real GPU would raise, and the rollout makes exactly one copy to
   the device (non-blocking, from pinned memory) and one back per environment step, and no other sync;
 - `--compile` and the eager code from the same seed make the same run, to float tolerance;
-- `--cudagraphs` without CUDA is a one-line error, exit 2.
+- `--cudagraphs` without CUDA is a one-line error, exit 2;
+- the NumPy policy step of the small-MLP scripts is `Agent.act`: same actions, log-probs, values.
 """
+
+import importlib
 
 import pytest
 import torch
 
 from fake_cuda import FakeCuda
 from helpers import load, read_scalars
+from scripts import NUMPY_POLICY, SCRIPTS, top_level_definitions
 from test_contract import ITERATIONS, RUNS, contract, make_args  # noqa: F401  (contract is a fixture)
 
 # the rollout runs in other processes (on the CPU): the learner's rollout phase makes no copies at all
@@ -89,3 +93,29 @@ def test_cudagraphs_without_cuda_is_a_one_line_error(every_script, tmp_path, cap
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and ": error: --cudagraphs needs CUDA" in lines[0], lines
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_numpy_policy_steps_are_listed():
+    assert [name for name in SCRIPTS if "NumpyPolicy" in top_level_definitions(name)] == NUMPY_POLICY
+
+
+@pytest.mark.parametrize("name", NUMPY_POLICY)
+def test_the_numpy_policy_step_is_agent_act(name):
+    """Same weights, same generator state: same actions, and log-probs and values to float precision,
+    also after an optimizer step (NumpyPolicy reads the parameters' memory, no copy)."""
+    script = importlib.import_module(name)
+    torch.manual_seed(0)
+    agent = script.Agent(5, 3)
+    policy = script.NumpyPolicy(agent)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.1, fused=True)
+    for _ in range(3):
+        obs = torch.randn(7, 5) * 3
+        state = torch.get_rng_state()
+        expected = agent.act(obs)
+        torch.set_rng_state(state)
+        got = policy(obs)
+        for a, b in zip(got, expected):  # integer actions: exactly equal
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        optimizer.zero_grad()
+        agent.get_action_and_value(obs)[1].sum().backward()  # the weights change in place
+        optimizer.step()
