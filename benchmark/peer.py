@@ -106,13 +106,17 @@ def peer_script(peer_dir: Path, pair: Pair) -> Path:
     return script
 
 
-def check_peer(peer_dir: Path) -> dict[str, str]:
-    """The peer's package versions, written by --build as its last step; a one-line error when it is missing."""
+def peer_versions(peer_dir: Path) -> dict[str, str]:
+    """The peer's package versions, written by --build as its last step ({} where it is not built)."""
     ready = peer_dir / "versions.json"
-    if not ready.is_file():
+    return json.loads(ready.read_text()) if ready.is_file() else {}
+
+
+def check_peer(peer_dir: Path):
+    """A one-line error when the peer is not built."""
+    if not peer_versions(peer_dir):
         fail(f"CleanRL {PEER_VERSION}'s virtualenv is missing ({peer_dir}): build it first with "
              "`python -m benchmark.peer --build`")
-    return json.loads(ready.read_text())
 
 
 def build(peer_dir: Path):
@@ -145,7 +149,8 @@ def build(peer_dir: Path):
 # ----------------------------------------------------------------------------------------------------------
 def our_defaults(pair: Pair) -> dict:
     """Our script's `Args` defaults (the script imported, not run)."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     args = importlib.import_module(pair.ours).Args
     return {field.name: field.default for field in dataclasses.fields(args)}
 
@@ -179,11 +184,12 @@ def their_command(pair: Pair, steps: int, defaults: dict, peer_dir: Path) -> lis
     return [str(peer_python(peer_dir)), str(peer_script(peer_dir, pair)), *flags(values, ours=False)]
 
 
-def unmatched_flags(help_text: str, command: list[str]) -> list[str]:
-    """CleanRL's flags (from its --help) that the command neither passes nor may leave at their defaults."""
+def unmatched_flags(help_text: str, command: list[str], unset: set[str]) -> list[str]:
+    """CleanRL's flags (from its --help) that the command neither passes nor may leave at their defaults:
+    NOT_PASSED, and `unset`, the hyperparameters that are None in our script (as in CleanRL's)."""
     offered = set(re.findall(r"--([a-z][a-z0-9-]*)", help_text))
     passed = {arg[2:] for arg in command if arg.startswith("--")}
-    return sorted(offered - passed - NOT_PASSED)
+    return sorted(offered - passed - NOT_PASSED - unset)
 
 
 def our_variants(defaults: dict, threads: list[int]) -> list[tuple[str, tuple[str, ...]]]:
@@ -210,12 +216,15 @@ def mode(defaults: dict, label: str) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # Timing one run
 # ----------------------------------------------------------------------------------------------------------
-def child_env(ours: bool) -> dict[str, str]:
+def child_env(ours: bool, compile_cache: str | None = None) -> dict[str, str]:
     """Each side at its own thread default: no OMP/MKL thread count from outside; CleanRL's interpreter
-    sees none of our Python path."""
+    sees none of our Python path. `compile_cache`: torch.compile's cache folder for this run (an empty one
+    makes the compile cold), else the user's own (warm after the first compile of the same code)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if not ours:
         env.pop("PYTHONPATH", None)
+    if compile_cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = compile_cache
     return env
 
 
@@ -236,13 +245,12 @@ def compile_seconds(runs_dir: Path) -> float | None:
     return None
 
 
-def time_run(command: list[str], ours: bool, busy: bool, cwd: str) -> tuple[float, str]:
+def time_run(command: list[str], env: dict[str, str], busy: bool, cwd: str) -> tuple[float, str]:
     """Whole-process wall time of `command` (optionally beside a process busy on one core) and its output."""
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         start = time.perf_counter()
-        done = subprocess.run(command, cwd=cwd, env=child_env(ours), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+        done = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seconds = time.perf_counter() - start
     finally:
         if spinner is not None:
@@ -256,8 +264,8 @@ def time_run(command: list[str], ours: bool, busy: bool, cwd: str) -> tuple[floa
 
 
 def measure(pair_name: str, steps: int, setting: str, label: str, extra: tuple[str, ...], defaults: dict,
-            peer_dir: Path) -> dict:
-    """One timed run: a record for the log."""
+            peer_dir: Path, cold: bool) -> dict:
+    """One timed run: a record for the log. `cold`: torch.compile starts from an empty cache."""
     pair = PAIRS[pair_name]
     with tempfile.TemporaryDirectory() as tmp:  # CleanRL writes runs/ in its working folder
         ours = label != THEIRS
@@ -265,17 +273,20 @@ def measure(pair_name: str, steps: int, setting: str, label: str, extra: tuple[s
             command = our_command(pair, steps, defaults, f"{tmp}/runs", extra)
         else:
             command = their_command(pair, steps, defaults, peer_dir)
-        seconds, output = time_run(command, ours, setting == "busy", tmp)
+        env = child_env(ours, f"{tmp}/compile_cache" if cold else None)
+        seconds, output = time_run(command, env, setting == "busy", tmp)
         compile_s = compile_seconds(Path(tmp, "runs")) if ours and mode(defaults, label) == "compiled" else None
-    return {"pair": pair_name, "steps": steps, "setting": setting, "run": label, "seconds": round(seconds, 3),
-            "sps": last_sps(output), "compile_s": compile_s, "command": shlex.join(command)}
+    return {"pair": pair_name, "steps": steps, "setting": setting, "run": label, "cold": cold,
+            "seconds": round(seconds, 3), "sps": last_sps(output), "compile_s": compile_s,
+            "command": shlex.join(command)}
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The table
 # ----------------------------------------------------------------------------------------------------------
 def key(record: dict) -> tuple:
-    return record["pair"], record["steps"], record["setting"], record["run"], record["round"]
+    """What identifies a run in the log (a run measured with a cold compile cache is another run)."""
+    return record["pair"], record["steps"], record["setting"], record["run"], record["round"], record.get("cold", False)
 
 
 def read_log(path: Path) -> list[dict]:
@@ -298,17 +309,17 @@ def ratio_text(theirs: dict[int, float], ours: dict[int, float]) -> str:
 
 
 def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings: list[str], rounds: int,
-          modes: dict[str, dict[str, str]]) -> str:
+          modes: dict[str, dict[str, str]], cold: bool = False) -> str:
     """The markdown tables: whole-process seconds of each run per round, median, range, the script's own
     last SPS (median) and the ratio CleanRL / ours; then, where our script has `--compile`, its eager and
     compiled times. `modes[pair]` maps the labels of our runs to 'eager' or 'compiled' (the table's rows:
-    CleanRL, then these in order)."""
-    found = {key(record): record for record in records}
+    CleanRL, then these in order). Only the records with the compile cache `cold` (or not) count."""
+    found = {key(record)[:5]: record for record in records if record.get("cold", False) == cold}
     header = " | ".join(f"round {r}" for r in range(1, rounds + 1))
     lines = [f"| pair | steps | setting | run | {header} | median (s) | range (s) | script's SPS | CleanRL / this |",
              "|---|---|---|---|" + "---|" * rounds + "---|---|---|---|"]
-    split = ["| script | steps | setting | eager (s) | compiled (s) | compiled / eager | compile time (s) |",
-             "|---|---|---|---|---|---|---|"]
+    split = ["| script | steps | setting | eager (s) | compiled (s) | compiled / eager | compiled - eager (s) "
+             "| compile time (s) |", "|---|---|---|---|---|---|---|---|"]
     for pair in pairs:
         name = f"{pair} ({PAIRS[pair].env_id})"
         for setting in settings:
@@ -335,12 +346,10 @@ def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings
             if len(by_mode) == 2:
                 eager = statistics.median(times[by_mode["eager"]].values())
                 compiled = statistics.median(times[by_mode["compiled"]].values())
-                if compile_times[by_mode["compiled"]]:
-                    compile_time = f"{statistics.median(compile_times[by_mode['compiled']]):.1f} (perf/compile_time)"
-                else:
-                    compile_time = f"{compiled - eager:+.1f} (whole-process difference)"
+                logged = compile_times[by_mode["compiled"]]  # the script's own, where it logs one
+                compile_time = f"{statistics.median(logged):.1f}" if logged else "not logged"
                 split.append(f"| {PAIRS[pair].ours}.py | {steps[pair]:,} | {setting} | {eager:.1f} | {compiled:.1f} "
-                             f"| {compiled / eager:.2f} | {compile_time} |")
+                             f"| {compiled / eager:.2f} | {compiled - eager:+.1f} | {compile_time} |")
     return "\n".join(lines + ([""] + split if len(split) > 2 else []))
 
 
@@ -357,16 +366,19 @@ def our_versions() -> dict[str, str]:
     return versions
 
 
+def load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def machine() -> str:
-    """CPU model, cores, load and OS, for the table's header."""
+    """CPU model, cores and OS, for the table's header."""
     model = platform.processor() or platform.machine()
     try:
         names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
         model = names[0] if names else model
     except OSError:
         pass
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"{model}, {os.cpu_count()} logical cores, load average {load} at the start, {platform.platform()}"
+    return f"{model}, {os.cpu_count()} logical cores, {platform.platform()}"
 
 
 def our_commit() -> str:
@@ -377,19 +389,21 @@ def our_commit() -> str:
     return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def check_flags(command: list[str]):
+def check_flags(command: list[str], defaults: dict):
     """Fails unless every flag of CleanRL's script (from its --help) is one the command passes or one
     that does not change the training (NOT_PASSED): then no default of theirs differs unseen from ours."""
     help_text = subprocess.run([*command[:2], "--help"], capture_output=True, text=True,
                                env=child_env(ours=False)).stdout
-    missing = unmatched_flags(help_text, command)
+    unset = {name.replace("_", "-") for name in HYPERPARAMETERS if defaults[name] is None}
+    missing = unmatched_flags(help_text, command, unset)
     if missing or "--env-id" not in help_text:
         fail(f"CleanRL's {Path(command[1]).name} has flags that the benchmark does not set: {missing} "
              f"(its --help: {help_text.strip()[-200:]!r})")
 
 
 def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], settings: list[str],
-               variants: dict[str, list[tuple[str, tuple[str, ...]]]], defaults: dict[str, dict], peer_dir: Path):
+               variants: dict[str, list[tuple[str, tuple[str, ...]]]], defaults: dict[str, dict], peer_dir: Path,
+               cold: bool = False):
     """Every run not yet in the log, round after round, each appended to the log as it finishes. In a
     round, ours go first in odd rounds and CleanRL's in even ones."""
     done = {key(record) for record in read_log(log)}
@@ -401,9 +415,9 @@ def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], 
                 order.reverse()
             for setting in settings:
                 for label, extra in order:
-                    if (pair, steps[pair], setting, label, r) in done:
+                    if (pair, steps[pair], setting, label, r, cold) in done:
                         continue
-                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir)
+                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir, cold)
                     record.update(round=r, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                     with log.open("a") as f:
                         f.write(json.dumps(record) + "\n")
@@ -440,6 +454,9 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--busy", action="store_true", help="also time every run beside a process busy on one core")
     parser.add_argument("--torch-threads", default="", help="also time our scripts with these thread counts, "
                         "comma-separated (e.g. 1,2)")
+    parser.add_argument("--cold-compile", action="store_true",
+                        help="give every run an empty torch.compile cache (default: the user's, warm after the "
+                        "first compile)")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG,
                         help="JSON lines of the finished runs, read to resume (default: %(default)s)")
     parser.add_argument("--table", action="store_true", help="print the table from --log only, run nothing")
@@ -460,7 +477,8 @@ def main(argv: list[str] | None = None):
         fail(f"--torch-threads: expected comma-separated integers, got {args.torch_threads!r}")
     steps = parse_steps(args.steps)
     settings = ["idle", "busy"] if args.busy else ["idle"]
-    peer_versions = check_peer(args.peer_dir) if not args.table else {}
+    if not args.table:
+        check_peer(args.peer_dir)
     defaults = {pair: our_defaults(PAIRS[pair]) for pair in pairs}
     for pair in pairs:
         batch = defaults[pair]["num_envs"] * defaults[pair]["num_steps"]
@@ -469,24 +487,28 @@ def main(argv: list[str] | None = None):
     variants = {pair: our_variants(defaults[pair], threads) for pair in pairs}
     modes = {pair: {label: mode(defaults[pair], label) for label, _ in variants[pair]} for pair in pairs}
     command = "python -m benchmark.peer " + shlex.join(argv if argv is not None else sys.argv[1:])
+    load_at_start = load()
 
     if not args.table:
         for pair in pairs:
-            check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.peer_dir))
-        run_rounds(args.log, args.rounds, pairs, steps, settings, variants, defaults, args.peer_dir)
+            check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.peer_dir), defaults[pair])
+        run_rounds(args.log, args.rounds, pairs, steps, settings, variants, defaults, args.peer_dir, args.cold_compile)
 
-    header = [f"Machine: {machine()}.",
-              f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + "."]
-    if peer_versions:
-        header.append(f"CleanRL: " + ", ".join(f"{k} {v}" for k, v in peer_versions.items())
-                      + f" (virtualenv {args.peer_dir}).")
-    header.append(f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
+    theirs = ", ".join(f"{k} {v}" for k, v in peer_versions(args.peer_dir).items()) or "not built here"
+    header = [f"Machine: {machine()}; load average (1, 5, 15 min) {load_at_start} at the start, {load()} at the end.",
+              f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + ".",
+              f"CleanRL: {theirs} (virtualenv {args.peer_dir}).",
+              f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+              "Settings: " + "; ".join(f"{name}: {text}" for name, text in SETTINGS.items() if name in settings)
+              + "; torch.compile cache: " + ("empty for each run (cold)." if args.cold_compile
+                                              else "the user's (warm after the first compile).")]
     for pair in pairs:
         compile_note = (f"`--compile` default {defaults[pair]['compile']}" if "compile" in defaults[pair]
                         else "no `--compile`")
         header.append(f"{pair}: {PAIRS[pair].ours}.py (`--torch-threads` default {defaults[pair]['torch_threads']}, "
                       f"{compile_note}) against cleanrl/{PAIRS[pair].theirs} (PyTorch's default threads).")
-    text = "\n".join(header) + "\n\n" + table(read_log(args.log), pairs, steps, settings, args.rounds, modes)
+    text = "\n".join(header) + "\n\n" + table(read_log(args.log), pairs, steps, settings, args.rounds, modes,
+                                               args.cold_compile)
     print("\n" + text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -67,8 +67,9 @@ def test_flags_of_cleanrl_that_the_command_leaves_unset_are_found():
       --wandb-entity WANDB_ENTITY   the entity
       --frame-skip FRAME_SKIP       a flag the benchmark does not know"""
     command = ["python", "ppo.py", "--seed", "1", "--env-id", "CartPole-v1", "--num-envs", "4"]
-    assert peer.unmatched_flags(help_text, command) == ["frame-skip"]
-    assert peer.unmatched_flags(help_text, command + ["--frame-skip", "4"]) == []
+    assert peer.unmatched_flags(help_text, command, set()) == ["frame-skip"]
+    assert peer.unmatched_flags(help_text, command + ["--frame-skip", "4"], set()) == []
+    assert peer.unmatched_flags(help_text, command, {"frame-skip"}) == []  # None on our side too: left unset
 
 
 def test_our_variants_time_the_other_compile_mode_and_asked_thread_counts():
@@ -91,7 +92,7 @@ def rows(text: str) -> dict[tuple[str, str], list[str]]:
     found = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 7 and cells[0].endswith(".py"):
+        if len(cells) == 8 and cells[0].endswith(".py"):
             found["split", cells[2]] = cells
         elif len(cells) > 4 and cells[2] in ("idle", "busy"):
             found[cells[2], cells[3]] = cells
@@ -113,7 +114,7 @@ def test_table_medians_ranges_and_ratios_from_known_timings():
     # the compiled runs have rounds 1 and 2 only: compared with CleanRL's rounds 1 and 2 (31.5 / 17.5)
     assert compiled[4:8] == ["20.0", "15.0", "", "17.5"] and compiled[10] == "1.80x (1.50x-2.20x)"
     # the split: eager median 11, compiled median 17.5, no perf/compile_time logged
-    assert found["split", "idle"][3:] == ["11.0", "17.5", "1.59", "+6.5 (whole-process difference)"]
+    assert found["split", "idle"][3:] == ["11.0", "17.5", "1.59", "+6.5", "not logged"]
 
 
 def test_table_takes_the_scripts_own_compile_time_and_marks_what_is_missing():
@@ -125,16 +126,17 @@ def test_table_takes_the_scripts_own_compile_time_and_marks_what_is_missing():
     found = rows(text)
     assert found["idle", "CleanRL"][6] == "not measured" and found["idle", "ours"][6] == "not measured"
     assert found["busy", "ours"][4:7] == ["20.0", "18.0", "19.0"] and found["busy", "ours"][9] == "2.50x"
-    assert found["split", "busy"][3:] == ["25.0", "19.0", "0.76", "4.0 (perf/compile_time)"]
+    assert found["split", "busy"][3:] == ["25.0", "19.0", "0.76", "-6.0", "4.0"]
     assert ("split", "idle") not in found
 
 
 def test_rounds_alternate_the_sides_and_resume_from_the_log(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(pair, steps, setting, label, extra, defaults, peer_dir):
+    def fake_measure(pair, steps, setting, label, extra, defaults, peer_dir, cold):
         measured.append((label, setting))
-        return {"pair": pair, "steps": steps, "setting": setting, "run": label, "seconds": 1.0, "sps": None}
+        return {"pair": pair, "steps": steps, "setting": setting, "run": label, "cold": cold, "seconds": 1.0,
+                "sps": None}
 
     monkeypatch.setattr(peer, "measure", fake_measure)
     log = tmp_path / "log.jsonl"
@@ -149,6 +151,9 @@ def test_rounds_alternate_the_sides_and_resume_from_the_log(tmp_path, monkeypatc
     measured.clear()
     peer.run_rounds(log, 3, *arguments)  # rounds 1 and 2 are in the log: only round 3 runs
     assert measured == [(label, setting) for setting in ("idle", "busy") for label in ("ours --compile", "ours", "CleanRL")]
+    measured.clear()
+    peer.run_rounds(log, 1, *arguments, cold=True)  # runs with a cold compile cache are other runs
+    assert len(measured) == 6
 
 
 def test_steps_for_every_pair_or_per_pair():
