@@ -82,9 +82,9 @@ def test_our_variants_time_the_other_compile_mode_and_asked_thread_counts():
     assert peer.mode({"compile": True}, "ours --no-compile") == "eager"
 
 
-def record(pair, run, r, seconds, setting="idle", sps=None, compile_s=None):
+def record(pair, run, r, seconds, setting="idle", sps=None, compile_s=None, cold=False):
     return {"pair": pair, "steps": 1000, "setting": setting, "run": run, "round": r, "seconds": seconds, "sps": sps,
-            "compile_s": compile_s}
+            "compile_s": compile_s, "cold": cold}
 
 
 def rows(text: str) -> dict[tuple[str, str], list[str]]:
@@ -120,7 +120,8 @@ def test_table_medians_ranges_and_ratios_from_known_timings():
 def test_table_takes_the_scripts_own_compile_time_and_marks_what_is_missing():
     records = [record("hopper", "CleanRL", 1, 50.0, setting="busy"), record("hopper", "ours", 1, 20.0, setting="busy"),
                record("hopper", "ours --no-compile", 1, 25.0, setting="busy", compile_s=None),
-               record("hopper", "ours", 2, 18.0, setting="busy", compile_s=4.0)]
+               record("hopper", "ours", 2, 18.0, setting="busy", compile_s=4.0),
+               record("hopper", "CleanRL", 1, 60.0, cold=True)]  # another measurement (cold compile cache)
     text = peer.table(records, ["hopper"], {"hopper": 1000}, ["idle", "busy"], 2,
                       {"hopper": {"ours": "compiled", "ours --no-compile": "eager"}})
     found = rows(text)
