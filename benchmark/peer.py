@@ -34,7 +34,6 @@ where it stopped when given the same command. `--table` prints the table from th
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import platform
@@ -48,7 +47,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmark.throughput import ROOT, import_script
+
 PEER_VERSION = "1.2.0"
 PEER_DIR = Path(os.environ.get("PPO_LAB_PEER_DIR") or Path.home() / ".cache" / "ppo-lab" / f"cleanrl-{PEER_VERSION}")
 # CleanRL 1.2.0's scripts with the packages of their time: ppo.py and the envpool script are written for
@@ -149,10 +149,7 @@ def build(peer_dir: Path):
 # ----------------------------------------------------------------------------------------------------------
 def our_defaults(pair: Pair) -> dict:
     """Our script's `Args` defaults (the script imported, not run)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    args = importlib.import_module(pair.ours).Args
-    return {field.name: field.default for field in dataclasses.fields(args)}
+    return {field.name: field.default for field in dataclasses.fields(import_script(pair.ours).Args)}
 
 
 def hyperparameters(defaults: dict) -> dict:
@@ -366,10 +363,6 @@ def our_versions() -> dict[str, str]:
     return versions
 
 
-def load() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def machine() -> str:
     """CPU model, cores and OS, for the table's header."""
     model = platform.processor() or platform.machine()
@@ -417,11 +410,32 @@ def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], 
                 for label, extra in order:
                     if (pair, steps[pair], setting, label, r, cold) in done:
                         continue
+                    load = os.getloadavg()[0]  # the machine's state just before: a disturbed run shows here
                     record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir, cold)
-                    record.update(round=r, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                    record.update(round=r, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), load=load)
                     with log.open("a") as f:
                         f.write(json.dumps(record) + "\n")
                     print(f"round {r} {pair} {setting} {label}: {record['seconds']:.1f} s", flush=True)
+
+
+def describe(command: str, peer_dir: Path, pairs: list[str], settings: list[str], defaults: dict[str, dict],
+             records: list[dict], cold: bool) -> str:
+    """The lines above the table: machine, load during the runs, versions, command, settings, scripts."""
+    loads = [record["load"] for record in records if "load" in record and record["pair"] in pairs]
+    during = f"1-minute load average before each run {min(loads):.2f}-{max(loads):.2f}" if loads else "no runs logged"
+    theirs = ", ".join(f"{k} {v}" for k, v in peer_versions(peer_dir).items()) or "not built here"
+    lines = [f"Machine: {machine()}; {during}.",
+             f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + ".",
+             f"CleanRL: {theirs} (virtualenv {peer_dir}).",
+             f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+             "Settings: " + "; ".join(f"{name}: {SETTINGS[name]}" for name in settings) + "; torch.compile cache: "
+             + ("empty for each run (cold)." if cold else "the user's (warm after the first compile).")]
+    for pair in pairs:
+        compile_note = (f"`--compile` default {defaults[pair]['compile']}" if "compile" in defaults[pair]
+                        else "no `--compile`")
+        lines.append(f"{pair}: {PAIRS[pair].ours}.py (`--torch-threads` default {defaults[pair]['torch_threads']}, "
+                     f"{compile_note}) against cleanrl/{PAIRS[pair].theirs} (PyTorch's default threads).")
+    return "\n".join(lines)
 
 
 def parse_steps(text: str | None) -> dict[str, int]:
@@ -486,29 +500,15 @@ def main(argv: list[str] | None = None):
             fail(f"--steps: {pair} needs at least one batch, {batch} steps, got {steps[pair]}")
     variants = {pair: our_variants(defaults[pair], threads) for pair in pairs}
     modes = {pair: {label: mode(defaults[pair], label) for label, _ in variants[pair]} for pair in pairs}
-    command = "python -m benchmark.peer " + shlex.join(argv if argv is not None else sys.argv[1:])
-    load_at_start = load()
-
     if not args.table:
         for pair in pairs:
             check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.peer_dir), defaults[pair])
         run_rounds(args.log, args.rounds, pairs, steps, settings, variants, defaults, args.peer_dir, args.cold_compile)
 
-    theirs = ", ".join(f"{k} {v}" for k, v in peer_versions(args.peer_dir).items()) or "not built here"
-    header = [f"Machine: {machine()}; load average (1, 5, 15 min) {load_at_start} at the start, {load()} at the end.",
-              f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + ".",
-              f"CleanRL: {theirs} (virtualenv {args.peer_dir}).",
-              f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-              "Settings: " + "; ".join(f"{name}: {text}" for name, text in SETTINGS.items() if name in settings)
-              + "; torch.compile cache: " + ("empty for each run (cold)." if args.cold_compile
-                                              else "the user's (warm after the first compile).")]
-    for pair in pairs:
-        compile_note = (f"`--compile` default {defaults[pair]['compile']}" if "compile" in defaults[pair]
-                        else "no `--compile`")
-        header.append(f"{pair}: {PAIRS[pair].ours}.py (`--torch-threads` default {defaults[pair]['torch_threads']}, "
-                      f"{compile_note}) against cleanrl/{PAIRS[pair].theirs} (PyTorch's default threads).")
-    text = "\n".join(header) + "\n\n" + table(read_log(args.log), pairs, steps, settings, args.rounds, modes,
-                                               args.cold_compile)
+    records = read_log(args.log)
+    command = "python -m benchmark.peer " + shlex.join(argv if argv is not None else sys.argv[1:])
+    text = (describe(command, args.peer_dir, pairs, settings, defaults, records, args.cold_compile) + "\n\n"
+            + table(records, pairs, steps, settings, args.rounds, modes, args.cold_compile))
     print("\n" + text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -178,3 +178,16 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("benchmark.peer: error: ") and message in err
     if "missing" in message:
         assert "python -m benchmark.peer --build" in err
+
+
+def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
+    (tmp_path / "versions.json").write_text('{"cleanrl": "1.2.0", "gym": "0.23.1"}')
+    records = [record("cartpole", "ours", 1, 10.0) | {"load": 0.5}, record("cartpole", "CleanRL", 1, 30.0) | {"load": 1.25},
+               record("hopper", "ours", 1, 10.0) | {"load": 9.0}]  # another pair: not in this table
+    text = peer.describe("python -m benchmark.peer --pairs cartpole", tmp_path, ["cartpole"], ["idle", "busy"],
+                         {"cartpole": {"torch_threads": 1, "compile": False}}, records, cold=True)
+    assert "1-minute load average before each run 0.50-1.25." in text
+    assert f"CleanRL: cleanrl 1.2.0, gym 0.23.1 (virtualenv {tmp_path})." in text
+    assert "`python -m benchmark.peer --pairs cartpole`" in text and "empty for each run (cold)" in text
+    assert "busy: default threads, +1 busy process" in text
+    assert "cartpole: ppo.py (`--torch-threads` default 1, `--compile` default False)" in text
