@@ -189,11 +189,11 @@ def unmatched_flags(help_text: str, command: list[str], unset: set[str]) -> list
     return sorted(offered - passed - NOT_PASSED - unset)
 
 
-def our_variants(defaults: dict, threads: list[int]) -> list[tuple[str, tuple[str, ...]]]:
-    """(label, extra flags) of each run of our script: its defaults; where it has `--compile`, the other
-    mode too; and each asked-for `--torch-threads` count."""
+def our_variants(defaults: dict, threads: list[int], split: bool = True) -> list[tuple[str, tuple[str, ...]]]:
+    """(label, extra flags) of each run of our script: its defaults; where it has `--compile` (and `split`),
+    the other mode too; and each asked-for `--torch-threads` count."""
     variants = [("ours", ())]
-    if "compile" in defaults:
+    if "compile" in defaults and split:
         other = "--no-compile" if defaults["compile"] else "--compile"
         variants.append((f"ours {other}", (other,)))
     variants += [(f"ours --torch-threads {n}", ("--torch-threads", str(n))) for n in threads]
@@ -468,6 +468,8 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--busy", action="store_true", help="also time every run beside a process busy on one core")
     parser.add_argument("--torch-threads", default="", help="also time our scripts with these thread counts, "
                         "comma-separated (e.g. 1,2)")
+    parser.add_argument("--no-split", action="store_true",
+                        help="time our scripts in their default compile mode only (no eager/compiled split)")
     parser.add_argument("--cold-compile", action="store_true",
                         help="give every run an empty torch.compile cache (default: the user's, warm after the "
                         "first compile)")
@@ -498,7 +500,7 @@ def main(argv: list[str] | None = None):
         batch = defaults[pair]["num_envs"] * defaults[pair]["num_steps"]
         if steps[pair] < batch:
             fail(f"--steps: {pair} needs at least one batch, {batch} steps, got {steps[pair]}")
-    variants = {pair: our_variants(defaults[pair], threads) for pair in pairs}
+    variants = {pair: our_variants(defaults[pair], threads, not args.no_split) for pair in pairs}
     modes = {pair: {label: mode(defaults[pair], label) for label, _ in variants[pair]} for pair in pairs}
     if not args.table:
         for pair in pairs:

@@ -80,6 +80,8 @@ def test_our_variants_time_the_other_compile_mode_and_asked_thread_counts():
     assert [peer.mode({"compile": False}, label) for label, _ in variants] == ["eager", "compiled", "eager"]
     assert [label for label, _ in peer.our_variants({"compile": True}, [])] == ["ours", "ours --no-compile"]
     assert peer.mode({"compile": True}, "ours --no-compile") == "eager"
+    assert peer.our_variants({"compile": True}, [1], split=False) == [("ours", ()),
+                                                                      ("ours --torch-threads 1", ("--torch-threads", "1"))]
 
 
 def record(pair, run, r, seconds, setting="idle", sps=None, compile_s=None, cold=False):
