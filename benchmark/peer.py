@@ -231,15 +231,22 @@ def last_sps(output: str) -> float | None:
     return float(found[-1]) if found else None
 
 
-def compile_seconds(runs_dir: Path) -> float | None:
-    """The script's own `perf/compile_time` (summed), where it logs one."""
+def own_times(runs_dir: Path) -> dict[str, float]:
+    """From our run's event file: `compile_s`, the script's own `perf/compile_time` (summed) where it logs
+    one, and `first_extra_s`, how much longer its first iteration took than the median of the others
+    (rollout + update, the script's own timers): where torch.compile compiles, and first-time costs."""
     from benchmark.events import read_scalars  # tensorboard: only where an event file is read
 
+    times = {}
     for run_dir in runs_dir.glob("*"):
-        points = read_scalars(run_dir).get("perf/compile_time")
-        if points:
-            return sum(value for _, value in points)
-    return None
+        scalars = read_scalars(run_dir)
+        if scalars.get("perf/compile_time"):
+            times["compile_s"] = sum(value for _, value in scalars["perf/compile_time"])
+        rollout, update = scalars.get("perf/rollout_time", []), scalars.get("perf/update_time", [])
+        iterations = [r + u for (_, r), (_, u) in zip(rollout, update)]
+        if len(iterations) > 1:
+            times["first_extra_s"] = round(iterations[0] - statistics.median(iterations[1:]), 3)
+    return times
 
 
 def time_run(command: list[str], env: dict[str, str], busy: bool, cwd: str) -> tuple[float, str]:
@@ -272,10 +279,9 @@ def measure(pair_name: str, steps: int, setting: str, label: str, extra: tuple[s
             command = their_command(pair, steps, defaults, peer_dir)
         env = child_env(ours, f"{tmp}/compile_cache" if cold else None)
         seconds, output = time_run(command, env, setting == "busy", tmp)
-        compile_s = compile_seconds(Path(tmp, "runs")) if ours and mode(defaults, label) == "compiled" else None
+        times = own_times(Path(tmp, "runs")) if ours else {}
     return {"pair": pair_name, "steps": steps, "setting": setting, "run": label, "cold": cold,
-            "seconds": round(seconds, 3), "sps": last_sps(output), "compile_s": compile_s,
-            "command": shlex.join(command)}
+            "seconds": round(seconds, 3), "sps": last_sps(output), **times, "command": shlex.join(command)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -320,12 +326,12 @@ def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings
     for pair in pairs:
         name = f"{pair} ({PAIRS[pair].env_id})"
         for setting in settings:
-            times, compile_times = {}, {}
+            times, own = {}, {}
             for label in [THEIRS, *modes[pair]]:
                 runs = {r: found[pair, steps[pair], setting, label, r] for r in range(1, rounds + 1)
                         if (pair, steps[pair], setting, label, r) in found}
                 times[label] = {r: run["seconds"] for r, run in runs.items()}
-                compile_times[label] = [run["compile_s"] for run in runs.values() if run.get("compile_s") is not None]
+                own[label] = list(runs.values())
                 cells = " | ".join(f"{times[label][r]:.1f}" if r in runs else "" for r in range(1, rounds + 1))
                 if not runs:
                     lines.append(f"| {name} | {steps[pair]:,} | {setting} | {label} | {cells} | not measured | | | |")
@@ -343,8 +349,7 @@ def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings
             if len(by_mode) == 2:
                 eager = statistics.median(times[by_mode["eager"]].values())
                 compiled = statistics.median(times[by_mode["compiled"]].values())
-                logged = compile_times[by_mode["compiled"]]  # the script's own, where it logs one
-                compile_time = f"{statistics.median(logged):.1f}" if logged else "not logged"
+                compile_time = compile_text(own[by_mode["compiled"]], own[by_mode["eager"]])
                 split.append(f"| {PAIRS[pair].ours}.py | {steps[pair]:,} | {setting} | {eager:.1f} | {compiled:.1f} "
                              f"| {compiled / eager:.2f} | {compiled - eager:+.1f} | {compile_time} |")
     return "\n".join(lines + ([""] + split if len(split) > 2 else []))
@@ -353,6 +358,18 @@ def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings
 # ----------------------------------------------------------------------------------------------------------
 # The machine and the command
 # ----------------------------------------------------------------------------------------------------------
+def compile_text(compiled: list[dict], eager: list[dict]) -> str:
+    """The compile time: the script's own `perf/compile_time` (median) where it logs one, else the extra
+    time of the first iteration, compiled runs less eager ones (medians), from the scripts' own timers."""
+    logged = [run["compile_s"] for run in compiled if run.get("compile_s") is not None]
+    if logged:
+        return f"{statistics.median(logged):.1f}"
+    extra = [[run["first_extra_s"] for run in runs if run.get("first_extra_s") is not None] for runs in (compiled, eager)]
+    if all(extra):
+        return f"about {statistics.median(extra[0]) - statistics.median(extra[1]):.1f} (first iteration's extra time)"
+    return "not logged"
+
+
 def our_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for package in VERSIONS_OF[1:]:

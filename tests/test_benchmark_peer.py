@@ -193,3 +193,22 @@ def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
     assert "`python -m benchmark.peer --pairs cartpole`" in text and "empty for each run (cold)" in text
     assert "busy: default threads, +1 busy process" in text
     assert "cartpole: ppo.py (`--torch-threads` default 1, `--compile` default False)" in text
+
+
+def test_compile_time_is_the_scripts_own_or_the_first_iterations_extra_time():
+    compiled = [{"first_extra_s": 30.0}, {"first_extra_s": 20.0}, {"first_extra_s": 40.0}]
+    eager = [{"first_extra_s": 0.5}, {"first_extra_s": 1.5}]
+    assert peer.compile_text(compiled, eager) == "about 29.0 (first iteration's extra time)"  # 30 - 1
+    assert peer.compile_text([{**run, "compile_s": 12.0} for run in compiled], eager) == "12.0"
+    assert peer.compile_text(compiled, [{}]) == "not logged"
+
+
+def test_own_times_from_the_event_file(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(tmp_path / "runs" / "CartPole-v1__ppo__1__0")
+    for i, (rollout, update) in enumerate([(5.0, 20.0), (1.0, 2.0), (1.0, 4.0), (2.0, 2.0)]):
+        writer.add_scalar("perf/rollout_time", rollout, 512 * (i + 1))
+        writer.add_scalar("perf/update_time", update, 512 * (i + 1))
+    writer.close()
+    assert peer.own_times(tmp_path / "runs") == {"first_extra_s": 25.0 - 4.0}
