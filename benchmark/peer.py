@@ -4,6 +4,8 @@ and hyperparameters, measured in one run.
     python -m benchmark.peer --build     # once: CleanRL 1.2.0 and its own packages, in a virtualenv outside git
     python -m benchmark.peer             # CartPole-v1 500k, Hopper-v4 1M, Breakout-v5 10M steps, 3 rounds
     python -m benchmark.peer --pairs cartpole,hopper --steps cartpole=50000,hopper=20480 --rounds 1 --busy
+    python -m benchmark.peer --pairs breakout --steps breakout=102400 --busy --torch-threads 1 \\
+        --log benchmark/results/speed_cpu_runs.jsonl --out /tmp/speed_breakout.md
 
 The pairs (ours against CleanRL's script of the same name):
 - cartpole: ppo.py against cleanrl/ppo.py on CartPole-v1 (default budget 500k steps),
@@ -20,16 +22,21 @@ one that does not change the training (run name, W&B names); its tracking, video
 What is timed: the whole process, from the interpreter's start (torch's import included) to its exit,
 each side at its own thread default (OMP_NUM_THREADS unset: CleanRL at PyTorch's default, one thread
 per core; ours at its `--torch-threads` default). `--busy` also times every run while another process
-keeps one core busy, as when runs share a machine. Where our script has `--compile`, it is timed in
-both modes (its default and the other one) and the table shows the eager/compiled split; the compile
-time is the script's own `perf/compile_time` where it logs one, else the whole-process difference.
+keeps one core busy, as when runs share a machine; `--torch-threads 1,2` adds our scripts at these
+thread counts. Where our script has `--compile`, it is timed in both modes (its default and the other;
+`--no-split` leaves the other out) and a second table shows the eager/compiled split. The compile time
+there is the script's own `perf/compile_time` where it logs one, else the extra time of the first
+iteration (the script's own rollout and update timers), compiled runs less eager ones. torch.compile's
+cache is the user's (warm after the first compile of the same code) or, with `--cold-compile`, empty
+for every run.
 In each round every run is measured once, the order reversed every other round so that ours and
 CleanRL's take turns going first; the table shows each round, the median and the range, and the
 ratio CleanRL time / our time (median over rounds, and its range over the rounds' own ratios).
 
-Every finished run is appended at once to the `--log` file (JSON lines), and a run already there
-(same pair, steps, setting, run and round) is not measured again: an interrupted benchmark resumes
-where it stopped when given the same command. `--table` prints the table from the log only.
+Every finished run is appended at once to the `--log` file (JSON lines: command, seconds, the script's
+last SPS, the 1-minute load average just before it), and a run already there (same pair, steps,
+setting, run, round and compile cache) is not measured again: an interrupted benchmark resumes where
+it stopped when given the same command. `--table` prints the table from the log only.
 """
 
 import argparse
