@@ -65,7 +65,8 @@ class Args:
     """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine (pass 1
     when runs share the cores; measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
     compile: bool = False
-    """torch.compile the policy step and the update step (MEASURED)"""
+    """torch.compile the policy step and the update step. Off: on the CPU the convolutions are most of the
+    time and compiling them takes minutes (benchmark/fast_path.py ppo_atari); for a GPU, try it"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False

@@ -91,7 +91,8 @@ class Args:
     torch_threads: int = 1
     """CPU threads for PyTorch; 1 is fastest for these small networks, 0 keeps PyTorch's default"""
     compile: bool = False
-    """torch.compile the learner's update step (the samplers' policy step stays eager) (MEASURED)"""
+    """torch.compile the learner's update step (the samplers act eagerly on the CPU);
+    the same step as ppo_continuous_action.py's, with the same measurement: pays off only on long runs"""
     cudagraphs: bool = False
     """capture the learner's compiled update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False
