@@ -89,8 +89,8 @@ class Args:
     torch_threads: int = 1
     """CPU threads for PyTorch per process; 1, because the ranks of a machine share its cores; 0 keeps PyTorch's default"""
     compile: bool = False
-    """torch.compile the policy step and the update step (the all-reduce stays eager). Off, as in ppo_atari.py:
-    on the CPU the convolutions are most of the time and compiling them takes minutes"""
+    """torch.compile the policy step and the update step (the all-reduce stays eager). Off, as in ppo_atari.py
+    (measured there): on the CPU it pays only over millions of steps, after minutes of compiling in every rank"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False
