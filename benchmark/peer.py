@@ -90,7 +90,8 @@ HYPERPARAMETERS = ("seed", "torch_deterministic", "learning_rate", "num_envs", "
 OFF = ("cuda", "track", "capture_video")
 # CleanRL's flags that do not change what is computed, which the benchmark leaves at their defaults
 NOT_PASSED = {"help", "exp-name", "wandb-project-name", "wandb-entity"}
-SETTINGS = {"idle": "default threads", "busy": "default threads, +1 busy process"}
+SETTINGS = {"plain": "default threads, nothing else started by the benchmark",
+            "busy": "default threads, +1 process busy on one core"}
 THEIRS = "CleanRL"
 
 
@@ -371,7 +372,8 @@ def compile_text(compiled: list[dict], eager: list[dict]) -> str:
     logged = [run["compile_s"] for run in compiled if run.get("compile_s") is not None]
     if logged:
         return f"{statistics.median(logged):.1f}"
-    extra = [[run["first_extra_s"] for run in runs if run.get("first_extra_s") is not None] for runs in (compiled, eager)]
+    extra = [[run["first_extra_s"] for run in runs if run.get("first_extra_s") is not None]
+             for runs in (compiled, eager)]
     if all(extra):
         return f"about {statistics.median(extra[0]) - statistics.median(extra[1]):.1f} (first iteration's extra time)"
     return "not logged"
@@ -516,7 +518,7 @@ def main(argv: list[str] | None = None):
     except ValueError:
         fail(f"--torch-threads: expected comma-separated integers, got {args.torch_threads!r}")
     steps = parse_steps(args.steps)
-    settings = ["idle", "busy"] if args.busy else ["idle"]
+    settings = ["plain", "busy"] if args.busy else ["plain"]
     if not args.table:
         check_peer(args.peer_dir)
     defaults = {pair: our_defaults(PAIRS[pair]) for pair in pairs}

@@ -80,11 +80,11 @@ def test_our_variants_time_the_other_compile_mode_and_asked_thread_counts():
     assert [peer.mode({"compile": False}, label) for label, _ in variants] == ["eager", "compiled", "eager"]
     assert [label for label, _ in peer.our_variants({"compile": True}, [])] == ["ours", "ours --no-compile"]
     assert peer.mode({"compile": True}, "ours --no-compile") == "eager"
-    assert peer.our_variants({"compile": True}, [1], split=False) == [("ours", ()),
-                                                                      ("ours --torch-threads 1", ("--torch-threads", "1"))]
+    assert peer.our_variants({"compile": True}, [1], split=False) == [
+        ("ours", ()), ("ours --torch-threads 1", ("--torch-threads", "1"))]
 
 
-def record(pair, run, r, seconds, setting="idle", sps=None, compile_s=None, cold=False):
+def record(pair, run, r, seconds, setting="plain", sps=None, compile_s=None, cold=False):
     return {"pair": pair, "steps": 1000, "setting": setting, "run": run, "round": r, "seconds": seconds, "sps": sps,
             "compile_s": compile_s, "cold": cold}
 
@@ -96,7 +96,7 @@ def rows(text: str) -> dict[tuple[str, str], list[str]]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 8 and cells[0].endswith(".py"):
             found["split", cells[2]] = cells
-        elif len(cells) > 4 and cells[2] in ("idle", "busy"):
+        elif len(cells) > 4 and cells[2] in ("plain", "busy"):
             found[cells[2], cells[3]] = cells
     return found
 
@@ -105,10 +105,10 @@ def test_table_medians_ranges_and_ratios_from_known_timings():
     records = [record("cartpole", "CleanRL", r, s, sps=v) for r, s, v in ((1, 30.0, 100), (2, 33.0, 90), (3, 36.0, 80))]
     records += [record("cartpole", "ours", r, s, sps=300) for r, s in ((1, 10.0), (2, 12.0), (3, 11.0))]
     records += [record("cartpole", "ours --compile", r, s) for r, s in ((1, 20.0), (2, 15.0))]  # round 3 missing
-    text = peer.table(records, ["cartpole"], {"cartpole": 1000}, ["idle"], 3,
+    text = peer.table(records, ["cartpole"], {"cartpole": 1000}, ["plain"], 3,
                       {"cartpole": {"ours": "eager", "ours --compile": "compiled"}})
     found = rows(text)
-    theirs, ours, compiled = found["idle", "CleanRL"], found["idle", "ours"], found["idle", "ours --compile"]
+    theirs, ours, compiled = found["plain", "CleanRL"], found["plain", "ours"], found["plain", "ours --compile"]
     assert theirs[4:10] == ["30.0", "33.0", "36.0", "33.0", "30.0-36.0", "90"] and theirs[10] == ""
     assert ours[4:10] == ["10.0", "12.0", "11.0", "11.0", "10.0-12.0", "300"]
     # median 33 / median 11; the rounds' own ratios 30/10, 33/12, 36/11
@@ -116,7 +116,7 @@ def test_table_medians_ranges_and_ratios_from_known_timings():
     # the compiled runs have rounds 1 and 2 only: compared with CleanRL's rounds 1 and 2 (31.5 / 17.5)
     assert compiled[4:8] == ["20.0", "15.0", "", "17.5"] and compiled[10] == "1.80x (1.50x-2.20x)"
     # the split: eager median 11, compiled median 17.5, no perf/compile_time logged
-    assert found["split", "idle"][3:] == ["11.0", "17.5", "1.59", "+6.5", "not logged"]
+    assert found["split", "plain"][3:] == ["11.0", "17.5", "1.59", "+6.5", "not logged"]
 
 
 def test_table_takes_the_scripts_own_compile_time_and_marks_what_is_missing():
@@ -124,13 +124,13 @@ def test_table_takes_the_scripts_own_compile_time_and_marks_what_is_missing():
                record("hopper", "ours --no-compile", 1, 25.0, setting="busy", compile_s=None),
                record("hopper", "ours", 2, 18.0, setting="busy", compile_s=4.0),
                record("hopper", "CleanRL", 1, 60.0, cold=True)]  # another measurement (cold compile cache)
-    text = peer.table(records, ["hopper"], {"hopper": 1000}, ["idle", "busy"], 2,
+    text = peer.table(records, ["hopper"], {"hopper": 1000}, ["plain", "busy"], 2,
                       {"hopper": {"ours": "compiled", "ours --no-compile": "eager"}})
     found = rows(text)
-    assert found["idle", "CleanRL"][6] == "not measured" and found["idle", "ours"][6] == "not measured"
+    assert found["plain", "CleanRL"][6] == "not measured" and found["plain", "ours"][6] == "not measured"
     assert found["busy", "ours"][4:7] == ["20.0", "18.0", "19.0"] and found["busy", "ours"][9] == "2.50x"
     assert found["split", "busy"][3:] == ["25.0", "19.0", "0.76", "-6.0", "4.0"]
-    assert ("split", "idle") not in found
+    assert ("split", "plain") not in found
 
 
 def test_rounds_alternate_the_sides_and_resume_from_the_log(tmp_path, monkeypatch):
@@ -144,16 +144,17 @@ def test_rounds_alternate_the_sides_and_resume_from_the_log(tmp_path, monkeypatc
     monkeypatch.setattr(peer, "measure", fake_measure)
     log = tmp_path / "log.jsonl"
     variants = {"cartpole": [("ours", ()), ("ours --compile", ("--compile",))]}
-    arguments = (["cartpole"], {"cartpole": 512}, ["idle", "busy"], variants, {"cartpole": {}}, tmp_path)
+    arguments = (["cartpole"], {"cartpole": 512}, ["plain", "busy"], variants, {"cartpole": {}}, tmp_path)
     peer.run_rounds(log, 2, *arguments)
-    assert measured == [(label, setting) for setting in ("idle", "busy")
+    assert measured == [(label, setting) for setting in ("plain", "busy")
                         for label in ("ours --compile", "ours", "CleanRL")] + \
-                       [(label, setting) for setting in ("idle", "busy")
+                       [(label, setting) for setting in ("plain", "busy")
                         for label in ("CleanRL", "ours", "ours --compile")]
     assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [1] * 6 + [2] * 6
     measured.clear()
     peer.run_rounds(log, 3, *arguments)  # rounds 1 and 2 are in the log: only round 3 runs
-    assert measured == [(label, setting) for setting in ("idle", "busy") for label in ("ours --compile", "ours", "CleanRL")]
+    assert measured == [(label, setting) for setting in ("plain", "busy")
+                        for label in ("ours --compile", "ours", "CleanRL")]
     measured.clear()
     peer.run_rounds(log, 1, *arguments, cold=True)  # runs with a cold compile cache are other runs
     assert len(measured) == 6
@@ -184,14 +185,15 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
 
 def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
     (tmp_path / "versions.json").write_text('{"cleanrl": "1.2.0", "gym": "0.23.1"}')
-    records = [record("cartpole", "ours", 1, 10.0) | {"load": 0.5}, record("cartpole", "CleanRL", 1, 30.0) | {"load": 1.25},
+    records = [record("cartpole", "ours", 1, 10.0) | {"load": 0.5},
+               record("cartpole", "CleanRL", 1, 30.0) | {"load": 1.25},
                record("hopper", "ours", 1, 10.0) | {"load": 9.0}]  # another pair: not in this table
-    text = peer.describe("python -m benchmark.peer --pairs cartpole", tmp_path, ["cartpole"], ["idle", "busy"],
+    text = peer.describe("python -m benchmark.peer --pairs cartpole", tmp_path, ["cartpole"], ["plain", "busy"],
                          {"cartpole": {"torch_threads": 1, "compile": False}}, records, cold=True)
     assert "1-minute load average before each run 0.50-1.25." in text
     assert f"CleanRL: cleanrl 1.2.0, gym 0.23.1 (virtualenv {tmp_path})." in text
     assert "`python -m benchmark.peer --pairs cartpole`" in text and "empty for each run (cold)" in text
-    assert "busy: default threads, +1 busy process" in text
+    assert "busy: default threads, +1 process busy on one core" in text
     assert "cartpole: ppo.py (`--torch-threads` default 1, `--compile` default False)" in text
 
 
