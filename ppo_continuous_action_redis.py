@@ -60,6 +60,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import zlib
@@ -867,6 +868,24 @@ class Heartbeat:
             raise RunOver("the learner is gone (its heartbeat expired)")
 
 
+def beating(beat: Heartbeat, fn, *args):
+    """`fn(*args)` while a thread keeps calling `beat`: with --compile the first call of the update step
+    compiles for a minute or more, far longer than a heartbeat lives (HEARTBEAT_TTL)."""
+    done = threading.Event()
+
+    def keep_beating():
+        while not done.wait(BEAT_PERIOD):
+            beat()
+
+    thread = threading.Thread(target=keep_beating)
+    thread.start()
+    try:
+        return fn(*args)
+    finally:
+        done.set()
+        thread.join()
+
+
 # SAMPLER -----------------------------------------------------------------------------------------
 
 
@@ -1224,9 +1243,13 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
     # records its kernels in a CUDA graph and replays it (mode="reduce-overhead"), one launch per call
     # instead of one per operation; it copies inputs into static buffers and reuses its outputs' memory
     # at the next call, so the loop clones the statistics it keeps. The samplers act on the CPU, eagerly.
+    # A thread keeps the heartbeat while a compiled step runs (its first call compiles, see `beating`).
     update = update_step
     if args.compile or args.cudagraphs:
-        update = torch.compile(update_step, mode="reduce-overhead" if args.cudagraphs else None)
+        compiled = torch.compile(update_step, mode="reduce-overhead" if args.cudagraphs else None)
+
+        def update(*step_args):
+            return beating(beat, compiled, *step_args)
 
     T, K = args.num_steps, args.num_chunks
     start_time, start_step = time.time(), global_step

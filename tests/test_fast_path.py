@@ -29,7 +29,7 @@ def rollout_steps(name: str) -> int:
 def test_under_a_fake_gpu_no_device_error_and_one_copy_each_way_per_step(contract, tmp_path):  # noqa: F811
     script, _ = contract
     with FakeCuda(script) as fake:
-        run_dir = script.main(make_args(script, tmp_path, cuda=True))
+        run_dir = script.main(make_args(script, tmp_path, cuda=True, save_model=False))
     assert not fake.violations, fake.violations
     rollout = {(kind, site): n for (kind, site, phase), n in fake.events.items() if phase == "rollout"}
     steps = rollout_steps(script.__name__)
