@@ -68,6 +68,7 @@ def inductor_draws_like_eager(monkeypatch):
 
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
 
@@ -78,6 +79,7 @@ def test_compiled_and_eager_runs_of_one_seed_agree(contract, tmp_path, inductor_
     for mode in (False, True):
         run_dir = script.main(make_args(script, tmp_path / str(mode), seed=5, compile=mode, save_model=False))
         runs[mode] = (read_scalars(run_dir), load(f"{run_dir}/checkpoint.pt")["model"])
+        assert (torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0) == mode  # compiled only if asked
     (eager, eager_weights), (compiled, compiled_weights) = runs[False], runs[True]
     assert [v for _, v in eager["charts/episodic_return"]] == [v for _, v in compiled["charts/episodic_return"]]
     for name in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl"):
