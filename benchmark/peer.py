@@ -3,6 +3,7 @@ and hyperparameters, measured in one run.
 
     python -m benchmark.peer --build     # once: CleanRL 1.2.0 and its own packages, in a virtualenv outside git
     python -m benchmark.peer             # CartPole-v1 500k, Hopper-v4 1M, Breakout-v5 10M steps, 3 rounds
+                                         # (on 2 cores a 10M Breakout run takes most of a day: give --steps)
     python -m benchmark.peer --pairs cartpole,hopper --steps cartpole=50000,hopper=20480 --rounds 1 --busy
     python -m benchmark.peer --pairs breakout --steps breakout=102400 --busy --torch-threads 1 \\
         --log benchmark/results/speed_cpu_runs.jsonl --out /tmp/speed_breakout.md
