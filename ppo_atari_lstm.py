@@ -834,6 +834,8 @@ def main(args: Args):
             # one copy to the device and one copy back: action, log-prob and value stacked
             x = step_input.to(device, non_blocking=True)
             action, logprob, value, state = act(x[:, :-1].reshape((N,) + obs_shape), x[:, -1].float(), state)
+            if args.cudagraphs:
+                state = (state[0].clone(), state[1].clone())  # the next replay overwrites its outputs
             actions_np[step], logprobs_np[step], values_np[step] = (
                 torch.stack([action.float(), logprob, value]).cpu().numpy())
             tock = time.perf_counter()
