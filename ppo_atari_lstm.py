@@ -62,6 +62,13 @@ class Args:
     torch_threads: int = 2
     """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine (pass 1
     when runs share the cores; measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
+    compile: bool = False
+    """torch.compile the policy step and the update step. Off by default: on a 2-core CPU it did not pay (one
+    thread, CPU-time medians: the update step of 2 sequences x 128 steps 209 ms eager, 382 ms compiled, which
+    runs the LSTM step by step; the 8-frame policy step 3.80 ms, 3.82 ms; compiling 13 s with a warm cache,
+    2.5 min cold on a busy machine); meant for GPUs"""
+    cudagraphs: bool = False
+    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False
     """if toggled, the run is tracked with Weights & Biases"""
     wandb_project_name: str = "ppo-lab"
@@ -209,6 +216,8 @@ def check_args(args: Args):
     if args.batch_size // args.num_minibatches < 2:
         fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
              f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     if args.eval_every < 0:
@@ -473,7 +482,8 @@ class Agent(nn.Module):
         # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
         return self.network(x.float().mul_(1.0 / 255.0))
 
-    def run_lstm(self, hidden: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+    def run_lstm(self, hidden: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
+                 cuts: list[int] | None = None):
         """Runs the LSTM over T steps of B environments, resetting the state where an episode starts.
 
         | tensor  | shape      | meaning                                                             |
@@ -481,41 +491,47 @@ class Agent(nn.Module):
         | hidden  | (T, B, 512)| CNN features of the observations, in time order                     |
         | starts  | (T, B)     | 1 where the observation at step t is the first of an episode        |
         | state   | 2x(1, B, H)| (h, c) before step 0                                                |
+        | cuts    | list[int]  | the steps after 0 where some environment starts an episode          |
+        |         | or None    | (`episode_cuts`); None: cut at every step                           |
         | returns | (T, B, H), | the LSTM outputs, and the state after step T-1                      |
         |         | 2x(1, B, H)|                                                                     |
 
         Recurrent detail 3: the state is zeroed where an episode starts, so no memory leaks across
         episodes. The usual implementation steps the LSTM one time step at a time in Python. Here the
-        steps between two resets run in one `nn.LSTM` call (its time loop is in C++): the sequence is
-        cut only at the time steps where some environment starts an episode, which in Atari is a few
-        times per 128 steps. The numbers are the same as a step-by-step loop (tests/test_atari_lstm.py).
+        steps between two cuts run in one `nn.LSTM` call (its time loop is in C++): given the `cuts`,
+        the sequence is cut only at the time steps where some environment starts an episode, which in
+        Atari is a few times per 128 steps. The caller finds them on the CPU, in the CPU copy of
+        `starts`: finding them here, in a tensor on the GPU, would wait for the GPU at every call.
+        Without `cuts` every step is its own call: the rollout's single step, and the update under
+        `--compile`, whose graph must not depend on where episodes start. The numbers are the same as
+        a step-by-step loop (tests/test_atari_lstm.py).
         """
         T = hidden.shape[0]
-        # the time steps (after 0) where some environment starts an episode: the state is reset there
-        cuts = [0] + (torch.nonzero(starts[1:].any(dim=1)).squeeze(1) + 1).tolist() + [T]
+        bounds = list(range(T + 1)) if cuts is None else [0, *cuts, T]
         h, c = state
         outputs = []
-        for t0, t1 in zip(cuts[:-1], cuts[1:]):
+        for t0, t1 in zip(bounds[:-1], bounds[1:]):
             keep = (1.0 - starts[t0]).view(1, -1, 1)
             out, (h, c) = self.lstm(hidden[t0:t1], (h * keep, c * keep))
             outputs.append(out)
         return torch.cat(outputs), (h, c)
 
-    def get_states(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+    def get_states(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
+                   cuts: list[int] | None = None):
         """Observations (T, B, 1, 84, 84) -> LSTM outputs (T, B, 128) and the state after step T-1."""
         T, B = starts.shape
         hidden = self.features(x.reshape((T * B,) + x.shape[2:])).view(T, B, -1)
-        return self.run_lstm(hidden, starts, state)
+        return self.run_lstm(hidden, starts, state, cuts)
 
     def get_value(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Values of one step of observations (B, 1, 84, 84), given the state before it."""
         out, _ = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
         return self.critic(out[0]).squeeze(-1)
 
-    def get_action_and_value(self, x, starts, state, action=None):
+    def get_action_and_value(self, x, starts, state, action=None, cuts=None):
         """For T steps of B environments: action (sampled if not given), log-prob, entropy and value,
-        each (T, B), and the state after step T-1."""
-        out, state = self.get_states(x, starts, state)
+        each (T, B), and the state after step T-1 (`cuts`: see `run_lstm`)."""
+        out, state = self.get_states(x, starts, state, cuts)
         dist = Categorical(logits=self.actor(out))
         if action is None:
             action = dist.sample()
@@ -589,35 +605,43 @@ def ppo_loss(
     returns: torch.Tensor,
     oldvalues: torch.Tensor,
     args: Args,
+    *,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
 
     `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+
+    `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
+    is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return x.mean() if mask is None else (x * mask).sum() / mask.sum()
+
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     with torch.no_grad():
         # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
-        old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        old_approx_kl = mean(-logratio)
+        approx_kl = mean((ratio - 1) - logratio)
+        clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
 
     # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+    pg_loss = mean(torch.max(pg_loss1, pg_loss2))
 
     # Value loss, optionally clipped around the values predicted during the rollout
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - returns) ** 2
         v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
-        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        v_loss = 0.5 * mean(torch.max(v_loss_unclipped, v_loss_clipped))
     else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+        v_loss = 0.5 * mean((newvalue - returns) ** 2)
 
-    entropy_loss = entropy.mean()
+    entropy_loss = mean(entropy)
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = {
         "policy_loss": pg_loss.detach(),
@@ -628,6 +652,36 @@ def ppo_loss(
         "clipfrac": clipfrac,
     }
     return loss, stats
+
+
+def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor, starts: torch.Tensor,
+                state: tuple[torch.Tensor, torch.Tensor], actions: torch.Tensor, logprobs: torch.Tensor,
+                advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
+                cuts: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """One gradient step on one minibatch of whole environment sequences, (T, B, ...) each, replayed from
+    the `state` they started with (recurrent detail 5; `cuts`: see `Agent.run_lstm`): forward, advantage
+    normalisation, the PPO loss, backward, global gradient clipping, the optimizer step. Returns the
+    detached statistics of `ppo_loss` and `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the
+    first minibatch of an update).
+
+    The whole step is one function so that `--compile` can hand it to torch.compile as it stands.
+    """
+    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, starts, state, actions, cuts)
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args)
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    stats["ratio_deviation"] = (newlogprob.detach() - logprobs).exp().sub(1).abs().max()
+    return stats
+
+
+def episode_cuts(starts: torch.Tensor) -> list[int]:
+    """The time steps after 0 where some environment starts an episode, from a CPU tensor (T, B) of
+    episode starts: where `Agent.run_lstm` cuts the sequence."""
+    return (torch.nonzero(starts[1:].any(dim=1)).squeeze(1) + 1).tolist()
 
 
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
@@ -733,7 +787,7 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic")
+                        "eval_every", "eval_deterministic", "compile", "cudagraphs")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -915,14 +969,19 @@ def main(args: Args):
 
     envs = make_envs(args, args.num_envs, run_dir, args.capture_video)
     agent = Agent(int(envs.single_action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
+    # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees
+    # the same input every iteration and does not recompile; CUDA graphs need the step count on the
+    # device too (capturable)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
+                                 fused=True, capturable=args.cudagraphs)
 
     start_iteration, global_step = 1, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
+        optimizer.param_groups[0]["lr"] = torch.as_tensor(optimizer.param_groups[0]["lr"], device=device)
         set_rng_state(checkpoint["rng"], device)
         print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
 
@@ -938,6 +997,14 @@ def main(args: Args):
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
 
+    # The fast path: the same two functions, compiled. --cudagraphs ("reduce-overhead") also records
+    # the compiled kernels in CUDA graphs and replays them, one launch instead of hundreds. The compiled
+    # update runs the LSTM step by step (`cuts` None): one graph, wherever episodes start
+    act, update = agent.act, update_step
+    if args.compile or args.cudagraphs:
+        mode = "reduce-overhead" if args.cudagraphs else None
+        act, update = torch.compile(agent.act, mode=mode), torch.compile(update_step, mode=mode)
+
     # Rollout storage on the CPU, shared with NumPy; observations stay uint8 (one 84x84 frame per step)
     T, N = args.num_steps, args.num_envs
     obs_shape = envs.single_observation_space.shape  # (1, 84, 84)
@@ -951,6 +1018,9 @@ def main(args: Args):
     final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
     obs_np, actions_np, logprobs_np, rewards_np, dones_np, starts_np, values_np = (
         x.numpy() for x in (obs, actions, logprobs, rewards, dones, starts, values))
+    # One step's observations and episode starts go to the device together, in one copy: a uint8 row per
+    # environment, the frame's bytes then the start flag (pinned on CUDA, so the copy does not wait)
+    step_input = torch.zeros((N, obs[0, 0].numel() + 1), dtype=torch.uint8, pin_memory=device.type == "cuda")
 
     # A resumed run reseeds its environments differently, so it does not replay the first games
     next_obs, _ = envs.reset(seed=args.seed + global_step)
@@ -961,24 +1031,30 @@ def main(args: Args):
     for iteration in range(start_iteration, args.num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)
 
         # COLLECT TRAJECTORIES ------------------------------------------------------------------
         rollout_start = time.perf_counter()
         # recurrent detail 5: the update replays the rollout from the state it started with
         initial_state = (state[0].clone(), state[1].clone())
         final_values.zero_()
+        truncations = []  # (step, envs, their final observations, the state after the step): valued below
         act_time = env_time = 0.0
         episode_returns = []
         for step in range(T):
             global_step += N
             obs_np[step] = next_obs
             starts_np[step] = next_start
+            step_input[:, :-1] = obs[step].reshape(N, -1)
+            step_input[:, -1] = starts[step]
             tick = time.perf_counter()
-            action, logprob, value, state = agent.act(obs[step].to(device), starts[step].to(device), state)
-            actions_np[step] = action.cpu().numpy()
-            logprobs_np[step] = logprob.cpu().numpy()
-            values_np[step] = value.cpu().numpy()
+            # one copy to the device and one copy back: action, log-prob and value stacked
+            x = step_input.to(device, non_blocking=True)
+            action, logprob, value, state = act(x[:, :-1].reshape((N,) + obs_shape), x[:, -1].float(), state)
+            if args.cudagraphs:
+                state = (state[0].clone(), state[1].clone())  # the next replay overwrites its outputs
+            actions_np[step], logprobs_np[step], values_np[step] = (
+                torch.stack([action.float(), logprob, value]).cpu().numpy())
             tock = time.perf_counter()
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
             env_time += time.perf_counter() - tock
@@ -988,17 +1064,14 @@ def main(args: Args):
             dones_np[step] = terminated | truncated
             next_start = dones_np[step].copy()  # a copy: this buffer row is overwritten in the next rollout
             # next_obs is already the next episode's first observation where an episode ended; the value
-            # of where a truncated episode stopped comes from info["final_obs"], with the state after step.
-            # ALE truncates at its last allowed frame even when a life (or the game) was also lost there:
-            # such a step is a termination (value 0), so only truncated-and-not-terminated environments
-            # bootstrap
+            # of where a truncated episode stopped comes from info["final_obs"], with the state after step,
+            # all of them in one forward after the rollout. ALE truncates at its last allowed frame even
+            # when a life (or the game) was also lost there: such a step is a termination (value 0), so
+            # only truncated-and-not-terminated environments bootstrap
             bootstrap = truncated & ~terminated
             if args.bootstrap_truncation and bootstrap.any():
                 idx = np.flatnonzero(bootstrap)
-                final_obs = torch.as_tensor(np.stack(infos["final_obs"][idx]), device=device)
-                with torch.no_grad():
-                    final_values[step, idx] = agent.get_value(
-                        final_obs, torch.zeros(len(idx), device=device), (state[0][:, idx], state[1][:, idx])).cpu()
+                truncations.append((step, idx, np.stack(infos["final_obs"][idx]), state))
             for i, episodic_return, episodic_length in finished_episodes(infos):
                 episode_step = global_step - N + i + 1  # the step this game ended at
                 writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
@@ -1009,6 +1082,14 @@ def main(args: Args):
         with torch.no_grad():
             last_value = agent.get_value(torch.as_tensor(next_obs, device=device),
                                          torch.as_tensor(next_start, device=device), state).cpu()
+            if truncations:
+                steps, idx, final_obs, states = zip(*truncations)
+                # the states stacked (1, K * N, H); environment i of truncation k is row k * N + i
+                rows = torch.as_tensor(np.concatenate([k * N + i for k, i in enumerate(idx)]))
+                h, c = (torch.cat([s[j] for s in states], 1)[:, rows.to(device)] for j in (0, 1))
+                final_values[np.repeat(steps, [len(i) for i in idx]), np.concatenate(idx)] = agent.get_value(
+                    torch.as_tensor(np.concatenate(final_obs), device=device), torch.zeros(len(rows), device=device),
+                    (h, c)).cpu()
         advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
                                           gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
         rollout_time = time.perf_counter() - rollout_start
@@ -1020,37 +1101,41 @@ def main(args: Args):
         d_obs, d_starts, d_actions, d_logprobs, d_advantages, d_returns, d_values = (
             x.to(device) for x in (obs, starts, actions, logprobs, advantages, returns, values))
         envs_per_batch = N // args.num_minibatches
+        # where the eager update cuts the LSTM's sequences: where some environment starts an episode
+        # (found in the CPU copy of the starts; right for every minibatch, some cuts may be extra)
+        cuts = None if args.compile or args.cudagraphs else episode_cuts(starts)
         clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
         for epoch in range(args.update_epochs):
             env_inds = torch.randperm(N, device=device)
             for start in range(0, N, envs_per_batch):
                 mb = env_inds[start : start + envs_per_batch]
-                _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
-                    d_obs[:, mb], d_starts[:, mb], (initial_state[0][:, mb], initial_state[1][:, mb]), d_actions[:, mb])
-                mb_advantages = d_advantages[:, mb]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                loss, stats = ppo_loss(newlogprob, entropy, newvalue, d_logprobs[:, mb], mb_advantages,
-                                       d_returns[:, mb], d_values[:, mb], args)
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
+                stats = update(agent, optimizer, args, d_obs[:, mb], d_starts[:, mb],
+                               (initial_state[0][:, mb], initial_state[1][:, mb]), d_actions[:, mb], d_logprobs[:, mb],
+                               d_advantages[:, mb], d_returns[:, mb], d_values[:, mb], cuts)
+                if args.cudagraphs:
+                    stats = {k: v.clone() for k, v in stats.items()}  # the next replay overwrites its outputs
                 if epoch == 0 and start == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                     # deviation means the replayed recurrent states differ from the rollout's
-                    first_ratio_deviation = (newlogprob - d_logprobs[:, mb]).exp().sub(1).abs().max().item()
+                    first_ratio_deviation = stats["ratio_deviation"]
                 clipfracs.append(stats["clipfrac"])
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # the one wait per epoch
                 break
         update_time = time.perf_counter() - update_start
 
         # LOGGING -------------------------------------------------------------------------------
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
-        stats = {k: v.item() for k, v in {**stats, "clipfrac": torch.stack(clipfracs).mean()}.items()}
+        # (one copy from the device for all of them, the first minibatch's ratio deviation and the
+        # learning rate included)
+        stats = {**stats, "clipfrac": torch.stack(clipfracs).mean(), "ratio_deviation": first_ratio_deviation,
+                 "learning_rate": optimizer.param_groups[0]["lr"]}
+        stats = dict(zip(stats, torch.stack(list(stats.values())).cpu().tolist()))
+        first_ratio_deviation, learning_rate = stats.pop("ratio_deviation"), stats.pop("learning_rate")
         sps = int((global_step - start_step) / (time.time() - start_time))
         eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
         writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)

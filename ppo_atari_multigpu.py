@@ -91,6 +91,11 @@ class Args:
     collectives' own time (costs two syncs per minibatch; off: see CommTimer for what is measured)"""
     torch_threads: int = 1
     """CPU threads for PyTorch per process; 1, because the ranks of a machine share its cores; 0 keeps PyTorch's default"""
+    compile: bool = False
+    """torch.compile the policy step and the update step (the all-reduce stays eager). Off, as in ppo_atari.py
+    (measured there): on the CPU it pays only over millions of steps, after minutes of compiling in every rank"""
+    cudagraphs: bool = False
+    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False
     """if toggled, the run is tracked with Weights & Biases (by rank 0)"""
     wandb_project_name: str = "ppo-lab"
@@ -274,6 +279,8 @@ def check_args(args: Args, world_size: int):
     if args.batch_size // args.num_minibatches < 2:
         fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
              f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     if args.preempt_fraction is not None:
@@ -623,35 +630,43 @@ def ppo_loss(
     returns: torch.Tensor,
     oldvalues: torch.Tensor,
     args: Args,
+    *,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
 
     `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+
+    `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
+    is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return x.mean() if mask is None else (x * mask).sum() / mask.sum()
+
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     with torch.no_grad():
         # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
-        old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        old_approx_kl = mean(-logratio)
+        approx_kl = mean((ratio - 1) - logratio)
+        clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
 
     # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+    pg_loss = mean(torch.max(pg_loss1, pg_loss2))
 
     # Value loss, optionally clipped around the values predicted during the rollout
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - returns) ** 2
         v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
-        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        v_loss = 0.5 * mean(torch.max(v_loss_unclipped, v_loss_clipped))
     else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+        v_loss = 0.5 * mean((newvalue - returns) ** 2)
 
-    entropy_loss = entropy.mean()
+    entropy_loss = mean(entropy)
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = {
         "policy_loss": pg_loss.detach(),
@@ -662,6 +677,7 @@ def ppo_loss(
         "clipfrac": clipfrac,
     }
     return loss, stats
+
 
 
 def rng_state(device: torch.device) -> dict:
@@ -765,7 +781,7 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "backend", "device_ids", "timeout")
+                        "eval_every", "eval_deterministic", "compile", "cudagraphs", "backend", "device_ids", "timeout")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -942,29 +958,50 @@ class RolloutReport(NamedTuple):
 
 
 class CommTimer:
-    """`with comm: <collective>` adds the wall time this rank spends in the collective to
-    `comm.seconds` (perf/comm_time), the wait for slower ranks included.
+    """`with comm: <collective>` adds the time this rank spends in the collective to `comm.seconds`
+    (perf/comm_time), the wait for slower ranks included.
 
-    What that time is: with gloo on the CPU a collective returns when it is done, so it is the
-    communication and the wait. On CUDA the GPU runs behind the host: without `sync` the time is the
-    host's time in the call, for nccl little more than queueing the reduction (the GPU's time in it
-    then shows in the next step that waits for the GPU), for gloo with the gradients on the GPU also
-    the wait for the GPU work queued before the copy to the CPU, the backward pass. With `sync`
-    (--sync-timing) the GPU is synchronized on entry and exit: the time is the collective's alone, for
-    two syncs per call."""
+    What that time is: with gloo on the CPU a collective returns when it is done, so the wall time of
+    the call is the communication and the wait. On CUDA the GPU runs behind the host, and an nccl
+    collective returns to the host as soon as it is queued: the wall time of the call would be the
+    launch. There CUDA events recorded on entry and exit time the collective on the GPU's own clock,
+    without a sync; `seconds` reads them, once per iteration (one sync, at logging). With `sync`
+    (--sync-timing) the GPU is instead synchronized on entry and exit, two syncs per call, and the
+    wall time is the collective's alone."""
 
     def __init__(self, device: torch.device, sync: bool):
-        self.device, self.sync, self.seconds = device, sync and device.type == "cuda", 0.0
+        self.device, self.sync = device, sync and device.type == "cuda"
+        self.events = device.type == "cuda" and not sync and torch.cuda.is_available()
+        self.wall_seconds, self.timed = 0.0, []  # wall time; (start, end) CUDA events
 
     def __enter__(self):
         if self.sync:
             torch.cuda.synchronize(self.device)
+        if self.events:
+            self.timed.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self.timed[-1][0].record()
         self.start = time.perf_counter()
 
     def __exit__(self, *exception):
         if self.sync:
             torch.cuda.synchronize(self.device)
-        self.seconds += time.perf_counter() - self.start
+        if self.events:
+            self.timed[-1][1].record()
+        self.wall_seconds += time.perf_counter() - self.start
+
+    @torch.compiler.disable
+    def __call__(self, collective, *args):
+        """`collective(*args)`, timed; eager also under --compile (the compiled graphs end before it)."""
+        with self:
+            return collective(*args)
+
+    @property
+    def seconds(self) -> float:
+        if not self.events:
+            return self.wall_seconds
+        if self.timed:
+            self.timed[-1][1].synchronize()
+        return sum(start.elapsed_time(end) for start, end in self.timed) / 1000.0
 
 
 def broadcast_weights(agent: Agent, comm_device: torch.device):
@@ -1022,6 +1059,43 @@ def all_reduce_gradients(params: list[nn.Parameter], count: int, scalars: torch.
         torch.div(flat[offset : offset + g.numel()].view(g.shape), total, out=g)
         offset += g.numel()
     return flat[offset:-1] / total
+
+
+def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor,
+                actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                values: torch.Tensor, adv_stats: torch.Tensor, comm: CommTimer,
+                comm_device: torch.device) -> dict[str, torch.Tensor]:
+    """One gradient step on this rank's piece of one global minibatch: forward, advantage normalisation
+    with the global minibatch's (mean, std) `adv_stats`, the PPO loss, backward, THE ALL-REDUCE of the
+    gradients and statistics (timed by `comm`), global gradient clipping of the averaged gradient, the
+    optimizer step. Returns the all-reduced statistics of `ppo_loss`, `ranks_over_target` (the share of
+    ranks whose own approx_kl exceeded --target-kl) and this rank's `ratio_deviation` (max |ratio - 1|
+    before the step), all as tensors.
+
+    One function so that `--compile` hands it to torch.compile as it stands; the collective runs
+    eagerly between the compiled pieces (CommTimer.__call__).
+    """
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    if args.norm_adv:
+        advantages = (advantages - adv_stats[0]) / (adv_stats[1] + 1e-8)
+    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args)
+    optimizer.zero_grad()
+    loss.backward()
+    # A diagnostic, not a decision: would this rank, from its own KL alone, stop here? Averaged over
+    # the ranks it says whether they would have disagreed (see the training loop)
+    own_kl_over_target = torch.zeros((), device=loss.device)
+    if args.target_kl is not None:
+        own_kl_over_target = (stats["approx_kl"] > args.target_kl).float()
+    # DISTRIBUTED: the gradient and the statistics of the global minibatch, on every rank
+    params = list(agent.parameters())
+    averaged = comm(all_reduce_gradients, params, obs.shape[0], torch.stack([*stats.values(), own_kl_over_target]),
+                    comm_device)
+    stats = dict(zip(stats, averaged[:-1]))
+    nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # of the averaged gradient
+    optimizer.step()
+    stats["ranks_over_target"] = averaged[-1]
+    stats["ratio_deviation"] = (newlogprob.detach() - logprobs).exp().sub(1).abs().max()
+    return stats
 
 
 def preemption_store() -> dist.Store:
@@ -1232,13 +1306,18 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
     envs = make_envs(args, N, run_dir, args.capture_video and rank == 0)
     agent = Agent(int(envs.single_action_space.n)).to(device)
     params = list(agent.parameters())
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
+    # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
+    # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(params, lr=learning_rate, eps=1e-5, fused=True)
+
 
     start_iteration, global_step = 1, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+        optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
         if len(checkpoint["rank_rng"]) == world_size:  # same world size: every rank continues its own streams
             set_rng_state(checkpoint["rank_rng"][rank], device)
@@ -1250,10 +1329,21 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
     if rank == 0:
         print(f"{world_size} ranks x {N} environments, backend {dist.get_backend()}, rank 0 on {device}")
 
+    # THE FAST PATH: --compile runs the same two functions through torch.compile; --cudagraphs also
+    # records their kernels in CUDA graphs and replays them (mode="reduce-overhead"), one launch per
+    # call instead of one per operation; it copies inputs into static buffers and reuses its outputs'
+    # memory at the next call, so the loop clones the statistics it keeps.
+    act, update = agent.act, update_step
+    if args.compile or args.cudagraphs:
+        mode = "reduce-overhead" if args.cudagraphs else None
+        act, update = torch.compile(agent.act, mode=mode), torch.compile(update_step, mode=mode)
+
     # Rollout storage of this rank, on the CPU and shared with NumPy, as in ppo_atari.py: observations
-    # uint8 and channels-last, allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84)
+    # uint8 and channels-last, allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84); on CUDA in
+    # pinned memory, so the copy of a step's frames to the device does not block
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
-    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8).permute(0, 1, 4, 2, 3)
+    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8,
+                      pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
     actions = torch.zeros((T, N), dtype=torch.long)
     logprobs = torch.zeros((T, N))
     rewards = torch.zeros((T, N))
@@ -1280,18 +1370,19 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         iteration += 1
         if args.anneal_lr:
             frac = 1.0 - global_step / total_steps
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            learning_rate.fill_(frac * args.learning_rate)
 
         # COLLECT TRAJECTORIES ------------------------------------------------------------------
         rollout_start = time.perf_counter()
         final_values.zero_()
         episodes = []
+        final_obs, final_steps, final_envs = [], [], []  # truncated games' last observations, and where
         for step in range(T):
             obs[step] = torch.from_numpy(next_obs)
-            action, logprob, value = agent.act(obs[step].to(device))
-            actions_np[step] = action.cpu().numpy()
-            logprobs_np[step] = logprob.cpu().numpy()
-            values_np[step] = value.cpu().numpy()
+            # one copy to the device, one back: action, log-prob and value stacked in one tensor
+            action, logprob, value = act(obs[step].to(device, non_blocking=True))
+            policy_out = torch.stack([action.float(), logprob, value], 1).cpu().numpy()
+            actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
             if straggler_delay:
                 time.sleep(straggler_delay)
@@ -1301,13 +1392,13 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
             # next_obs is already the next episode's first observation where an episode ended. Gymnasium's
             # TimeLimit sets truncated on the last allowed step even when the episode also terminated
             # there: such a step is a termination (value 0), so only truncated-and-not-terminated
-            # environments bootstrap, with the value of final_obs
+            # environments bootstrap, with the value of final_obs, computed after the rollout
             bootstrap = truncated & ~terminated
             if args.bootstrap_truncation and bootstrap.any():
                 idx = np.flatnonzero(bootstrap)
-                with torch.no_grad():
-                    final_obs = torch.from_numpy(np.stack(infos["final_obs"][idx])).to(device)
-                    final_values[step, idx] = agent.get_value(final_obs).cpu()
+                final_obs.extend(infos["final_obs"][idx])
+                final_steps.extend([step] * len(idx))
+                final_envs.extend(idx)
 
             for i, episodic_return, length in finished_episodes(infos):
                 # all ranks step together: global env k's step t of this rollout is number t * num_envs + k + 1
@@ -1321,8 +1412,11 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
             preemption.finish_rollout(iteration)
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        # the values after the last step and where truncated games stopped, in one forward pass
         with torch.no_grad():
-            last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
+            bootstrap_values = agent.get_value(torch.from_numpy(np.stack([*next_obs, *final_obs])).to(device)).cpu()
+        last_value = bootstrap_values[:N]
+        final_values[final_steps, final_envs] = bootstrap_values[N:]
         advantages, returns = compute_gae(rewards=rewards[:steps], values=values[:steps], dones=dones[:steps],
                                           last_value=last_value, gamma=args.gamma, gae_lambda=args.gae_lambda,
                                           final_values=final_values[:steps])
@@ -1350,42 +1444,32 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         b_values = values[:steps].reshape(-1).to(device)
 
         clipfracs = []  # every minibatch's (all-reduced) clip fraction, as tensors: no sync per minibatch
-        epochs = kl_stop_disagreements = 0
+        epochs, kl_stop_disagreements = 0, torch.zeros(())
         for epoch in range(args.update_epochs):
             minibatches = torch.randperm(steps * N, device=device).tensor_split(args.num_minibatches)
+            adv_stats = torch.zeros((len(minibatches), 2), device=device)
             if args.norm_adv:
                 with comm:  # DISTRIBUTED: the advantage statistics of every global minibatch of this epoch
                     adv_stats = global_advantage_stats(b_advantages, minibatches, comm_device)
             for k, mb_inds in enumerate(minibatches):
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                mb_advantages = b_advantages[mb_inds]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - adv_stats[k, 0]) / (adv_stats[k, 1] + 1e-8)
-                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb_inds], mb_advantages,
-                                       b_returns[mb_inds], b_values[mb_inds], args)
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                stats = update(agent, optimizer, args, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
+                               b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds], adv_stats[k], comm,
+                               comm_device)
+                stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and k == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                     # deviation means the stored log-probs do not belong to the stored observations
-                    first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
-                optimizer.zero_grad()
-                loss.backward()
-                # A diagnostic, not a decision: would this rank, from its own KL alone, stop here?
-                # Averaged over the ranks it says whether they would have disagreed (see below)
-                own_kl_over_target = torch.zeros((), device=device)
-                if args.target_kl is not None:
-                    own_kl_over_target = (stats["approx_kl"] > args.target_kl).float()
-                with comm:  # DISTRIBUTED: the gradient and the statistics of the global minibatch, on every rank
-                    averaged = all_reduce_gradients(params, len(mb_inds),
-                                                    torch.stack([*stats.values(), own_kl_over_target]), comm_device)
-                stats, ranks_over_target = dict(zip(stats, averaged[:-1])), averaged[-1]
+                    first_ratio_deviation = stats["ratio_deviation"]
                 clipfracs.append(stats["clipfrac"])
-                nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # of the averaged gradient
-                optimizer.step()
             epochs += 1
             # a share strictly between 0 and 1: ranks deciding alone would have disagreed, and the one
             # that stopped would have left the others waiting in their next all-reduce (a hang)
-            kl_stop_disagreements += bool(0 < ranks_over_target < 1)
-            # decided from the all-reduced KL of the global minibatch: every rank stops after the same epoch
+            ranks_over_target = stats["ranks_over_target"]
+            kl_stop_disagreements += ((0 < ranks_over_target) & (ranks_over_target < 1)).cpu()
+            # decided from the all-reduced KL of the global minibatch: every rank stops after the same
+            # epoch (a sync, only when --target-kl is set)
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
         update_time = time.perf_counter() - update_start
@@ -1394,10 +1478,12 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
         if rank == 0:
             # losses/clipfrac is the mean over all the update's minibatches (as CleanRL logs it); the
             # other losses/* are the last minibatch's, as in CleanRL
-            stats["clipfrac"] = torch.stack(clipfracs).mean()
-            stats = {k: v.item() for k, v in stats.items()}
+            del stats["ranks_over_target"]
+            stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+            stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # one copy
+            first_ratio_deviation = stats.pop("ratio_deviation")
             sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/learning_rate", learning_rate.item(), global_step)
             for name, value in stats.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("losses/explained_variance",
@@ -1405,7 +1491,7 @@ def train(args: Args, rank: int, world_size: int, device: torch.device, comm_dev
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
             writer.add_scalar("debug/update_epochs", epochs, global_step)
-            writer.add_scalar("debug/kl_stop_disagreements", kl_stop_disagreements, global_step)
+            writer.add_scalar("debug/kl_stop_disagreements", int(kl_stop_disagreements), global_step)
             writer.add_scalar("debug/preempted_ranks", sum(report.steps < T * N for report in reports), global_step)
             writer.add_scalar("perf/rollout_time", rollout_time, global_step)
             writer.add_scalar("perf/rollout_time_max", max(report.rollout_time for report in reports), global_step)

@@ -61,6 +61,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -92,6 +93,11 @@ class Args:
     """if toggled, cuda is used when available (by the learner; samplers run on the CPU)"""
     torch_threads: int = 1
     """CPU threads for PyTorch; 1 is fastest for these small networks, 0 keeps PyTorch's default"""
+    compile: bool = False
+    """torch.compile the learner's update step (the samplers act eagerly on the CPU);
+    the same step as ppo_continuous_action.py's, with the same measurement: pays off only on long runs"""
+    cudagraphs: bool = False
+    """capture the learner's compiled update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False
     """if toggled, the run is tracked with Weights & Biases"""
     wandb_project_name: str = "ppo-lab"
@@ -275,6 +281,8 @@ def check_args(args: Args) -> tuple[tuple, int]:
     if args.batch_size // args.num_minibatches < 2:
         fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
              f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
         fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
     if args.eval_every < 0:
@@ -521,35 +529,43 @@ def ppo_loss(
     returns: torch.Tensor,
     oldvalues: torch.Tensor,
     args: Args,
+    *,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
 
     `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
+
+    `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
+    is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return x.mean() if mask is None else (x * mask).sum() / mask.sum()
+
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     with torch.no_grad():
         # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
-        old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+        old_approx_kl = mean(-logratio)
+        approx_kl = mean((ratio - 1) - logratio)
+        clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
 
     # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+    pg_loss = mean(torch.max(pg_loss1, pg_loss2))
 
     # Value loss, optionally clipped around the values predicted during the rollout
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - returns) ** 2
         v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
-        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        v_loss = 0.5 * mean(torch.max(v_loss_unclipped, v_loss_clipped))
     else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+        v_loss = 0.5 * mean((newvalue - returns) ** 2)
 
-    entropy_loss = entropy.mean()
+    entropy_loss = mean(entropy)
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = {
         "policy_loss": pg_loss.detach(),
@@ -560,6 +576,27 @@ def ppo_loss(
         "clipfrac": clipfrac,
     }
     return loss, stats
+
+
+def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor,
+                actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
+                values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One gradient step on one minibatch: forward, advantage normalisation, the PPO loss, backward,
+    global gradient clipping, the optimizer step. Returns the detached statistics of `ppo_loss` and
+    `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update).
+
+    The whole step is one function so that `--compile` can hand it to torch.compile as it stands.
+    """
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args)
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    stats["ratio_deviation"] = (newlogprob.detach() - logprobs).exp().sub(1).abs().max()
+    return stats
 
 
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
@@ -668,7 +705,7 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "redis_url", "run_id", "num_samplers", "sampler_timeout")
+                        "eval_every", "eval_deterministic", "compile", "cudagraphs", "redis_url", "run_id", "num_samplers", "sampler_timeout")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -974,6 +1011,24 @@ class Heartbeat:
             raise RunOver("the learner ended the run")
         if watched and not watched[0]:
             raise RunOver("the learner is gone (its heartbeat expired)")
+
+
+def beating(beat: Heartbeat, fn, *args):
+    """`fn(*args)` while a thread keeps calling `beat`: with --compile the first call of the update step
+    compiles for a minute or more, far longer than a heartbeat lives (HEARTBEAT_TTL)."""
+    done = threading.Event()
+
+    def keep_beating():
+        while not done.wait(BEAT_PERIOD):
+            beat()
+
+    thread = threading.Thread(target=keep_beating)
+    thread.start()
+    try:
+        return fn(*args)
+    finally:
+        done.set()
+        thread.join()
 
 
 # SAMPLER -----------------------------------------------------------------------------------------
@@ -1357,13 +1412,18 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
     agent = Agent(obs_dim, act_dim).to(device)
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     reward_scaler = RewardScaler(0, args.gamma, args.reward_clip)  # the learner only scales and merges
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
+    # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
+    # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
+
 
     start_iteration, global_step = 1, 0
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+        optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
         obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
         reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
         start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
@@ -1396,13 +1456,25 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
         samplers.append(subprocess.Popen(sampler_command(url, run_id, sys.executable, __file__), start_new_session=True))
     schema = chunk_schema(args.num_steps, obs_dim, act_dim)
 
+    # THE FAST PATH: --compile runs the same update step through torch.compile; --cudagraphs also
+    # records its kernels in a CUDA graph and replays it (mode="reduce-overhead"), one launch per call
+    # instead of one per operation; it copies inputs into static buffers and reuses its outputs' memory
+    # at the next call, so the loop clones the statistics it keeps. The samplers act on the CPU, eagerly.
+    # A thread keeps the heartbeat while a compiled step runs (its first call compiles, see `beating`).
+    update = update_step
+    if args.compile or args.cudagraphs:
+        compiled = torch.compile(update_step, mode="reduce-overhead" if args.cudagraphs else None)
+
+        def update(*step_args):
+            return beating(beat, compiled, *step_args)
+
     T, K = args.num_steps, args.num_chunks
     progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
     start_time, start_step = time.time(), global_step
     for iteration in range(start_iteration, args.num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            learning_rate.fill_(frac * args.learning_rate)
 
         # COLLECT TRAJECTORIES (the samplers act with version `iteration`; the learner receives) ---
         rollout_start = time.perf_counter()
@@ -1450,22 +1522,17 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
             for start in range(0, args.batch_size, args.minibatch_size):
                 beat()  # the samplers wait for the next version meanwhile: they must not think us gone
                 mb_inds = b_inds[start : start + args.minibatch_size]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                mb_advantages = b_advantages[mb_inds]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb_inds], mb_advantages,
-                                       b_returns[mb_inds], b_values[mb_inds], args)
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                stats = update(agent, optimizer, args, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
+                               b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
+                stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and start == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                     # deviation means the stored log-probs do not belong to the stored observations
-                    first_ratio_deviation = (newlogprob - b_logprobs[mb_inds]).exp().sub(1).abs().max().item()
+                    first_ratio_deviation = stats["ratio_deviation"]
                 clipfracs.append(stats["clipfrac"])
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # a sync, only if asked
                 break
         # the trained chunks' statistics join the running ones only now (a named difference from
         # ppo_continuous_action.py, which adds every step's): the next version carries them
@@ -1474,14 +1541,17 @@ def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, a
         update_time = time.perf_counter() - update_start
 
         # LOGGING -------------------------------------------------------------------------------
-        # the losses and KLs of the last minibatch, the clip fraction over the whole update
-        stats = {k: v.item() for k, v in {**stats, "clipfrac": torch.stack(clipfracs).mean()}.items()}
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update, in one copy
+        stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+        first_ratio_deviation = stats.pop("ratio_deviation")
         sps = int((global_step - start_step) / (time.time() - start_time))
         eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/learning_rate", frac * args.learning_rate if args.anneal_lr else args.learning_rate,
+                          global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         # steps per second of the samplers while the learner waited, and of the learner's update
         writer.add_scalar("charts/experience_SPS", args.batch_size / max(rollout_time + received.transfer_time, 1e-9), global_step)

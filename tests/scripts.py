@@ -53,7 +53,16 @@ IDENTICAL = {
     "make_run_dir": [SCRIPTS],
     # under torchrun: the rank in the line, and torchrun's command to resume
     "exit_on_ctrl_c": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
+    # one minibatch's gradient step: the plain form / with the all-reduce of the gradients / with the
+    # 0/1 mask of fixed-shape minibatches (reset rows kept, not counted) / with the recurrent state
+    "update_step": [["ppo", "ppo_continuous_action", "ppo_atari", "ppo_continuous_action_redis"],
+                    ["ppo_atari_multigpu"], ["ppo_atari_envpool", "ppo_procgen"], ["ppo_atari_lstm"],
+                    ["ppo_shared_memory_lstm"]],
 }
+
+# The policy step in NumPy beside Agent.act, for the small-MLP scripts on the CPU (tests/test_fast_path.py
+# checks it against act)
+NUMPY_POLICY = ["ppo", "ppo_continuous_action"]
 
 
 def script_path(name: str) -> Path:

@@ -32,15 +32,24 @@ def test_run_lstm_equals_the_step_by_step_loop_with_gradients(seed):
     agent = script.Agent(4)
     hidden, starts, state = rollout_inputs(seed)
     results = []
-    for run in (agent.run_lstm, lambda *a: lstm_step_by_step(agent, *a)):
+    cuts = script.episode_cuts(starts)
+    # cut where episodes start (the eager update), at every step (the rollout, the compiled update), the reference
+    for run in (lambda *a: agent.run_lstm(*a, cuts), agent.run_lstm, lambda *a: lstm_step_by_step(agent, *a)):
         agent.zero_grad()
         hidden.grad = None
         out, (h, c) = run(hidden, starts, state)
         (out.square().sum() + h.sum() + c.sum()).backward()
         results.append((out, h, c, hidden.grad.clone(), agent.lstm.weight_hh_l0.grad.clone()))
-    assert starts[1:].any(dim=1).sum() < T - 1  # fewer calls than steps, or the comparison is moot
-    for fast, slow in zip(*results):
+    assert 0 < len(cuts) < T - 1  # fewer calls than steps, or the comparison is moot
+    for fast, every_step, slow in zip(*results):
         torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(every_step, slow, rtol=1e-5, atol=1e-5)
+
+
+def test_episode_cuts_are_the_steps_where_some_environment_starts():
+    starts = torch.zeros(6, 3)
+    starts[0, 1] = starts[2, 0] = starts[2, 2] = starts[5, 1] = 1
+    assert script.episode_cuts(starts) == [2, 5]  # step 0 is no cut: the sequence begins there anyway
 
 
 def test_state_is_reset_where_an_episode_starts():
@@ -49,8 +58,8 @@ def test_state_is_reset_where_an_episode_starts():
     hidden, starts, state = rollout_inputs(0)
     other = (torch.randn(1, B, 128), torch.randn(1, B, 128))
     with torch.no_grad():
-        out_a, _ = agent.run_lstm(hidden, starts, state)
-        out_b, _ = agent.run_lstm(hidden, starts, other)
+        out_a, _ = agent.run_lstm(hidden, starts, state, script.episode_cuts(starts))
+        out_b, _ = agent.run_lstm(hidden, starts, other, script.episode_cuts(starts))
     # env 0 starts at step 0 and env 1 at T // 2: from there on the carried-in state does not matter
     torch.testing.assert_close(out_a[:, 0], out_b[:, 0])
     torch.testing.assert_close(out_a[T // 2 :, 1], out_b[T // 2 :, 1])

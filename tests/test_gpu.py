@@ -25,3 +25,14 @@ def test_a_few_iterations_on_cuda_keep_ratio_one_and_save_the_cuda_rng(contract,
     expected = torch.rand(4, device="cuda")
     torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
     torch.testing.assert_close(torch.rand(4, device="cuda"), expected)
+
+
+def test_compiled_steps_in_cuda_graphs_keep_ratio_one(contract, tmp_path):  # noqa: F811
+    """--cudagraphs (torch.compile's CUDA graphs of the policy step and the update step): a few
+    iterations run, the ratio is 1 at the first minibatch of every update, the losses are finite."""
+    script, _ = contract
+    run_dir = script.main(make_args(script, tmp_path, cuda=True, cudagraphs=True, save_model=False))
+    scalars = read_scalars(run_dir)
+    deviations = [value for _, value in scalars["debug/first_minibatch_ratio_deviation"]]
+    assert deviations and max(deviations) < 1e-5
+    assert all(abs(value) < float("inf") for _, value in scalars["losses/value_loss"])

@@ -81,7 +81,7 @@ def test_reward_statistics_leave_out_the_reset_rows():
     np.testing.assert_allclose(scaled, np.array([2.0, 0.0]) / np.sqrt(reference.var + 1e-8))
 
 
-def test_the_rows_after_episode_ends_never_enter_a_minibatch():
+def test_the_rows_after_episode_ends_are_masked_out_of_every_minibatch():
     # a hand-built rollout of 6 steps x 3 envs: env 0 ends at steps 1 and 4, env 2 at step 2, env 1 never;
     # the row after each end is envpool's reset row, marked as the training loop marks it
     dones = torch.zeros(6, 3, dtype=torch.bool)
@@ -91,9 +91,12 @@ def test_the_rows_after_episode_ends_never_enter_a_minibatch():
     reset_rows = {2 * 3 + 0, 5 * 3 + 0, 3 * 3 + 2}  # flat index step * num_envs + env
     for epoch in range(5):
         minibatches = script.minibatch_indices(valid, 3)
-        flat = torch.cat(minibatches).tolist()
-        assert sorted(flat) == sorted(set(range(18)) - reset_rows)  # every real row once, no reset row
-        assert [len(m) for m in minibatches] == [5, 5, 5]
+        assert minibatches.shape == (3, 6) and sorted(minibatches.reshape(-1).tolist()) == list(range(18))
+        # the reset rows ride along with mask 0 (update_step's mask is valid[minibatch]); the real rows
+        # are shared out evenly, as when the reset rows were dropped
+        masked = {i for m in minibatches for i in m.tolist() if not valid.reshape(-1)[i]}
+        assert masked == reset_rows
+        assert sorted(int(valid.reshape(-1)[m].sum()) for m in minibatches) == [5, 5, 5]
 
 
 def test_impala_cnn_shapes_and_memory_layouts():
