@@ -65,7 +65,8 @@ def test_saved_model_evaluates_as_after_training(e2e):
     script = importlib.import_module(e2e["name"])
     logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
     returns = script.run_evaluation(str(e2e["run_dir"] / "model.pt"), script.Args(eval_episodes=EVAL_EPISODES))
-    assert returns == pytest.approx(logged, rel=1e-6)
+    # the episodes are logged at one global step, where the event file does not keep their order
+    assert sorted(returns) == pytest.approx(sorted(logged), rel=1e-6)
 
 
 def test_evaluate_flag_prints_the_training_evaluation(e2e):

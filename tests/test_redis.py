@@ -123,7 +123,7 @@ def total_trained(client, rid) -> int:
 
 
 def test_end_to_end_with_two_local_samplers(tmp_path):
-    iterations = 6
+    iterations = 12  # enough for both samplers to feed an update, even when one starts seconds later
     learner = launch(tmp_path, "learner", *FAST, "--num-samplers", 2, "--total-timesteps", iterations * T * K,
                      "--save-model", "--eval-episodes", 2, "--checkpoint-every", 2)
     seen = wait_watching(learner, 120)
@@ -226,7 +226,7 @@ def test_samplers_exit_by_themselves_when_the_learner_dies(tmp_path, server, cli
         processes = {(p.pid, process_table()[p.pid][2]) for p in samplers}
     else:
         learner = launch(tmp_path, "learner", *argv, "--num-samplers", 2)
-        wait_until(lambda: "iteration 2/" in output(tmp_path, "learner")[0], 60, "the run to train")
+        wait_until(lambda: "iteration 1/" in output(tmp_path, "learner")[0], 60, "the run to train")
         processes = descendants(learner.pid)
         assert len(processes) == 3
     learner.send_signal(signal.SIGKILL)
