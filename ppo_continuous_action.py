@@ -38,6 +38,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
@@ -68,6 +69,9 @@ class Args:
     short runs and tests do not pay the compile"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
+    numpy_update: bool = True
+    """on the CPU, run the update step as NumpyUpdate (the same step in NumPy, measured about 2x faster than the
+    PyTorch one on a 64-sample minibatch); off, or with --compile, the update is `update_step` in PyTorch"""
     track: bool = False
     """if toggled, the run is tracked with Weights & Biases"""
     wandb_project_name: str = "ppo-lab"
@@ -379,12 +383,21 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
         """Samples an action (or scores the given one): returns action, log-prob, entropy, value.
-        The log-probability and entropy of independent dimensions are sums over the dimensions."""
+        The log-probability and entropy of independent dimensions are sums over the dimensions.
+
+        The Gaussian's formulas are written out, per dimension with std = exp(logstd):
+            log N(a; mean, std) = -((a - mean) / std)^2 / 2 - logstd - log(2 pi) / 2
+            entropy             = 1/2 + log(2 pi) / 2 + logstd      (the same for every state)
+        They are those of `Normal`, whose object costs more than the arithmetic on a 64-sample
+        minibatch (tests/test_agent.py checks them against `Normal`).
+        """
         action_mean = self.actor_mean(x)
-        dist = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
+        logstd = self.actor_logstd.expand_as(action_mean)
         if action is None:
-            action = dist.sample()
-        return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.get_value(x)
+            action = Normal(action_mean, logstd.exp()).sample()
+        logprob = (-0.5 * ((action - action_mean) / logstd.exp()).square() - logstd - 0.5 * math.log(2 * math.pi))
+        entropy = 0.5 + 0.5 * math.log(2 * math.pi) + logstd
+        return action, logprob.sum(-1), entropy.sum(-1), self.get_value(x)
 
     @torch.no_grad()
     def act(self, x: torch.Tensor):
@@ -567,6 +580,158 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
     return stats
 
 
+class NumpyUpdate:
+    """`update_step` for a run on the CPU, computed in NumPy with the gradients written out: the same
+    step (forward, advantage normalisation, the loss of `ppo_loss`, backward, global gradient clipping,
+    Adam) on the same parameters and the same Adam moments. Why it exists: on a 64-sample Hopper
+    minibatch the PyTorch step costs about 1.9 ms, mostly per-operation overhead of autograd and
+    the optimizer, and a default 1M-step run takes 156k of them; NumPy computes the same step in
+    well under half of that (benchmark/results/speed_cpu.md). tests/test_fast_path.py checks that both give the same
+    parameters, moments and statistics, and `numpy_update_agrees` checks it again at the start of
+    every run that uses it: a change to `Agent`, `ppo_loss` or the optimizer that this class does
+    not follow makes the run fall back to `update_step` (with a line saying so), never train on
+    another loss. `--no-numpy-update` uses `update_step` anyway.
+
+    It works on NumPy views of the parameters and of Adam's state (`optimizer.state`, created here in
+    Adam's own format if the optimizer has not stepped yet), so NumpyPolicy, checkpoints and
+    `update_step` see every step. Where autograd splits a gradient between equal inputs of a max
+    (torch.maximum's backward gives each half), so does this.
+    """
+
+    def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
+        self.args, self.group = args, optimizer.param_groups[0]
+        self.actor = [m for m in agent.actor_mean if isinstance(m, nn.Linear)]
+        self.critic = [m for m in agent.critic if isinstance(m, nn.Linear)]
+        self.logstd = agent.actor_logstd.detach().numpy()
+        # (parameter, first moment, second moment, step count), as NumPy views, in the order of the
+        # gradients in __call__: per network, per layer, weight then bias; the log standard deviation last
+        self.adam = []
+        layer_params = [param for layer in self.actor + self.critic for param in (layer.weight, layer.bias)]
+        for param in layer_params + [agent.actor_logstd]:
+            state = optimizer.state[param]
+            if not state:  # what Adam's first step would create
+                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+            self.adam.append(tuple(t.detach().numpy() for t in (param, state["exp_avg"], state["exp_avg_sq"],
+                                                                state["step"])))
+
+    @staticmethod
+    def forward(x: np.ndarray, layers: list[nn.Linear]) -> list[np.ndarray]:
+        """The MLP's input and every layer's output (after tanh, except the last): what backward needs."""
+        outputs = [x]
+        for i, layer in enumerate(layers):
+            x = x @ layer.weight.detach().numpy().T + layer.bias.detach().numpy()
+            if i < len(layers) - 1:
+                x = np.tanh(x)
+            outputs.append(x)
+        return outputs
+
+    @staticmethod
+    def backward(outputs: list[np.ndarray], grad: np.ndarray, layers: list[nn.Linear]) -> list[np.ndarray]:
+        """Backpropagation through the MLP from the gradient of its output: per layer, weight
+        grad.T @ input and bias grad summed over the samples; through a layer grad @ weight, through
+        tanh times 1 - tanh^2."""
+        grads = []
+        for i in reversed(range(len(layers))):
+            grads[:0] = [grad.T @ outputs[i], grad.sum(0)]
+            if i > 0:
+                grad = (grad @ layers[i].weight.detach().numpy()) * (1 - outputs[i] * outputs[i])
+        return grads
+
+    @staticmethod
+    def max_grads(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """How the gradient of max(a, b) splits between a and b: all to the larger, half each on a tie."""
+        to_a = np.where(a > b, 1.0, np.where(a == b, 0.5, 0.0)).astype(np.float32)
+        return to_a, 1 - to_a
+
+    def __call__(self, obs: torch.Tensor, actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor,
+                 returns: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
+        args = self.args
+        x, actions, old_logprob, advantages, returns, old_values = (
+            t.numpy() for t in (obs, actions, logprobs, advantages, returns, values))
+        n, clip = len(x), args.clip_coef
+
+        # forward: the Gaussian's log-density of the actions (z: the actions in standard deviations from
+        # the mean) and its entropy, the same for every state; the critic's value
+        actor_out, critic_out = self.forward(x, self.actor), self.forward(x, self.critic)
+        z = (actions - actor_out[-1]) / np.exp(self.logstd)
+        newlogprob = (-0.5 * z * z - self.logstd - np.float32(0.5 * math.log(2 * math.pi))).sum(-1)
+        entropy = (np.float32(0.5 + 0.5 * math.log(2 * math.pi)) + self.logstd).sum()
+        newvalue = critic_out[-1][:, 0]
+        if args.norm_adv:
+            centred = advantages - advantages.sum() / n
+            advantages = centred / (np.sqrt(np.dot(centred, centred) / (n - 1)) + 1e-8)
+
+        # the loss of ppo_loss, and its gradient with respect to the log-prob and the value
+        logratio = newlogprob - old_logprob
+        ratio = np.exp(logratio)
+        pg_loss1, pg_loss2 = -advantages * ratio, -advantages * np.clip(ratio, 1 - clip, 1 + clip)
+        to_1, to_2 = self.max_grads(pg_loss1, pg_loss2)
+        in_clip = (ratio >= 1 - clip) & (ratio <= 1 + clip)  # where the clamp passes the gradient
+        grad_logprob = (to_1 + to_2 * in_clip) * -advantages * ratio / n  # d(ratio)/d(log-prob) = ratio
+        pg_loss = np.maximum(pg_loss1, pg_loss2).sum() / n
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - returns) ** 2
+            v_change = newvalue - old_values
+            v_clipped = old_values + np.clip(v_change, -clip, clip)
+            v_loss_clipped = (v_clipped - returns) ** 2
+            to_1, to_2 = self.max_grads(v_loss_unclipped, v_loss_clipped)
+            in_clip = (v_change >= -clip) & (v_change <= clip)
+            grad_value = (to_1 * (newvalue - returns) + to_2 * in_clip * (v_clipped - returns)) * args.vf_coef / n
+            v_loss = 0.5 * np.maximum(v_loss_unclipped, v_loss_clipped).sum() / n
+        else:
+            grad_value = (newvalue - returns) * args.vf_coef / n
+            v_loss = 0.5 * np.square(newvalue - returns).sum() / n
+
+        # to the mean: d log p / d mean = z / std; to the log standard deviation: d log p / d logstd = z^2 - 1,
+        # and the entropy's ent_coef * (d entropy / d logstd = 1)
+        grad_mean = grad_logprob[:, None] * z / np.exp(self.logstd)
+        grad_logstd = (grad_logprob[:, None] * (z * z - 1)).sum(0, keepdims=True) - np.float32(args.ent_coef)
+        grads = (self.backward(actor_out, grad_mean, self.actor) + self.backward(critic_out, grad_value[:, None], self.critic)
+                 + [grad_logstd])
+
+        # global gradient clipping, then Adam as torch.optim.Adam computes it
+        norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads))
+        scale = min(1.0, args.max_grad_norm / (norm + 1e-6))
+        (beta1, beta2), eps, lr = self.group["betas"], self.group["eps"], float(self.group["lr"])
+        step = float(self.adam[0][3]) + 1
+        step_size, root_correction2 = lr / (1 - beta1**step), math.sqrt(1 - beta2**step)
+        for (param, exp_avg, exp_avg_sq, step_count), grad in zip(self.adam, grads):
+            grad = grad * scale
+            step_count += 1
+            exp_avg += (1 - beta1) * (grad - exp_avg)
+            exp_avg_sq *= beta2
+            exp_avg_sq += (1 - beta2) * grad * grad
+            param -= step_size * exp_avg / (np.sqrt(exp_avg_sq) / root_correction2 + eps)
+
+        stats = np.array([pg_loss, v_loss, entropy, -logratio.sum() / n, ((ratio - 1) - logratio).sum() / n,
+                          np.count_nonzero(np.abs(ratio - 1) > clip) / n, np.abs(ratio - 1).max()], dtype=np.float32)
+        return dict(zip(("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
+                         "ratio_deviation"), torch.from_numpy(stats).unbind()))
+
+
+def numpy_update_agrees(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> bool:
+    """Whether NumpyUpdate still computes `update_step`: two steps of each, from copies of the agent and
+    of the optimizer, on a random minibatch whose log-probs and values are off enough to clip, must give
+    the same parameters and statistics. Costs a few milliseconds; the training's RNG streams are untouched."""
+    rng = np.random.default_rng(0)
+    n, obs_dim, act_dim = args.minibatch_size, agent.actor_mean[0].in_features, agent.actor_mean[-1].out_features
+    obs = torch.from_numpy(rng.standard_normal((n, obs_dim), dtype=np.float32))
+    actions = torch.from_numpy(rng.standard_normal((n, act_dim), dtype=np.float32))
+    with torch.no_grad():
+        _, logprobs, _, values = agent.get_action_and_value(obs, actions)
+    noise = [torch.from_numpy(rng.standard_normal(n, dtype=np.float32)) for _ in range(4)]
+    batch = (obs, actions, logprobs + 0.3 * noise[0], noise[1], values + noise[2], values + 0.3 * noise[3])
+    results = []
+    for fast in (False, True):
+        copy_ = copy.deepcopy(agent)
+        copy_optimizer = type(optimizer)(copy_.parameters(), **optimizer.defaults)
+        copy_optimizer.load_state_dict(optimizer.state_dict())
+        step = NumpyUpdate(copy_, copy_optimizer, args) if fast else partial(update_step, copy_, copy_optimizer, args)
+        stats = [step(*batch) for _ in range(2)]
+        results.append([*copy_.parameters(), *(torch.stack(list(s.values())) for s in stats)])
+    return all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(*results))
+
+
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
     var_y = np.var(y_true)
@@ -673,7 +838,8 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs")
+                        "eval_every", "eval_deterministic", "compile", "cudagraphs",
+                        "numpy_update")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -909,14 +1075,22 @@ def main(args: Args):
     # records their kernels in CUDA graphs and replays them (mode="reduce-overhead"), one launch per
     # call instead of one per operation; it copies inputs into static buffers and reuses its outputs'
     # memory at the next call, so the loop clones the statistics it keeps.
-    # On the CPU the policy step is NumpyPolicy, the same function, faster than the eager and the
-    # compiled act there (see NumpyPolicy): --compile then compiles the update step only.
-    act, update = (NumpyPolicy(agent) if device.type == "cpu" else agent.act), update_step
+    # On the CPU the policy step is NumpyPolicy and the update step NumpyUpdate: the same functions in
+    # NumPy, faster there than eager or compiled PyTorch (see each); --compile then compiles update_step.
+    act = NumpyPolicy(agent) if device.type == "cpu" else agent.act
+    update = partial(update_step, agent, optimizer, args)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
-        update = torch.compile(update_step, mode=mode)
+        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args)
         if device.type != "cpu":
             act = torch.compile(agent.act, mode=mode)
+    elif device.type == "cpu" and args.numpy_update:
+        # the same update step in NumPy (see NumpyUpdate), after checking that it still is the same
+        if numpy_update_agrees(agent, optimizer, args):
+            update = NumpyUpdate(agent, optimizer, args)
+        else:
+            print("NumpyUpdate does not compute update_step (were Agent, ppo_loss or the optimizer changed?): "
+                  "the update runs in PyTorch", flush=True)
 
     # Rollout storage lives on the CPU as torch tensors whose memory NumPy shares: the environments'
     # arrays are copied in without conversions, and the batch moves to the device once per update.
@@ -1004,8 +1178,8 @@ def main(args: Args):
                 mb_inds = b_inds[start : start + args.minibatch_size]
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                stats = update(agent, optimizer, args, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
-                               b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
+                stats = update(b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
+                               b_returns[mb_inds], b_values[mb_inds])
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and start == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger

@@ -63,6 +63,9 @@ IDENTICAL = {
 # The policy step in NumPy beside Agent.act, for the small-MLP scripts on the CPU (tests/test_fast_path.py
 # checks it against act)
 NUMPY_POLICY = ["ppo", "ppo_continuous_action"]
+# The update step in NumPy beside update_step, for the same scripts (tests/test_fast_path.py checks it against
+# update_step)
+NUMPY_UPDATE = ["ppo", "ppo_continuous_action"]
 
 
 def script_path(name: str) -> Path:

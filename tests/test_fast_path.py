@@ -5,17 +5,22 @@
   the device (non-blocking, from pinned memory) and one back per environment step, and no other sync;
 - `--compile` and the eager code from the same seed make the same run, to float tolerance;
 - `--cudagraphs` without CUDA is a one-line error, exit 2;
-- the NumPy policy step of the small-MLP scripts is `Agent.act`: same actions, log-probs, values.
+- the NumPy policy step of the small-MLP scripts is `Agent.act`: same actions, log-probs, values;
+- their NumPy update step is `update_step`: same parameters, Adam state and statistics, step after
+  step; a run with it and one without agree; and a run whose `ppo_loss` no longer matches it falls
+  back to `update_step`, with a line saying so.
 """
 
+import copy
 import importlib
 
+import numpy as np
 import pytest
 import torch
 
 from fake_cuda import FakeCuda
 from helpers import load, read_scalars
-from scripts import NUMPY_POLICY, SCRIPTS, top_level_definitions
+from scripts import NUMPY_POLICY, NUMPY_UPDATE, SCRIPTS, top_level_definitions
 from test_contract import ITERATIONS, RUNS, contract, make_args  # noqa: F401  (contract is a fixture)
 
 # the rollout runs in other processes (on the CPU): the learner's rollout phase makes no copies at all
@@ -121,3 +126,98 @@ def test_the_numpy_policy_step_is_agent_act(name):
         optimizer.zero_grad()
         agent.get_action_and_value(obs)[1].sum().backward()  # the weights change in place
         optimizer.step()
+
+
+def test_the_numpy_update_steps_are_listed():
+    assert [name for name in SCRIPTS if "NumpyUpdate" in top_level_definitions(name)] == NUMPY_UPDATE
+
+
+def minibatch(script, agent, n: int, seed: int):
+    """A minibatch whose stored log-probs and values are off from the agent's, so that the ratio and the
+    value change are clipped for some samples and not for others."""
+    generator = torch.Generator().manual_seed(seed)
+    obs = torch.randn(n, agent.critic[0].in_features, generator=generator) * 2
+    if script.__name__ == "ppo":
+        actions = torch.randint(0, agent.actor[-1].out_features, (n,), generator=generator)
+    else:
+        actions = torch.randn(n, agent.actor_mean[-1].out_features, generator=generator)
+    with torch.no_grad():
+        _, logprobs, _, values = agent.get_action_and_value(obs, actions)
+    noise = torch.randn(4, n, generator=generator)
+    return obs, actions, logprobs + 0.3 * noise[0], noise[1] * 3 + 1, values + noise[2], values + 0.3 * noise[3]
+
+
+@pytest.mark.parametrize("name", NUMPY_UPDATE)
+@pytest.mark.parametrize("options", [{}, {"norm_adv": False, "clip_vloss": False, "ent_coef": 0.1},
+                                     {"max_grad_norm": 100.0}])  # the last: no clipping
+def test_the_numpy_update_step_is_update_step(name, options):
+    """From the same agent and optimizer, step after step on changing minibatches: the same statistics, the
+    same parameters and Adam state; and a PyTorch step after NumPy steps continues as after PyTorch steps
+    (Adam's state is kept in Adam's own format)."""
+    script = importlib.import_module(name)
+    args = script.Args(**options)
+    torch.manual_seed(0)
+    agent = script.Agent(5, 3)
+    if name == "ppo_continuous_action":
+        with torch.no_grad():
+            agent.actor_logstd.copy_(torch.tensor([[-0.5, 0.0, 0.4]]))
+    agents = [agent, copy.deepcopy(agent)]
+    optimizers = [torch.optim.Adam(a.parameters(), lr=torch.tensor(3e-3), eps=1e-5, fused=True) for a in agents]
+    numpy_step = script.NumpyUpdate(agents[1], optimizers[1], args)
+    clipped = []
+    for k in range(6):
+        batch = minibatch(script, agents[0], 64, seed=k)
+        expected = script.update_step(agents[0], optimizers[0], args, *batch)
+        got = numpy_step(*batch) if k < 5 else script.update_step(agents[1], optimizers[1], args, *batch)
+        assert expected.keys() == got.keys()
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-6, msg=f"step {k}: {key}")
+        clipped.append(float(expected["clipfrac"]))
+        for p, q in zip(*(a.parameters() for a in agents)):
+            torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=f"step {k}")
+    for p, q in zip(*(a.parameters() for a in agents)):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(optimizers[1].state[q][key], optimizers[0].state[p][key], rtol=1e-4, atol=1e-7)
+    assert 0 < np.mean(clipped) < 1  # some samples clipped, some not: both branches of the gradient ran
+
+
+@pytest.mark.parametrize("name", NUMPY_UPDATE)
+def test_a_changed_loss_makes_the_run_fall_back_to_update_step(name, tmp_path, monkeypatch, capsys):
+    """numpy_update_agrees is true for the script as it stands and false once ppo_loss changes, and then the
+    run says so and trains with update_step (whose loss is the changed one)."""
+    script = importlib.import_module(name)
+    agent = script.Agent(5, 3)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(3e-4), eps=1e-5, fused=True)
+    assert script.numpy_update_agrees(agent, optimizer, script.Args())
+    real_loss, calls = script.ppo_loss, []
+
+    def changed_loss(*args, **kwargs):  # a researcher's new term: an extra penalty on the values
+        calls.append(1)
+        loss, stats = real_loss(*args, **kwargs)
+        return loss + 0.1 * args[2].square().mean(), stats
+
+    monkeypatch.setattr(script, "ppo_loss", changed_loss)
+    assert not script.numpy_update_agrees(agent, optimizer, script.Args())
+    calls.clear()
+    args = make_args(script, tmp_path, save_model=False, checkpoint_every=0)
+    script.main(args)
+    assert "NumpyUpdate does not compute update_step" in capsys.readouterr().out
+    # every minibatch's step went through the changed loss, and so did the check's two PyTorch steps
+    assert len(calls) == ITERATIONS * args.update_epochs * args.num_minibatches + 2
+
+
+@pytest.mark.parametrize("name", NUMPY_UPDATE)
+def test_runs_with_and_without_the_numpy_update_agree(name, tmp_path, capsys):
+    script = importlib.import_module(name)
+    runs = {}
+    for numpy_update in (False, True):
+        run_dir = script.main(make_args(script, tmp_path / str(numpy_update), seed=5, numpy_update=numpy_update,
+                                        save_model=False))
+        runs[numpy_update] = (read_scalars(run_dir), load(f"{run_dir}/checkpoint.pt")["model"])
+    assert "NumpyUpdate does not compute" not in capsys.readouterr().out  # the NumPy run used it
+    (torch_run, torch_weights), (numpy_run, numpy_weights) = runs[False], runs[True]
+    assert [v for _, v in torch_run["charts/episodic_return"]] == [v for _, v in numpy_run["charts/episodic_return"]]
+    for key in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl", "losses/clipfrac"):
+        assert [v for _, v in numpy_run[key]] == pytest.approx([v for _, v in torch_run[key]], rel=1e-3, abs=1e-5), key
+    for key, value in torch_weights.items():
+        torch.testing.assert_close(numpy_weights[key], value, rtol=1e-4, atol=1e-5)
