@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from threadpoolctl import threadpool_limits
 from torch.distributions.categorical import Categorical
 
 
@@ -56,7 +57,7 @@ class Args:
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 1
-    """CPU threads for PyTorch; 1 is fastest for these small networks, 0 keeps PyTorch's default"""
+    """CPU threads for PyTorch and NumPy's BLAS; 1 is fastest for these small networks, 0 keeps their defaults"""
     compile: bool = False
     """torch.compile the update step (on CUDA also the policy step; on the CPU the policy step is NumpyPolicy).
     Off: measured at 1 thread (benchmark/fast_path.py), a 128-sample update step takes 3.8 ms eager, 2.5 ms
@@ -363,8 +364,8 @@ class NumpyPolicy:
                 x = np.tanh(x)
         return x
 
-    def __call__(self, x: torch.Tensor):
-        obs = x.numpy()
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """NumPy in, NumPy out (the rollout's arrays, no tensors on the way): action, log-prob, value."""
         logits = self.mlp(obs, self.actor)
         logits = logits - logits.max(-1, keepdims=True)
         logprobs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -372,7 +373,7 @@ class NumpyPolicy:
         action = (logprobs - np.log(noise)).argmax(-1)
         logprob = logprobs[np.arange(len(action)), action]
         value = self.mlp(obs, self.critic)[:, 0]
-        return torch.from_numpy(action), torch.from_numpy(logprob), torch.from_numpy(value)
+        return action, logprob, value
 
 
 # THE ALGORITHM'S PIECES --------------------------------------------------------------------------
@@ -912,6 +913,9 @@ def main(args: Args):
     check_args(args)
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
+        # NumPy's BLAS too (NumpyPolicy, NumpyUpdate): left to itself it splits a 128-row product over all
+        # cores, which took a CartPole update step from 0.8 to 2.8 ms while another process kept a core busy
+        threadpool_limits(args.torch_threads, user_api="blas")
     if args.evaluate is not None:
         return run_evaluation(args.evaluate, args)
 
@@ -1025,10 +1029,12 @@ def main(args: Args):
         for step in range(T):
             global_step += N
             obs_np[step] = next_obs
-            # one copy to the device, one back: action, log-prob and value stacked in one tensor
-            action, logprob, value = act(obs[step].to(device, non_blocking=True))
-            policy_out = torch.stack([action.float(), logprob, value], 1).cpu().numpy()
-            actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
+            if device.type == "cpu":  # NumpyPolicy: from the rollout's arrays to the rollout's arrays
+                actions_np[step], logprobs_np[step], values_np[step] = act(obs_np[step])
+            else:  # one copy to the device, one back: action, log-prob and value stacked in one tensor
+                action, logprob, value = act(obs[step].to(device, non_blocking=True))
+                policy_out = torch.stack([action.float(), logprob, value], 1).cpu().numpy()
+                actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
 
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
             rewards_np[step] = reward

@@ -85,7 +85,7 @@ def main():
                 "policy step, compiled act": lambda: compiled_act(step_obs)}
     if hasattr(script, "NumpyPolicy"):
         numpy_policy = script.NumpyPolicy(agent)
-        variants["policy step, NumpyPolicy"] = lambda: numpy_policy(step_obs)
+        variants["policy step, NumpyPolicy"] = lambda: numpy_policy(step_obs.numpy())
     variants["update step, eager"] = lambda: script.update_step(agent, optimizer, args, *batch)
     variants["update step, compiled"] = lambda: compiled_update(agent, optimizer, args, *batch)
     results = {name: [] for name in variants}

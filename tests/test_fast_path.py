@@ -120,7 +120,7 @@ def test_the_numpy_policy_step_is_agent_act(name):
         state = torch.get_rng_state()
         expected = agent.act(obs)
         torch.set_rng_state(state)
-        got = policy(obs)
+        got = [torch.from_numpy(x) for x in policy(obs.numpy())]
         for a, b in zip(got, expected):  # integer actions: exactly equal
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         optimizer.zero_grad()
