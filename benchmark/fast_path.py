@@ -1,6 +1,7 @@
 """What the fast path gives one script on this CPU, at one thread: the policy step (eager `Agent.act`,
 `NumpyPolicy` where the script has it, compiled `act`) on one step's observations, the update step of
-one minibatch (eager and compiled `update_step`), and the time torch.compile takes for each.
+one minibatch (eager and compiled `update_step`, `NumpyUpdate` where the script has it), and the time
+torch.compile takes for each.
 
     OMP_NUM_THREADS=1 python benchmark/fast_path.py ppo --rounds 5
     OMP_NUM_THREADS=1 python benchmark/fast_path.py ppo_continuous_action --rounds 5
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -50,6 +52,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=1.0, help="per variant and round")
     options = parser.parse_args()
     torch.set_num_threads(1)
+    threadpool_limits(1, user_api="blas")  # NumPy's BLAS, as the scripts set it
     torch.distributions.Distribution.set_default_validate_args(False)
     script = importlib.import_module(options.script)
     args = script.Args()
@@ -88,6 +91,9 @@ def main():
         variants["policy step, NumpyPolicy"] = lambda: numpy_policy(step_obs.numpy())
     variants["update step, eager"] = lambda: script.update_step(agent, optimizer, args, *batch)
     variants["update step, compiled"] = lambda: compiled_update(agent, optimizer, args, *batch)
+    if hasattr(script, "NumpyUpdate"):
+        numpy_update = script.NumpyUpdate(agent, optimizer, args)
+        variants["update step, NumpyUpdate"] = lambda: numpy_update(*batch)
     results = {name: [] for name in variants}
     for _ in range(options.rounds):
         for name, fn in variants.items():
