@@ -21,6 +21,11 @@ What is special in this file (the places where PPO scripts usually go wrong):
 - Checkpoints hold everything needed to resume (weights, optimizer, step, RNG states, args);
   `--resume` continues a killed run and `--evaluate` scores a saved model.
 - `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
+- On the CPU the rollout's policy step and the update step run in NumPy (`NumpyPolicy`, `NumpyUpdate`):
+  the same functions of the same weights, written out, several times faster than PyTorch's per-operation
+  overhead allows on these tiny batches. The PyTorch code stays the reference: every run checks that
+  `NumpyUpdate` still computes `update_step` and falls back to it, saying so, if you changed the loss
+  or the network; `--no-numpy-update` uses `update_step` anyway.
 - CPU threads are chosen deliberately: `--torch-threads 1` is fastest for these small networks.
 """
 
@@ -59,15 +64,16 @@ class Args:
     torch_threads: int = 1
     """CPU threads for PyTorch and NumPy's BLAS; 1 is fastest for these small networks, 0 keeps their defaults"""
     compile: bool = False
-    """torch.compile the update step (on CUDA also the policy step; on the CPU the policy step is NumpyPolicy).
-    Off: measured at 1 thread (benchmark/fast_path.py), a 128-sample update step takes 3.8 ms eager, 2.5 ms
-    compiled, about 20 s less over the 15.6k minibatches of a default run, for 9 s of compiling from a warm
-    cache and 30-55 s from a cold one: no clear gain at 500k steps"""
+    """torch.compile the update step (on CUDA also the policy step; on the CPU the policy step is NumpyPolicy)
+    instead of running NumpyUpdate. Off: measured at 1 thread (benchmark/fast_path.py), a 128-sample update step
+    takes 2.5 ms eager, 1.9 ms compiled (after 9 s of compiling from a warm cache, 30-55 s from a cold one) and
+    1.1 ms as NumpyUpdate, the default on the CPU; on a GPU it is the way to a faster update"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     numpy_update: bool = True
-    """on the CPU, run the update step as NumpyUpdate (the same step in NumPy, measured about 2x faster than the
-    PyTorch one on a 128-sample minibatch); off, or with --compile, the update is `update_step` in PyTorch"""
+    """on the CPU, run the update step as NumpyUpdate (the same step in NumPy: 1.1 ms against 2.5 ms for
+    `update_step` on a 128-sample minibatch, benchmark/fast_path.py); off, or with --compile, the update is
+    `update_step` in PyTorch (NumpyUpdate follows neither a changed loss nor a changed network: see there)"""
     track: bool = False
     """if toggled, the run is tracked with Weights & Biases"""
     wandb_project_name: str = "ppo-lab"
@@ -254,9 +260,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
 def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
-    RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
-    `info["_episode"]` at the step an episode ends (see `finished_episodes`), so every finished
-    episode is logged.
+    Episode returns and lengths are counted in the training loop (`EpisodeStatistics`) from the
+    rewards and ends it already has: gymnasium's RecordEpisodeStatistics wrapper would do the same at
+    about 30 us per step, a tenth of the rollout's time on CartPole.
     """
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
@@ -266,13 +272,23 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
         envs.close()
         fail(f"{args.env_id} has action space {envs.single_action_space}; ppo.py supports Discrete actions "
              "only (use ppo_continuous_action.py for Box actions)")
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    return envs
 
 
-def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended at this vector step: (env index, return, length)."""
-    return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
-            for i in np.flatnonzero(infos.get("_episode", []))]
+class EpisodeStatistics:
+    """The return (sum of raw rewards) and length of every environment's running episode."""
+
+    def __init__(self, num_envs: int):
+        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+
+    def step(self, reward: np.ndarray, done: np.ndarray) -> list[tuple[int, float, int]]:
+        """Adds one vector step; returns (env index, return, length) per episode that ended at it."""
+        self.returns += reward
+        self.lengths += 1
+        finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(done)]
+        if finished:
+            self.returns[done], self.lengths[done] = 0.0, 0
+        return finished
 
 
 # THE NETWORK -------------------------------------------------------------------------------------
@@ -507,9 +523,9 @@ class NumpyUpdate:
     """`update_step` for a run on the CPU, computed in NumPy with the gradients written out: the same
     step (forward, advantage normalisation, the loss of `ppo_loss`, backward, global gradient clipping,
     Adam) on the same parameters and the same Adam moments. Why it exists: on a 128-sample CartPole
-    minibatch the PyTorch step costs about 2.2 ms, mostly per-operation overhead of autograd and
-    the optimizer, and a default run takes 15.6k of them; NumPy computes the same step in about
-    1 ms (benchmark/results/speed_cpu.md). tests/test_fast_path.py checks that both give the same
+    minibatch the PyTorch step costs about 2.5 ms, mostly per-operation overhead of autograd and
+    the optimizer on arrays of a few thousand numbers, and a default run takes 15.6k of them; NumPy
+    computes the same step in 1.1 ms (`python benchmark/fast_path.py ppo`, 1 thread). tests/test_fast_path.py checks that both give the same
     parameters, moments and statistics, and `numpy_update_agrees` checks it again at the start of
     every run that uses it: a change to `Agent`, `ppo_loss` or the optimizer that this class does
     not follow makes the run fall back to `update_step` (with a line saying so), never train on
@@ -1014,6 +1030,7 @@ def main(args: Args):
 
     # A resumed run reseeds its environments differently, so it does not replay the first episodes
     next_obs, _ = envs.reset(seed=args.seed + global_step)
+    episode_statistics = EpisodeStatistics(args.num_envs)
     progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
     start_time, start_step = time.time(), global_step
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1037,8 +1054,8 @@ def main(args: Args):
                 actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
 
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
-            rewards_np[step] = reward
-            dones_np[step] = terminated | truncated
+            done = terminated | truncated
+            rewards_np[step], dones_np[step] = reward, done
             # next_obs is already the next episode's first observation where an episode ended; where a
             # truncated episode stopped is kept from info["final_obs"], its value computed after the rollout
             bootstrap = truncated & ~terminated
@@ -1048,7 +1065,7 @@ def main(args: Args):
                 final_steps.extend([step] * len(idx))
                 final_envs.extend(idx)
 
-            for i, episodic_return, episodic_length in finished_episodes(infos):
+            for i, episodic_return, episodic_length in episode_statistics.step(reward, done):
                 episode_step = global_step - N + i + 1  # the step this episode ended at
                 writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
                 writer.add_scalar("charts/episodic_length", episodic_length, episode_step)

@@ -23,6 +23,11 @@ What is special in this file (the places where PPO scripts usually go wrong):
   them, so a saved model scores as it did in training.
 - Checkpoints hold everything needed to resume (weights, optimizer, normalisation statistics, step,
   RNG states, args); `--resume` continues a killed run and `--evaluate` scores a saved model.
+- On the CPU the rollout's policy step and the update step run in NumPy (`NumpyPolicy`, `NumpyUpdate`):
+  the same functions of the same weights, written out, several times faster than PyTorch's per-operation
+  overhead allows on these tiny batches. The PyTorch code stays the reference: every run checks that
+  `NumpyUpdate` still computes `update_step` and falls back to it, saying so, if you changed the loss
+  or the network; `--no-numpy-update` uses `update_step` anyway.
 - `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 - Videos (`--capture-video`) render MuJoCo off-screen with EGL (`MUJOCO_GL=egl`), which works without
   a display; set MUJOCO_GL yourself to choose another backend.
@@ -63,16 +68,16 @@ class Args:
     torch_threads: int = 1
     """CPU threads for PyTorch and NumPy's BLAS; 1 is fastest for these small networks, 0 keeps their defaults"""
     compile: bool = False
-    """torch.compile the update step (on CUDA also the policy step; on the CPU the policy step is NumpyPolicy).
-    Measured at 1 thread (benchmark/fast_path.py): a 64-sample update step takes 3.3 ms eager, 2.4 ms compiled,
-    about 140 s less over the 156k minibatches of a default 1M-step run, for 37 s (quiet machine) to 107 s
-    (shared machine) of compiling from a cold cache: pass it for full-length runs; off by default so that
-    short runs and tests do not pay the compile"""
+    """torch.compile the update step (on CUDA also the policy step; on the CPU the policy step is NumpyPolicy)
+    instead of running NumpyUpdate. Off: measured at 1 thread (benchmark/fast_path.py), a 64-sample update step
+    takes 2.5 ms eager, 1.7 ms compiled (after 37-107 s of compiling from a cold cache, 3-16 s from a warm one)
+    and 1.3 ms as NumpyUpdate, the default on the CPU; on a GPU it is the way to a faster update"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     numpy_update: bool = True
-    """on the CPU, run the update step as NumpyUpdate (the same step in NumPy, measured about 2x faster than the
-    PyTorch one on a 64-sample minibatch); off, or with --compile, the update is `update_step` in PyTorch"""
+    """on the CPU, run the update step as NumpyUpdate (the same step in NumPy: 1.3 ms against 2.5 ms for
+    `update_step` on a 64-sample minibatch, benchmark/fast_path.py); off, or with --compile, the update is
+    `update_step` in PyTorch (NumpyUpdate follows neither a changed loss nor a changed network: see there)"""
     track: bool = False
     """if toggled, the run is tracked with Weights & Biases"""
     wandb_project_name: str = "ppo-lab"
@@ -585,9 +590,9 @@ class NumpyUpdate:
     """`update_step` for a run on the CPU, computed in NumPy with the gradients written out: the same
     step (forward, advantage normalisation, the loss of `ppo_loss`, backward, global gradient clipping,
     Adam) on the same parameters and the same Adam moments. Why it exists: on a 64-sample Hopper
-    minibatch the PyTorch step costs about 1.9 ms, mostly per-operation overhead of autograd and
-    the optimizer, and a default 1M-step run takes 156k of them; NumPy computes the same step in
-    well under half of that (benchmark/results/speed_cpu.md). tests/test_fast_path.py checks that both give the same
+    minibatch the PyTorch step costs about 2.5 ms, mostly per-operation overhead of autograd and
+    the optimizer on arrays of a few thousand numbers, and a default 1M-step run takes 156k of them;
+    NumPy computes the same step in 1.3 ms (`python benchmark/fast_path.py ppo_continuous_action`). tests/test_fast_path.py checks that both give the same
     parameters, moments and statistics, and `numpy_update_agrees` checks it again at the start of
     every run that uses it: a change to `Agent`, `ppo_loss` or the optimizer that this class does
     not follow makes the run fall back to `update_step` (with a line saying so), never train on
