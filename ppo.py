@@ -260,10 +260,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
 def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
-    Episode returns and lengths are counted in the training loop (`EpisodeStatistics`) from the
-    rewards and ends it already has; gymnasium's RecordEpisodeStatistics wrapper would count the same
-    with more work per step (timers, info dictionaries), on a rollout where the environments' own
-    step costs a few microseconds.
+    RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
+    `info["_episode"]` at the step an episode ends (see `finished_episodes`), so every finished
+    episode is logged.
     """
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
@@ -273,23 +272,13 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
         envs.close()
         fail(f"{args.env_id} has action space {envs.single_action_space}; ppo.py supports Discrete actions "
              "only (use ppo_continuous_action.py for Box actions)")
-    return envs
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
-class EpisodeStatistics:
-    """The return (sum of raw rewards) and length of every environment's running episode."""
-
-    def __init__(self, num_envs: int):
-        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-
-    def step(self, reward: np.ndarray, done: np.ndarray) -> list[tuple[int, float, int]]:
-        """Adds one vector step; returns (env index, return, length) per episode that ended at it."""
-        self.returns += reward
-        self.lengths += 1
-        finished = [(int(i), float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(done)]
-        if finished:
-            self.returns[done], self.lengths[done] = 0.0, 0
-        return finished
+def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes that ended at this vector step: (env index, return, length)."""
+    return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+            for i in np.flatnonzero(infos.get("_episode", []))]
 
 
 # THE NETWORK -------------------------------------------------------------------------------------
@@ -521,16 +510,16 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
 
 
 class NumpyUpdate:
-    """`update_step` for a run on the CPU, computed in NumPy with the gradients written out: the same
-    step (forward, advantage normalisation, the loss of `ppo_loss`, backward, global gradient clipping,
-    Adam) on the same parameters and the same Adam moments. Why it exists: on a 128-sample CartPole
-    minibatch the PyTorch step costs about 2.5 ms, mostly per-operation overhead of autograd and
-    the optimizer on arrays of a few thousand numbers, and a default run takes 15.6k of them; NumPy
-    computes the same step in 1.1 ms (`python benchmark/fast_path.py ppo`, 1 thread). tests/test_fast_path.py checks that both give the same
-    parameters, moments and statistics, and `numpy_update_agrees` checks it again at the start of
-    every run that uses it: a change to `Agent`, `ppo_loss` or the optimizer that this class does
-    not follow makes the run fall back to `update_step` (with a line saying so), never train on
-    another loss. `--no-numpy-update` uses `update_step` anyway.
+    """`update_step` for a run on the CPU, computed in NumPy with the gradients written out: the same step
+    (forward, advantage normalisation, the loss of `ppo_loss`, backward, global gradient clipping, Adam)
+    on the same parameters and the same Adam moments. Why it exists: on a 128-sample CartPole minibatch
+    the PyTorch step costs about 2.5 ms, mostly per-operation overhead of autograd and the optimizer on
+    arrays of a few thousand numbers, and a default run takes 15.6k of them; NumPy computes the same
+    step in 1.1 ms (`python benchmark/fast_path.py ppo`, 1 thread). tests/test_fast_path.py checks that
+    both give the same parameters, moments and statistics, and `numpy_update_agrees` checks it again at
+    the start of every run that uses it: a change to `Agent`, `ppo_loss` or the optimizer that this
+    class does not follow makes the run fall back to `update_step` (with a line saying so), never train
+    on another loss. `--no-numpy-update` uses `update_step` anyway.
 
     It works on NumPy views of the parameters and of Adam's state (`optimizer.state`, created here in
     Adam's own format if the optimizer has not stepped yet), so NumpyPolicy, checkpoints and
@@ -652,7 +641,8 @@ class NumpyUpdate:
 def numpy_update_agrees(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> bool:
     """Whether NumpyUpdate still computes `update_step`: two steps of each, from copies of the agent and
     of the optimizer, on a random minibatch whose log-probs and values are off enough to clip, must give
-    the same parameters and statistics. Costs a few milliseconds; the training's RNG streams are untouched."""
+    the same parameters and statistics. Costs a few milliseconds; the training's RNG streams, its agent and
+    its optimizer's state (Adam's moments after a --resume) are untouched."""
     rng = np.random.default_rng(0)
     n, obs_dim = args.minibatch_size, agent.actor[0].in_features
     obs = torch.from_numpy(rng.standard_normal((n, obs_dim), dtype=np.float32))
@@ -665,7 +655,8 @@ def numpy_update_agrees(agent: Agent, optimizer: torch.optim.Optimizer, args: Ar
     for fast in (False, True):
         copy_ = copy.deepcopy(agent)
         copy_optimizer = type(optimizer)(copy_.parameters(), **optimizer.defaults)
-        copy_optimizer.load_state_dict(optimizer.state_dict())
+        # a deep copy: load_state_dict keeps the tensors it is given, and the steps below change them in place
+        copy_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
         step = NumpyUpdate(copy_, copy_optimizer, args) if fast else partial(update_step, copy_, copy_optimizer, args)
         stats = [step(*batch) for _ in range(2)]
         results.append([*copy_.parameters(), *(torch.stack(list(s.values())) for s in stats)])
@@ -1031,7 +1022,6 @@ def main(args: Args):
 
     # A resumed run reseeds its environments differently, so it does not replay the first episodes
     next_obs, _ = envs.reset(seed=args.seed + global_step)
-    episode_statistics = EpisodeStatistics(args.num_envs)
     progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
     start_time, start_step = time.time(), global_step
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1055,8 +1045,8 @@ def main(args: Args):
                 actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
 
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
-            done = terminated | truncated
-            rewards_np[step], dones_np[step] = reward, done
+            rewards_np[step] = reward
+            dones_np[step] = terminated | truncated
             # next_obs is already the next episode's first observation where an episode ended; where a
             # truncated episode stopped is kept from info["final_obs"], its value computed after the rollout
             bootstrap = truncated & ~terminated
@@ -1066,7 +1056,7 @@ def main(args: Args):
                 final_steps.extend([step] * len(idx))
                 final_envs.extend(idx)
 
-            for i, episodic_return, episodic_length in episode_statistics.step(reward, done):
+            for i, episodic_return, episodic_length in finished_episodes(infos):
                 episode_step = global_step - N + i + 1  # the step this episode ended at
                 writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
                 writer.add_scalar("charts/episodic_length", episodic_length, episode_step)

@@ -587,16 +587,16 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
 
 
 class NumpyUpdate:
-    """`update_step` for a run on the CPU, computed in NumPy with the gradients written out: the same
-    step (forward, advantage normalisation, the loss of `ppo_loss`, backward, global gradient clipping,
-    Adam) on the same parameters and the same Adam moments. Why it exists: on a 64-sample Hopper
-    minibatch the PyTorch step costs about 2.5 ms, mostly per-operation overhead of autograd and
-    the optimizer on arrays of a few thousand numbers, and a default 1M-step run takes 156k of them;
-    NumPy computes the same step in 1.3 ms (`python benchmark/fast_path.py ppo_continuous_action`). tests/test_fast_path.py checks that both give the same
-    parameters, moments and statistics, and `numpy_update_agrees` checks it again at the start of
-    every run that uses it: a change to `Agent`, `ppo_loss` or the optimizer that this class does
-    not follow makes the run fall back to `update_step` (with a line saying so), never train on
-    another loss. `--no-numpy-update` uses `update_step` anyway.
+    """`update_step` for a run on the CPU, computed in NumPy with the gradients written out: the same step
+    (forward, advantage normalisation, the loss of `ppo_loss`, backward, global gradient clipping, Adam)
+    on the same parameters and the same Adam moments. Why it exists: on a 64-sample Hopper minibatch the
+    PyTorch step costs about 2.5 ms, mostly per-operation overhead of autograd and the optimizer on
+    arrays of a few thousand numbers, and a default 1M-step run takes 156k of them; NumPy computes the
+    same step in 1.3 ms (`python benchmark/fast_path.py ppo_continuous_action`). tests/test_fast_path.py
+    checks that both give the same parameters, moments and statistics, and `numpy_update_agrees` checks
+    it again at the start of every run that uses it: a change to `Agent`, `ppo_loss` or the optimizer
+    that this class does not follow makes the run fall back to `update_step` (with a line saying so),
+    never train on another loss. `--no-numpy-update` uses `update_step` anyway.
 
     It works on NumPy views of the parameters and of Adam's state (`optimizer.state`, created here in
     Adam's own format if the optimizer has not stepped yet), so NumpyPolicy, checkpoints and
@@ -616,7 +616,8 @@ class NumpyUpdate:
         for param in layer_params + [agent.actor_logstd]:
             state = optimizer.state[param]
             if not state:  # what Adam's first step would create
-                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
+                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
+                             exp_avg_sq=torch.zeros_like(param))
             self.adam.append(tuple(t.detach().numpy() for t in (param, state["exp_avg"], state["exp_avg_sq"],
                                                                 state["step"])))
 
@@ -692,8 +693,8 @@ class NumpyUpdate:
         # and the entropy's ent_coef * (d entropy / d logstd = 1)
         grad_mean = grad_logprob[:, None] * z / np.exp(self.logstd)
         grad_logstd = (grad_logprob[:, None] * (z * z - 1)).sum(0, keepdims=True) - np.float32(args.ent_coef)
-        grads = (self.backward(actor_out, grad_mean, self.actor) + self.backward(critic_out, grad_value[:, None], self.critic)
-                 + [grad_logstd])
+        grads = (self.backward(actor_out, grad_mean, self.actor)
+                 + self.backward(critic_out, grad_value[:, None], self.critic) + [grad_logstd])
 
         # global gradient clipping, then Adam as torch.optim.Adam computes it
         norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads))
@@ -718,7 +719,8 @@ class NumpyUpdate:
 def numpy_update_agrees(agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> bool:
     """Whether NumpyUpdate still computes `update_step`: two steps of each, from copies of the agent and
     of the optimizer, on a random minibatch whose log-probs and values are off enough to clip, must give
-    the same parameters and statistics. Costs a few milliseconds; the training's RNG streams are untouched."""
+    the same parameters and statistics. Costs a few milliseconds; the training's RNG streams, its agent and
+    its optimizer's state (Adam's moments after a --resume) are untouched."""
     rng = np.random.default_rng(0)
     n, obs_dim, act_dim = args.minibatch_size, agent.actor_mean[0].in_features, agent.actor_mean[-1].out_features
     obs = torch.from_numpy(rng.standard_normal((n, obs_dim), dtype=np.float32))
@@ -731,7 +733,8 @@ def numpy_update_agrees(agent: Agent, optimizer: torch.optim.Optimizer, args: Ar
     for fast in (False, True):
         copy_ = copy.deepcopy(agent)
         copy_optimizer = type(optimizer)(copy_.parameters(), **optimizer.defaults)
-        copy_optimizer.load_state_dict(optimizer.state_dict())
+        # a deep copy: load_state_dict keeps the tensors it is given, and the steps below change them in place
+        copy_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
         step = NumpyUpdate(copy_, copy_optimizer, args) if fast else partial(update_step, copy_, copy_optimizer, args)
         stats = [step(*batch) for _ in range(2)]
         results.append([*copy_.parameters(), *(torch.stack(list(s.values())) for s in stats)])

@@ -29,9 +29,9 @@ IDENTICAL = {
     # multigpu's takes every rank's sums (one all_gather), not the arrays
     "explained_variance": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
     "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
-    # gymnasium's vector RecordEpisodeStatistics (MuJoCo; ppo.py counts in its loop, EpisodeStatistics) / a
-    # per-env one below the Atari wrappers, whose info arrives in final_info with same-step autoreset
-    "finished_episodes": [["ppo_continuous_action", "ppo_continuous_action_redis"],
+    # gymnasium's vector RecordEpisodeStatistics (classic control, MuJoCo) / a per-env one below the
+    # Atari wrappers, whose info arrives in final_info with same-step autoreset
+    "finished_episodes": [["ppo", "ppo_continuous_action", "ppo_continuous_action_redis"],
                           ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "step_in_reset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "NoopReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],

@@ -26,9 +26,8 @@ def test_same_step_autoreset_never_yields_a_dummy_step(script, tmp_path):
             assert (obs[:, 0] == 0).all()
             final_obs = np.stack(info["final_obs"])
             assert (final_obs[:, 0] == FIXED_LENGTH).all()
-            if hasattr(script, "finished_episodes"):  # RecordEpisodeStatistics in the wrappers
-                assert info["_episode"].all()
-                assert (info["episode"]["r"] == FIXED_LENGTH).all() and (info["episode"]["l"] == FIXED_LENGTH).all()
+            assert info["_episode"].all()
+            assert (info["episode"]["r"] == FIXED_LENGTH).all() and (info["episode"]["l"] == FIXED_LENGTH).all()
         else:
             assert not terminated.any()
             assert (obs[:, 0] == t).all()
@@ -50,15 +49,3 @@ def test_every_episode_logged_once_at_its_own_step(script, tmp_path):
     assert sorted(step for step, _ in returns) == expected_steps
     assert sorted(step for step, _ in lengths) == expected_steps
     assert all(value == FIXED_LENGTH for _, value in returns + lengths)
-
-
-def test_ppo_counts_its_episodes_in_the_loop():
-    """ppo.py's EpisodeStatistics: returns and lengths per environment, reported at the step each episode
-    ends and restarted there (the end-to-end logging is test_every_episode_logged_once_at_its_own_step)."""
-    import ppo
-
-    stats = ppo.EpisodeStatistics(3)
-    assert stats.step(np.array([1.0, 2.0, 0.5]), np.array([False, False, False])) == []
-    assert stats.step(np.array([1.0, 2.0, 0.5]), np.array([False, True, False])) == [(1, 4.0, 2)]
-    assert stats.step(np.array([1.0, 3.0, 0.5]), np.array([True, True, False])) == [(0, 3.0, 3), (1, 3.0, 1)]
-    assert stats.step(np.array([1.0, 1.0, 0.5]), np.array([True, False, True])) == [(0, 1.0, 1), (2, 2.0, 4)]

@@ -182,6 +182,22 @@ def test_the_numpy_update_step_is_update_step(name, options):
 
 
 @pytest.mark.parametrize("name", NUMPY_UPDATE)
+def test_the_start_of_run_check_leaves_the_agent_and_adam_state_alone(name):
+    """numpy_update_agrees steps copies: after a --resume the optimizer already holds Adam's moments, and the
+    check must not move them (nor the parameters)."""
+    script = importlib.import_module(name)
+    torch.manual_seed(0)
+    agent = script.Agent(5, 3)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(3e-3), eps=1e-5, fused=True)
+    for k in range(2):
+        script.update_step(agent, optimizer, script.Args(), *minibatch(script, agent, 64, seed=k))
+    before = copy.deepcopy((agent.state_dict(), optimizer.state_dict()))
+    assert script.numpy_update_agrees(agent, optimizer, script.Args())
+    for saved, now in zip(before, (agent.state_dict(), optimizer.state_dict())):
+        torch.testing.assert_close(now, saved, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NUMPY_UPDATE)
 def test_a_changed_loss_makes_the_run_fall_back_to_update_step(name, tmp_path, monkeypatch, capsys):
     """numpy_update_agrees is true for the script as it stands and false once ppo_loss changes, and then the
     run says so and trains with update_step (whose loss is the changed one)."""
