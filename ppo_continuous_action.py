@@ -598,42 +598,55 @@ class NumpyUpdate:
     that this class does not follow makes the run fall back to `update_step` (with a line saying so),
     never train on another loss. `--no-numpy-update` uses `update_step` anyway.
 
-    It works on NumPy views of the parameters and of Adam's state (`optimizer.state`, created here in
-    Adam's own format if the optimizer has not stepped yet), so NumpyPolicy, checkpoints and
-    `update_step` see every step. Where autograd splits a gradient between equal inputs of a max
-    (torch.maximum's backward gives each half), so does this.
+    Adam works on one flat vector: the parameters and Adam's two moments are moved into one flat tensor
+    each (the same values; each parameter and moment becomes a view into it), so one NumPy operation
+    updates all 13 parameters where a loop over them took 13 (about 0.3 ms of the 1.3). The parameters
+    and moments stay the tensors that the model, `optimizer.state` (created here in Adam's own format if
+    the optimizer has not stepped yet), checkpoints and `update_step` use, so they all see every step;
+    NumpyPolicy must be made after this class, to read the moved parameters. Where autograd splits a
+    gradient between equal inputs of a max (torch.maximum's backward gives each half), so does this.
     """
 
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
         self.args, self.group = args, optimizer.param_groups[0]
-        self.actor = [m for m in agent.actor_mean if isinstance(m, nn.Linear)]
-        self.critic = [m for m in agent.critic if isinstance(m, nn.Linear)]
-        self.logstd = agent.actor_logstd.detach().numpy()
-        # (parameter, first moment, second moment, step count), as NumPy views, in the order of the
-        # gradients in __call__: per network, per layer, weight then bias; the log standard deviation last
-        self.adam = []
-        layer_params = [param for layer in self.actor + self.critic for param in (layer.weight, layer.bias)]
-        for param in layer_params + [agent.actor_logstd]:
+        actor = [m for m in agent.actor_mean if isinstance(m, nn.Linear)]
+        critic = [m for m in agent.critic if isinstance(m, nn.Linear)]
+        # in the order of the gradients in __call__: per network, per layer, weight then bias; log-std last
+        params = [param for layer in actor + critic for param in (layer.weight, layer.bias)] + [agent.actor_logstd]
+        bounds = np.cumsum([0] + [p.numel() for p in params])
+        flat = {name: torch.zeros(bounds[-1]) for name in ("param", "exp_avg", "exp_avg_sq")}
+        self.steps = []  # Adam's step count of each parameter
+        for param, start, end in zip(params, bounds[:-1], bounds[1:]):
             state = optimizer.state[param]
             if not state:  # what Adam's first step would create
                 state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
                              exp_avg_sq=torch.zeros_like(param))
-            self.adam.append(tuple(t.detach().numpy() for t in (param, state["exp_avg"], state["exp_avg_sq"],
-                                                                state["step"])))
+            flat["param"][start:end] = param.detach().reshape(-1)
+            param.data = flat["param"][start:end].view_as(param)
+            for name in ("exp_avg", "exp_avg_sq"):
+                flat[name][start:end] = state[name].reshape(-1)
+                state[name] = flat[name][start:end].view_as(param)
+            self.steps.append(state["step"].numpy())
+        self.param, self.exp_avg, self.exp_avg_sq = (flat[name].numpy() for name in ("param", "exp_avg", "exp_avg_sq"))
+        # the layers as NumPy (weight, bias) views, read by forward and backward
+        self.actor, self.critic = ([(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in net]
+                                   for net in (actor, critic))
+        self.logstd = agent.actor_logstd.detach().numpy()
 
     @staticmethod
-    def forward(x: np.ndarray, layers: list[nn.Linear]) -> list[np.ndarray]:
+    def forward(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
         """The MLP's input and every layer's output (after tanh, except the last): what backward needs."""
         outputs = [x]
-        for i, layer in enumerate(layers):
-            x = x @ layer.weight.detach().numpy().T + layer.bias.detach().numpy()
+        for i, (weight, bias) in enumerate(layers):
+            x = x @ weight.T + bias
             if i < len(layers) - 1:
                 x = np.tanh(x)
             outputs.append(x)
         return outputs
 
     @staticmethod
-    def backward(outputs: list[np.ndarray], grad: np.ndarray, layers: list[nn.Linear]) -> list[np.ndarray]:
+    def backward(outputs: list[np.ndarray], grad: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]
+                 ) -> list[np.ndarray]:
         """Backpropagation through the MLP from the gradient of its output: per layer, weight
         grad.T @ input and bias grad summed over the samples; through a layer grad @ weight, through
         tanh times 1 - tanh^2."""
@@ -641,7 +654,7 @@ class NumpyUpdate:
         for i in reversed(range(len(layers))):
             grads[:0] = [grad.T @ outputs[i], grad.sum(0)]
             if i > 0:
-                grad = (grad @ layers[i].weight.detach().numpy()) * (1 - outputs[i] * outputs[i])
+                grad = (grad @ layers[i][0]) * (1 - outputs[i] * outputs[i])
         return grads
 
     @staticmethod
@@ -696,19 +709,19 @@ class NumpyUpdate:
         grads = (self.backward(actor_out, grad_mean, self.actor)
                  + self.backward(critic_out, grad_value[:, None], self.critic) + [grad_logstd])
 
-        # global gradient clipping, then Adam as torch.optim.Adam computes it
-        norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads))
-        scale = min(1.0, args.max_grad_norm / (norm + 1e-6))
+        # global gradient clipping, then Adam as torch.optim.Adam computes it, on the flat vectors
+        grad = np.concatenate([g.reshape(-1) for g in grads])
+        norm = math.sqrt(float(np.dot(grad, grad)))
+        grad *= min(1.0, args.max_grad_norm / (norm + 1e-6))
         (beta1, beta2), eps, lr = self.group["betas"], self.group["eps"], float(self.group["lr"])
-        step = float(self.adam[0][3]) + 1
-        step_size, root_correction2 = lr / (1 - beta1**step), math.sqrt(1 - beta2**step)
-        for (param, exp_avg, exp_avg_sq, step_count), grad in zip(self.adam, grads):
-            grad = grad * scale
+        for step_count in self.steps:
             step_count += 1
-            exp_avg += (1 - beta1) * (grad - exp_avg)
-            exp_avg_sq *= beta2
-            exp_avg_sq += (1 - beta2) * grad * grad
-            param -= step_size * exp_avg / (np.sqrt(exp_avg_sq) / root_correction2 + eps)
+        step = float(self.steps[0])
+        step_size, root_correction2 = lr / (1 - beta1**step), math.sqrt(1 - beta2**step)
+        self.exp_avg += (1 - beta1) * (grad - self.exp_avg)
+        self.exp_avg_sq *= beta2
+        self.exp_avg_sq += (1 - beta2) * grad * grad
+        self.param -= step_size * self.exp_avg / (np.sqrt(self.exp_avg_sq) / root_correction2 + eps)
 
         stats = np.array([pg_loss, v_loss, entropy, -logratio.sum() / n, ((ratio - 1) - logratio).sum() / n,
                           np.count_nonzero(np.abs(ratio - 1) > clip) / n, np.abs(ratio - 1).max()], dtype=np.float32)
@@ -1089,7 +1102,7 @@ def main(args: Args):
     # memory at the next call, so the loop clones the statistics it keeps.
     # On the CPU the policy step is NumpyPolicy and the update step NumpyUpdate: the same functions in
     # NumPy, faster there than eager or compiled PyTorch (see each); --compile then compiles update_step.
-    act = NumpyPolicy(agent) if device.type == "cpu" else agent.act
+    act = agent.act
     update = partial(update_step, agent, optimizer, args)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
@@ -1103,6 +1116,8 @@ def main(args: Args):
         else:
             print("NumpyUpdate does not compute update_step (were Agent, ppo_loss or the optimizer changed?): "
                   "the update runs in PyTorch", flush=True)
+    if device.type == "cpu":
+        act = NumpyPolicy(agent)  # after NumpyUpdate, which moves the parameters into one flat tensor
 
     # Rollout storage lives on the CPU as torch tensors whose memory NumPy shares: the environments'
     # arrays are copied in without conversions, and the batch moves to the device once per update.

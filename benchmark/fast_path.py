@@ -84,6 +84,8 @@ def main():
     compiled_update(agent, optimizer, args, *batch)
     compile_seconds["update_step"] = time.perf_counter() - start
 
+    # NumpyUpdate first: it moves the parameters into one flat tensor, which NumpyPolicy then reads
+    numpy_update = script.NumpyUpdate(agent, optimizer, args) if hasattr(script, "NumpyUpdate") else None
     variants = {"policy step, eager act": lambda: agent.act(step_obs),
                 "policy step, compiled act": lambda: compiled_act(step_obs)}
     if hasattr(script, "NumpyPolicy"):
@@ -91,8 +93,7 @@ def main():
         variants["policy step, NumpyPolicy"] = lambda: numpy_policy(step_obs.numpy())
     variants["update step, eager"] = lambda: script.update_step(agent, optimizer, args, *batch)
     variants["update step, compiled"] = lambda: compiled_update(agent, optimizer, args, *batch)
-    if hasattr(script, "NumpyUpdate"):
-        numpy_update = script.NumpyUpdate(agent, optimizer, args)
+    if numpy_update is not None:
         variants["update step, NumpyUpdate"] = lambda: numpy_update(*batch)
     results = {name: [] for name in variants}
     for _ in range(options.rounds):

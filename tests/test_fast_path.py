@@ -150,10 +150,12 @@ def minibatch(script, agent, n: int, seed: int):
 @pytest.mark.parametrize("name", NUMPY_UPDATE)
 @pytest.mark.parametrize("options", [{}, {"norm_adv": False, "clip_vloss": False, "ent_coef": 0.1},
                                      {"max_grad_norm": 100.0}])  # the last: no clipping
-def test_the_numpy_update_step_is_update_step(name, options):
+@pytest.mark.parametrize("torch_steps_first", [0, 2])
+def test_the_numpy_update_step_is_update_step(name, options, torch_steps_first):
     """From the same agent and optimizer, step after step on changing minibatches: the same statistics, the
-    same parameters and Adam state; and a PyTorch step after NumPy steps continues as after PyTorch steps
-    (Adam's state is kept in Adam's own format)."""
+    same parameters and Adam state; NumpyUpdate made on a fresh optimizer or on one that has stepped (it
+    carries Adam's moments into its flat vectors); and a PyTorch step after NumPy steps continues as after
+    PyTorch steps (Adam's state is kept in Adam's own format)."""
     script = importlib.import_module(name)
     args = script.Args(**options)
     torch.manual_seed(0)
@@ -163,6 +165,10 @@ def test_the_numpy_update_step_is_update_step(name, options):
             agent.actor_logstd.copy_(torch.tensor([[-0.5, 0.0, 0.4]]))
     agents = [agent, copy.deepcopy(agent)]
     optimizers = [torch.optim.Adam(a.parameters(), lr=torch.tensor(3e-3), eps=1e-5, fused=True) for a in agents]
+    for k in range(torch_steps_first):
+        batch = minibatch(script, agents[0], 64, seed=100 + k)
+        for a, o in zip(agents, optimizers):
+            script.update_step(a, o, args, *batch)
     numpy_step = script.NumpyUpdate(agents[1], optimizers[1], args)
     clipped = []
     for k in range(6):
