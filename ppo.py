@@ -531,8 +531,8 @@ class NumpyUpdate:
     made once, this took the step from 1.1 to 0.94 ms). The model, `optimizer.state` (created here in
     Adam's own format if the optimizer has not stepped yet), checkpoints and `update_step` find the
     parameters and moments where they were and see every step. NumpyPolicy reads the parameters'
-    memory, so it is made after this class. Where autograd splits a
-    gradient between equal inputs of a max (torch.maximum's backward gives each half), so does this.
+    memory, so it is made after this class. Where autograd splits a gradient between equal inputs of
+    a max (torch.maximum's backward gives each half), so does this.
     """
 
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
