@@ -13,7 +13,7 @@ def test_same_step_autoreset_never_yields_a_dummy_step(script, tmp_path):
     ends = 0
     for step in range(1, 3 * FIXED_LENGTH + 2):
         t = step % FIXED_LENGTH  # the step count of the episode now running, 0 right after an end
-        previous = obs
+        previous = obs.copy()  # the scripts' vector envs reuse their observation buffer (copy=False)
         obs, reward, terminated, truncated, info = envs.step(envs.action_space.sample())
         # every step is a real transition: reward 1, the step counter advanced (a dummy step would
         # give reward 0, no flag and the unchanged observation)
