@@ -365,11 +365,10 @@ class NumpyPolicy:
 
     @staticmethod
     def mlp(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-        for i, (weight, bias) in enumerate(layers):
-            x = x @ weight + bias
-            if i < len(layers) - 1:
-                x = np.tanh(x)
-        return x
+        for weight, bias in layers[:-1]:
+            x = np.tanh(x @ weight + bias)
+        weight, bias = layers[-1]
+        return x @ weight + bias
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """NumPy in, NumPy out (the rollout's arrays, no tensors on the way): action, log-prob, value."""
@@ -519,7 +518,7 @@ class NumpyUpdate:
     on the same parameters and the same Adam moments. Why it exists: on a 128-sample CartPole minibatch
     the PyTorch step costs about 2.5 ms, mostly per-operation overhead of autograd and the optimizer on
     arrays of a few thousand numbers, and a default run takes 15.6k of them; NumPy computes the same
-    step in 0.94 ms (`python benchmark/fast_path.py ppo`, 1 thread). tests/test_fast_path.py checks that
+    step in 0.83 ms (`python benchmark/fast_path.py ppo`, 1 thread). tests/test_fast_path.py checks that
     both give the same parameters, moments and statistics, and `numpy_update_agrees` checks it again at
     the start of every run that uses it: a change to `Agent`, `ppo_loss` or the optimizer that this
     class does not follow makes the run fall back to `update_step` (with a line saying so), never train
@@ -527,12 +526,13 @@ class NumpyUpdate:
 
     Adam works on flat vectors: the parameters and Adam's two moments are moved into one flat tensor
     each (the same values; each parameter and each moment is then a view into it), so one NumPy
-    operation updates all 12 parameters where a loop took one per parameter (with the layers' NumPy views
-    made once, this took the step from 1.1 to 0.94 ms). The model, `optimizer.state` (created here in
-    Adam's own format if the optimizer has not stepped yet), checkpoints and `update_step` find the
-    parameters and moments where they were and see every step. NumpyPolicy reads the parameters'
-    memory, so it is made after this class. Where autograd splits a gradient between equal inputs of
-    a max (torch.maximum's backward gives each half), so does this.
+    operation updates all 12 parameters where a loop took one per parameter (with the layers' NumPy
+    views made once, this took the step from 1.1 to 0.94 ms; backward writing into one flat gradient and
+    one array of step counts, to 0.83 ms). The model, `optimizer.state` (created here in Adam's own
+    format if the optimizer has not stepped yet), checkpoints and `update_step` find the parameters and
+    moments where they were and see every step. NumpyPolicy reads the parameters' memory, so it is made
+    after this class. Where autograd splits a gradient between equal inputs of a max (torch.maximum's
+    backward gives each half), so does this.
     """
 
     def __init__(self, agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
@@ -543,8 +543,8 @@ class NumpyUpdate:
         params = [param for layer in actor + critic for param in (layer.weight, layer.bias)]
         bounds = np.cumsum([0] + [p.numel() for p in params])
         flat = {name: torch.zeros(bounds[-1]) for name in ("param", "exp_avg", "exp_avg_sq")}
-        self.steps = []  # Adam's step count of each parameter
-        for param, start, end in zip(params, bounds[:-1], bounds[1:]):
+        steps = torch.zeros(len(params))  # Adam's step count of each parameter (a 0-d view each)
+        for i, (param, start, end) in enumerate(zip(params, bounds[:-1], bounds[1:])):
             state = optimizer.state[param]
             if not state:  # what Adam's first step would create
                 state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
@@ -554,11 +554,19 @@ class NumpyUpdate:
             for name in ("exp_avg", "exp_avg_sq"):
                 flat[name][start:end] = state[name].reshape(-1)
                 state[name] = flat[name][start:end].view_as(param)
-            self.steps.append(state["step"].numpy())
+            steps[i] = state["step"]
+            state["step"] = steps[i]
         self.param, self.exp_avg, self.exp_avg_sq = (flat[name].numpy() for name in ("param", "exp_avg", "exp_avg_sq"))
+        self.steps = steps.numpy()
+        # the gradient, laid out as the parameters: backward writes each layer's gradient into its view
+        self.grad = np.zeros_like(self.param)
+        grads = [self.grad[start:end].reshape(param.shape)
+                 for param, start, end in zip(params, bounds[:-1], bounds[1:])]
         # the layers as NumPy (weight, bias) views, read by forward and backward
         self.actor, self.critic = ([(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in net]
                                    for net in (actor, critic))
+        layer_grads = list(zip(grads[0::2], grads[1::2]))  # (weight, bias) per layer, as the layers
+        self.actor_grads, self.critic_grads = layer_grads[:len(actor)], layer_grads[len(actor):]
 
     @staticmethod
     def forward(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
@@ -572,22 +580,21 @@ class NumpyUpdate:
         return outputs
 
     @staticmethod
-    def backward(outputs: list[np.ndarray], grad: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]
-                 ) -> list[np.ndarray]:
-        """Backpropagation through the MLP from the gradient of its output: per layer, weight
-        grad.T @ input and bias grad summed over the samples; through a layer grad @ weight, through
-        tanh times 1 - tanh^2."""
-        grads = []
+    def backward(outputs: list[np.ndarray], grad: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]],
+                 grads: list[tuple[np.ndarray, np.ndarray]]):
+        """Backpropagation through the MLP from the gradient of its output, written into `grads` (per layer,
+        views of the flat gradient): per layer, weight grad.T @ input and bias grad summed over the samples;
+        through a layer grad @ weight, through tanh times 1 - tanh^2."""
         for i in reversed(range(len(layers))):
-            grads[:0] = [grad.T @ outputs[i], grad.sum(0)]
+            np.matmul(grad.T, outputs[i], out=grads[i][0])
+            np.add.reduce(grad, axis=0, out=grads[i][1])
             if i > 0:
                 grad = (grad @ layers[i][0]) * (1 - outputs[i] * outputs[i])
-        return grads
 
     @staticmethod
     def max_grads(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """How the gradient of max(a, b) splits between a and b: all to the larger, half each on a tie."""
-        to_a = np.where(a > b, 1.0, np.where(a == b, 0.5, 0.0)).astype(np.float32)
+        to_a = np.float32(0.5) * (np.sign(a - b) + 1)  # a - b is 0 exactly where a == b (finite floats)
         return to_a, 1 - to_a
 
     def __call__(self, obs: torch.Tensor, actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor,
@@ -611,7 +618,7 @@ class NumpyUpdate:
         # the loss of ppo_loss, and its gradient with respect to the log-prob and the value
         logratio = newlogprob - old_logprob
         ratio = np.exp(logratio)
-        pg_loss1, pg_loss2 = -advantages * ratio, -advantages * np.clip(ratio, 1 - clip, 1 + clip)
+        pg_loss1, pg_loss2 = -advantages * ratio, -advantages * ratio.clip(1 - clip, 1 + clip)
         to_1, to_2 = self.max_grads(pg_loss1, pg_loss2)
         in_clip = (ratio >= 1 - clip) & (ratio <= 1 + clip)  # where the clamp passes the gradient
         grad_logprob = (to_1 + to_2 * in_clip) * -advantages * ratio / n  # d(ratio)/d(log-prob) = ratio
@@ -619,7 +626,7 @@ class NumpyUpdate:
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - returns) ** 2
             v_change = newvalue - old_values
-            v_clipped = old_values + np.clip(v_change, -clip, clip)
+            v_clipped = old_values + v_change.clip(-clip, clip)
             v_loss_clipped = (v_clipped - returns) ** 2
             to_1, to_2 = self.max_grads(v_loss_unclipped, v_loss_clipped)
             in_clip = (v_change >= -clip) & (v_change <= clip)
@@ -633,16 +640,15 @@ class NumpyUpdate:
         grad_logits = -grad_logprob[:, None] * probs
         grad_logits[rows, actions] += grad_logprob
         grad_logits += (args.ent_coef / n) * probs * (logp + entropy[:, None])
-        grads = self.backward(actor_out, grad_logits, self.actor) + self.backward(critic_out, grad_value[:, None],
-                                                                                   self.critic)
+        self.backward(actor_out, grad_logits, self.actor, self.actor_grads)
+        self.backward(critic_out, grad_value[:, None], self.critic, self.critic_grads)
 
         # global gradient clipping, then Adam as torch.optim.Adam computes it, on the flat vectors
-        grad = np.concatenate([g.reshape(-1) for g in grads])
+        grad = self.grad
         norm = math.sqrt(float(np.dot(grad, grad)))
         grad *= min(1.0, args.max_grad_norm / (norm + 1e-6))
         (beta1, beta2), eps, lr = self.group["betas"], self.group["eps"], float(self.group["lr"])
-        for step_count in self.steps:
-            step_count += 1
+        self.steps += 1
         step = float(self.steps[0])
         step_size, root_correction2 = lr / (1 - beta1**step), math.sqrt(1 - beta2**step)
         self.exp_avg += (1 - beta1) * (grad - self.exp_avg)

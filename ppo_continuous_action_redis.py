@@ -357,14 +357,18 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray):
         """Adds a batch x of shape (B,) + shape. It runs at every environment step, so it avoids
-        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers."""
+        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers, and
+        skips the batch's own spread where the batch is one sample (one environment's step)."""
         n = x.shape[0]
         batch_mean = np.add.reduce(x, axis=0) / n
-        batch_var = np.add.reduce(np.square(x - batch_mean), axis=0) / n
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * (n / total)
-        self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
+        # the summed squared deviations from the mean: the old ones, the batch's own, and the shift's
+        squares = self.var * self.count + np.square(delta) * (self.count * n / total)
+        if n > 1:
+            squares += np.add.reduce(np.square(x - batch_mean), axis=0)
+        self.var = squares / total
         self.count = total
 
     def state_dict(self) -> dict:
@@ -387,7 +391,7 @@ class ObsNormalizer:
     def __call__(self, obs: np.ndarray, update: bool) -> np.ndarray:
         if update:
             self.rms.update(obs)
-        return np.clip((obs - self.rms.mean) / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip).astype(np.float32)
+        return ((obs - self.rms.mean) / np.sqrt(self.rms.var + 1e-8)).clip(-self.clip, self.clip).astype(np.float32)
 
 
 class RewardScaler:
@@ -410,7 +414,7 @@ class RewardScaler:
         return tracked
 
     def __call__(self, reward: np.ndarray) -> np.ndarray:
-        return np.clip(reward / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip)
+        return (reward / np.sqrt(self.rms.var + 1e-8)).clip(-self.clip, self.clip)
 
 
 # THE NETWORK -------------------------------------------------------------------------------------

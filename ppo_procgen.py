@@ -320,14 +320,18 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray):
         """Adds a batch x of shape (B,) + shape. It runs at every environment step, so it avoids
-        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers."""
+        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers, and
+        skips the batch's own spread where the batch is one sample (one environment's step)."""
         n = x.shape[0]
         batch_mean = np.add.reduce(x, axis=0) / n
-        batch_var = np.add.reduce(np.square(x - batch_mean), axis=0) / n
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * (n / total)
-        self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
+        # the summed squared deviations from the mean: the old ones, the batch's own, and the shift's
+        squares = self.var * self.count + np.square(delta) * (self.count * n / total)
+        if n > 1:
+            squares += np.add.reduce(np.square(x - batch_mean), axis=0)
+        self.var = squares / total
         self.count = total
 
     def state_dict(self) -> dict:
@@ -351,7 +355,7 @@ class RewardScaler:
         if valid.any():
             self.rms.update(self.returns[valid])
         self.returns[done] = 0.0
-        return np.clip(reward / np.sqrt(self.rms.var + 1e-8), -self.clip, self.clip)
+        return (reward / np.sqrt(self.rms.var + 1e-8)).clip(-self.clip, self.clip)
 
 
 class VideoRecorder:
