@@ -332,15 +332,17 @@ class Agent(nn.Module):
 
     @torch.no_grad()
     def act(self, x: torch.Tensor):
-        """The rollout's policy step: action, log-prob and value, without the entropy and the autograd
+        """The rollout's policy step: action and log-prob, without the entropy and the autograd
         bookkeeping that only the update needs (on these tiny batches that overhead is most of the time).
+        The critic does not change during a rollout, so the values of its observations come from one
+        batched `get_value` after it, not from one small forward pass per step.
 
         Gumbel-max sampling: argmax(log p + g) with g = -log(Exponential(1)) noise is a sample of the
         categorical distribution p, as `Categorical(logits).sample()` would draw, in fewer operations.
         """
         logprobs = self.actor(x).log_softmax(-1)
         action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
-        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.get_value(x)
+        return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
 class NumpyPolicy:
@@ -349,8 +351,8 @@ class NumpyPolicy:
     PyTorch `act` costs about 300 us, nearly all of it PyTorch's per-operation overhead (dispatch,
     tensor allocation), while the arithmetic is a few microseconds; NumPy's overhead is a fraction of
     that (measured: benchmark/results/speed_cpu.md). The rollout calls it once per environment step,
-    125k times in a default run. tests/test_fast_path.py checks that both give the same actions,
-    log-probabilities and values.
+    125k times in a default run. tests/test_fast_path.py checks that both give the same actions and
+    log-probabilities.
 
     It reads the agent's parameters through NumPy views of their memory, so every optimizer step is
     seen without a copy. The Gumbel noise is drawn from PyTorch's generator, as `act` draws it, so a
@@ -361,7 +363,7 @@ class NumpyPolicy:
         def layers(net: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
             return [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in net if isinstance(m, nn.Linear)]
 
-        self.actor, self.critic = layers(agent.actor), layers(agent.critic)
+        self.actor = layers(agent.actor)
 
     @staticmethod
     def mlp(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -370,16 +372,14 @@ class NumpyPolicy:
         weight, bias = layers[-1]
         return x @ weight + bias
 
-    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """NumPy in, NumPy out (the rollout's arrays, no tensors on the way): action, log-prob, value."""
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """NumPy in, NumPy out (the rollout's arrays, no tensors on the way): action, log-prob."""
         logits = self.mlp(obs, self.actor)
         logits = logits - logits.max(-1, keepdims=True)
         logprobs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
         noise = torch.empty(logprobs.shape).exponential_().numpy()
         action = (logprobs - np.log(noise)).argmax(-1)
-        logprob = logprobs[np.arange(len(action)), action]
-        value = self.mlp(obs, self.critic)[:, 0]
-        return action, logprob, value
+        return action, logprobs[np.arange(len(action)), action]
 
 
 # THE ALGORITHM'S PIECES --------------------------------------------------------------------------
@@ -1041,10 +1041,8 @@ def main(args: Args):
     logprobs = torch.zeros((T, N))
     rewards = torch.zeros((T, N))
     dones = torch.zeros((T, N))
-    values = torch.zeros((T, N))
     final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
-    obs_np, actions_np, logprobs_np, rewards_np, dones_np, values_np = (
-        x.numpy() for x in (obs, actions, logprobs, rewards, dones, values))
+    obs_np, actions_np, logprobs_np, rewards_np, dones_np = (x.numpy() for x in (obs, actions, logprobs, rewards, dones))
 
     # A resumed run reseeds its environments differently, so it does not replay the first episodes
     next_obs, _ = envs.reset(seed=args.seed + global_step)
@@ -1064,11 +1062,10 @@ def main(args: Args):
             global_step += N
             obs_np[step] = next_obs
             if device.type == "cpu":  # NumpyPolicy: from the rollout's arrays to the rollout's arrays
-                actions_np[step], logprobs_np[step], values_np[step] = act(obs_np[step])
-            else:  # one copy to the device, one back: action, log-prob and value stacked in one tensor
-                action, logprob, value = act(obs[step].to(device, non_blocking=True))
-                policy_out = torch.stack([action.float(), logprob, value], 1).cpu().numpy()
-                actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
+                actions_np[step], logprobs_np[step] = act(obs_np[step])
+            else:  # one copy to the device, one back: action and log-prob stacked in one tensor
+                action, logprob = act(obs[step].to(device, non_blocking=True))
+                actions_np[step], logprobs_np[step] = torch.stack([action.float(), logprob]).cpu().numpy()
 
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
             rewards_np[step] = reward
@@ -1089,19 +1086,21 @@ def main(args: Args):
                 episode_returns.append(episodic_return)
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
-        # the values after the last step and where truncated episodes stopped, in one forward pass
+        # The critic did not change during the rollout, so one forward pass gives the values of the T x N
+        # stored observations, of the observations after the last step and of where truncated episodes
+        # stopped: the same numbers as a pass per step, at a fraction of the per-step overhead
+        b_obs = obs.reshape((-1,) + obs_shape).to(device, non_blocking=True)
         with torch.no_grad():
             bootstrap_obs = torch.as_tensor(np.stack([*next_obs, *final_obs]), dtype=torch.float32)
-            bootstrap_values = agent.get_value(bootstrap_obs.to(device)).cpu()
-        last_value = bootstrap_values[:N]
-        final_values[final_steps, final_envs] = bootstrap_values[N:]
+            all_values = agent.get_value(torch.cat([b_obs, bootstrap_obs.to(device)])).cpu()
+        values, last_value = all_values[: T * N].view(T, N), all_values[T * N : T * N + N]
+        final_values[final_steps, final_envs] = all_values[T * N + N :]
         advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
                                           gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
         update_start = time.perf_counter()
-        b_obs = obs.reshape((-1,) + obs_shape).to(device)
         b_actions = actions.reshape(-1).to(device)
         b_logprobs = logprobs.reshape(-1).to(device)
         b_advantages = advantages.reshape(-1).to(device)

@@ -191,7 +191,8 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
             action, logprob, _, value, state = agent.get_action_and_value(x.unsqueeze(0), starts.unsqueeze(0), state)
             return action[0], logprob[0], value[0], state
         action, logprob, _, value = agent.get_action_and_value(x)
-        return action, logprob, value
+        # the small-MLP scripts take their values from one critic pass after the rollout
+        return (action, logprob) if script in ("ppo", "ppo_continuous_action") else (action, logprob, value)
 
     adam = torch.optim.Adam
 

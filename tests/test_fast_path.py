@@ -5,7 +5,8 @@
   the device (non-blocking, from pinned memory) and one back per environment step, and no other sync;
 - `--compile` and the eager code from the same seed make the same run, to float tolerance;
 - `--cudagraphs` without CUDA is a one-line error, exit 2;
-- the NumPy policy step of the small-MLP scripts is `Agent.act`: same actions, log-probs, values;
+- the NumPy policy step of the small-MLP scripts is `Agent.act`: same actions and log-probs; the values
+  these scripts compute after the rollout are the critic's values of the stored observations;
 - their NumPy update step is `update_step`: same parameters, Adam state and statistics, step after
   step; a run with it and one without agree; and a run whose `ppo_loss` no longer matches it falls
   back to `update_step`, with a line saying so.
@@ -108,7 +109,7 @@ def test_the_numpy_policy_steps_are_listed():
 
 @pytest.mark.parametrize("name", NUMPY_POLICY)
 def test_the_numpy_policy_step_is_agent_act(name):
-    """Same weights, same generator state: same actions, and log-probs and values to float precision,
+    """Same weights, same generator state: same actions, and log-probs to float precision,
     also after an optimizer step (NumpyPolicy reads the parameters' memory, no copy)."""
     script = importlib.import_module(name)
     torch.manual_seed(0)
@@ -126,6 +127,27 @@ def test_the_numpy_policy_step_is_agent_act(name):
         optimizer.zero_grad()
         agent.get_action_and_value(obs)[1].sum().backward()  # the weights change in place
         optimizer.step()
+
+
+@pytest.mark.parametrize("name", NUMPY_POLICY)
+def test_the_values_computed_after_the_rollout_belong_to_the_stored_observations(name, tmp_path, monkeypatch):
+    """These scripts take the rollout's values from one critic pass after it. At each iteration's first
+    minibatch nothing has been updated yet, so the critic's values of the minibatch's (shuffled)
+    observations must be the values the minibatch carries, row by row."""
+    script = importlib.import_module(name)
+    real_update, calls, checked = script.update_step, [], []
+
+    def checking_update(agent, optimizer, args, obs, *rest):
+        if len(calls) % (args.update_epochs * args.num_minibatches) == 0:
+            with torch.no_grad():
+                torch.testing.assert_close(agent.get_value(obs), rest[-1], rtol=1e-5, atol=1e-6)
+            checked.append(len(calls))
+        calls.append(1)
+        return real_update(agent, optimizer, args, obs, *rest)
+
+    monkeypatch.setattr(script, "update_step", checking_update)
+    script.main(make_args(script, tmp_path, numpy_update=False, save_model=False, checkpoint_every=0))
+    assert len(checked) == ITERATIONS and len(calls) > ITERATIONS
 
 
 def test_the_numpy_update_steps_are_listed():
