@@ -1202,7 +1202,8 @@ def main(args: Args):
         b_obs = obs.reshape((-1,) + obs_shape).to(device, non_blocking=True)
         with torch.no_grad():
             bootstrap_obs = torch.as_tensor(np.stack([*next_obs, *final_obs]), dtype=torch.float32)
-            all_values = agent.get_value(torch.cat([b_obs, bootstrap_obs.to(device)])).cpu()
+            device_values = agent.get_value(torch.cat([b_obs, bootstrap_obs.to(device)]))
+        all_values = device_values.cpu()  # GAE runs on the CPU; the update reads device_values
         values, last_value = all_values[: T * N].view(T, N), all_values[T * N : T * N + N]
         final_values[final_steps, final_envs] = all_values[T * N + N :]
         advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
@@ -1215,7 +1216,7 @@ def main(args: Args):
         b_logprobs = logprobs.reshape(-1).to(device)
         b_advantages = advantages.reshape(-1).to(device)
         b_returns = returns.reshape(-1).to(device)
-        b_values = values.reshape(-1).to(device)
+        b_values = device_values[: T * N]
 
         clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
         for epoch in range(args.update_epochs):
