@@ -12,9 +12,10 @@ stored, observation normalisation and clipping, reward scaling and clipping.
 
 What is special in this file (the places where PPO scripts usually go wrong):
 - Gymnasium 1.x vector environments reset a finished episode on the *next* step by default; that step
-  would be a fake transition. We ask for same-step autoreset instead: the step that ends an episode
-  returns the first observation of the next one, and the last observation of the old one arrives in
-  `info["final_obs"]`. Every stored transition is therefore real experience.
+  would be a fake transition. We use same-step autoreset instead (`SameStepVectorEnv`, the same as
+  gymnasium's `AutoresetMode.SAME_STEP`): the step that ends an episode returns the first observation of
+  the next one, and the last observation of the old one arrives in `info["final_obs"]`. Every stored
+  transition is therefore real experience.
 - A time-limit truncation (MuJoCo tasks stop at 1000 steps) is not a termination: the value of the
   final observation is bootstrapped. `--no-bootstrap-truncation` restores the classic behaviour.
 - Observation and reward normalisation are done here, not by Gymnasium wrappers: the final observation
@@ -264,21 +265,77 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
     return thunk
 
 
-def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
-    """The vector environment, with same-step autoreset (see the docstring at the top).
+class SameStepVectorEnv:
+    """The environments stepped one after another, an ended episode reset within the same step: the
+    vector environment the rollout needs (see the docstring at the top), written out.
+
+    It gives what gymnasium's `SyncVectorEnv(..., autoreset_mode=SAME_STEP, copy=False)` under its vector
+    `RecordEpisodeStatistics` gives, for the same seeds and actions the same numbers: observations (one
+    buffer, rewritten at every step), rewards, `terminated`, `truncated`, and on a step where episodes
+    end the info keys the loop reads: `final_obs` (each ended episode's last observation) and `episode`
+    (return "r", length "l"), with their masks `_final_obs` and `_episode`. Other info keys are not
+    passed on (the loop does not read them); on the other steps the info is empty.
+    Why it exists: those two build a dict of per-key arrays from every sub-environment's info at every
+    step; for one Hopper-v4 or four CartPole-v1 environments that cost more than the rest of the vector
+    step (benchmark/results/speed_cpu.md). tests/test_envs.py checks it against gymnasium's pair.
+    """
+
+    def __init__(self, env_fns: list):
+        self.envs = [fn() for fn in env_fns]
+        self.num_envs = len(self.envs)
+        self.single_observation_space = self.envs[0].observation_space
+        self.single_action_space = self.envs[0].action_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.obs = gym.vector.utils.create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
+        self.episode_return = np.zeros(self.num_envs)
+        self.episode_length = np.zeros(self.num_envs, np.int64)
+
+    def reset(self, seed: int) -> tuple[np.ndarray, dict]:
+        """Environment i starts from seed + i, as gymnasium's vector environments seed them."""
+        for i, env in enumerate(self.envs):
+            self.obs[i], _ = env.reset(seed=seed + i)
+        self.episode_return[:], self.episode_length[:] = 0.0, 0
+        return self.obs, {}
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        reward = np.zeros(self.num_envs)
+        terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
+        final_obs = {}
+        for i, env in enumerate(self.envs):
+            obs, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+            if terminated[i] or truncated[i]:
+                final_obs[i] = obs
+                obs, _ = env.reset()
+            self.obs[i] = obs
+        self.episode_return += reward
+        self.episode_length += 1
+        if not final_obs:
+            return self.obs, reward, terminated, truncated, {}
+        ended = terminated | truncated
+        infos = {"final_obs": np.full(self.num_envs, None, object), "_final_obs": ended, "_episode": ended,
+                 "episode": {"r": np.where(ended, self.episode_return, 0.0), "l": np.where(ended, self.episode_length, 0)}}
+        for i, obs in final_obs.items():
+            infos["final_obs"][i] = obs
+        self.episode_return[ended], self.episode_length[ended] = 0.0, 0
+        return self.obs, reward, terminated, truncated, infos
+
+    def close(self):
+        for env in self.envs:
+            env.close()
+
+
+def make_envs(args: Args, run_dir: str) -> SameStepVectorEnv:
+    """The vector environment, with same-step autoreset (see the docstring at the top and
+    `SameStepVectorEnv`).
 
     No normalisation wrappers: observations and rewards are normalised in the training loop
     (`ObsNormalizer`, `RewardScaler`), actions clipped there too, so the raw values stay visible.
 
-    RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
-    `info["_episode"]` at the step an episode ends (see `finished_episodes`), so every finished
-    episode is logged.
+    At the step an episode ends, `info["episode"]` holds its return "r" and length "l" with the mask
+    `info["_episode"]` (see `finished_episodes`), so every finished episode is logged.
     """
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-        copy=False,  # step returns its own buffer, not a copy (~10 us a step): the loop copies it or makes a new array
-    )
+    envs = SameStepVectorEnv([make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)])
     if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_action_space.shape) != 1:
         envs.close()
         fail(f"{args.env_id} has action space {envs.single_action_space}; ppo_continuous_action.py supports "
@@ -286,7 +343,7 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.SyncVectorEnv:
     if not isinstance(envs.single_observation_space, gym.spaces.Box):
         envs.close()
         fail(f"{args.env_id} has observation space {envs.single_observation_space}; a Box is needed")
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    return envs
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:

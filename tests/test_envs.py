@@ -1,5 +1,6 @@
 """Same-step autoreset and per-episode logging, on the fixed-length fake environment."""
 
+import gymnasium as gym
 import numpy as np
 
 from helpers import FIXED_ENV, FIXED_LENGTH, read_scalars, tiny_args
@@ -49,3 +50,41 @@ def test_every_episode_logged_once_at_its_own_step(script, tmp_path):
     assert sorted(step for step, _ in returns) == expected_steps
     assert sorted(step for step, _ in lengths) == expected_steps
     assert all(value == FIXED_LENGTH for _, value in returns + lengths)
+
+
+# each script's real environment and the fake one whose episodes end by termination, truncation and both
+EQUAL_ENVS = {"ppo": ["CartPole-v1", "MixedEnds-v0"], "ppo_continuous_action": ["Hopper-v4", "MixedEndsBox-v0"]}
+
+
+def test_the_vector_env_gives_what_gymnasiums_gives(script, tmp_path):
+    """SameStepVectorEnv against gymnasium's SyncVectorEnv (same-step autoreset) under its vector
+    RecordEpisodeStatistics: same seeds and actions, the same numbers at every step, the info the loop
+    reads included."""
+    for env_id in EQUAL_ENVS[script.__name__]:
+        args = tiny_args(script, tmp_path, env_id=env_id, num_envs=3)
+        ours = script.make_envs(args, str(tmp_path))
+        theirs = gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv(
+            [lambda: gym.make(env_id)] * 3, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+        assert ours.action_space == theirs.action_space and ours.observation_space == theirs.observation_space
+        np.testing.assert_array_equal(ours.reset(seed=5)[0], theirs.reset(seed=5)[0])
+        theirs.action_space.seed(0)
+        ends = 0
+        for _ in range(300):
+            actions = theirs.action_space.sample()
+            *mine, my_info = ours.step(actions)
+            *gyms, gym_info = theirs.step(actions)
+            for a, b in zip(mine, gyms):  # observations, rewards, terminated, truncated
+                assert a.dtype == b.dtype
+                np.testing.assert_array_equal(a, b)
+            ended = gyms[2] | gyms[3]
+            ends += ended.sum()
+            assert bool(my_info) == ended.any()
+            if ended.any():
+                np.testing.assert_array_equal(my_info["_final_obs"], gym_info["_final_obs"])
+                np.testing.assert_array_equal(my_info["_episode"], gym_info["_episode"])
+                np.testing.assert_array_equal(np.stack(my_info["final_obs"][ended]), np.stack(gym_info["final_obs"][ended]))
+                for key in ("r", "l"):
+                    np.testing.assert_array_equal(my_info["episode"][key][ended], gym_info["episode"][key][ended])
+        assert ends >= 10  # episodes ended, by each kind of end the environment has
+        ours.close()
+        theirs.close()
