@@ -40,6 +40,12 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
+# Before PyTorch loads its OpenMP runtime: a thread of its pool that has finished its share of an operation
+# sleeps instead of spinning (by default it spins up to 300,000 times first). When another process keeps a
+# core busy, a spinning thread takes CPU time from the thread the pool is waiting for and from envpool's
+# threads. An OMP_WAIT_POLICY of your own is kept. Measured: README, Speed, Pixel scripts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import envpool
 import numpy as np
 import torch
@@ -59,8 +65,9 @@ class Args:
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 2
-    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine (pass 1
-    when runs share the cores; measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
+    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine, and
+    with the pool's threads sleeping when idle (OMP_WAIT_POLICY above) 2 kept up with 1 beside a process busy
+    on one core (measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
     compile: bool = False
     """torch.compile the policy step and the update step. Off by default: on a 2-core CPU it did not pay (one
     thread, CPU-time medians: a 256-frame update step 240 ms eager, 253 ms compiled; the 8-frame policy step
