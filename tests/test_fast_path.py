@@ -5,6 +5,7 @@
   the device (non-blocking, from pinned memory) and one back per environment step, and no other sync;
 - `--compile` and the eager code from the same seed make the same run, to float tolerance;
 - `--cudagraphs` without CUDA is a one-line error, exit 2;
+- a script that defaults to more than one PyTorch thread lets OpenMP's idle threads sleep;
 - the NumPy policy step of the small-MLP scripts is `Agent.act`: same actions and log-probs; the values
   these scripts compute after the rollout are the critic's values of the stored observations;
 - their NumPy update step is `update_step`: same parameters, Adam state and statistics, step after
@@ -14,6 +15,9 @@
 
 import copy
 import importlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -21,7 +25,7 @@ import torch
 
 from fake_cuda import FakeCuda
 from helpers import load, read_scalars
-from scripts import NUMPY_POLICY, NUMPY_UPDATE, SCRIPTS, top_level_definitions
+from scripts import NUMPY_POLICY, NUMPY_UPDATE, REPO, SCRIPTS, top_level_definitions
 from test_contract import ITERATIONS, RUNS, contract, make_args  # noqa: F401  (contract is a fixture)
 
 # the rollout runs in other processes (on the CPU): the learner's rollout phase makes no copies at all
@@ -101,6 +105,29 @@ def test_cudagraphs_without_cuda_is_a_one_line_error(every_script, tmp_path, cap
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and ": error: --cudagraphs needs CUDA" in lines[0], lines
     assert not (tmp_path / "runs").exists()
+
+
+def openmp_settings(name: str, **env) -> str:
+    """What the OpenMP runtime that PyTorch loads reports at start (OMP_DISPLAY_ENV) in `name.py --help`,
+    with no OMP_WAIT_POLICY of the caller's and the given variables set."""
+    env = {**{k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}, "OMP_DISPLAY_ENV": "VERBOSE", **env}
+    result = subprocess.run([sys.executable, f"{name}.py", "--help"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    if "OPENMP DISPLAY ENVIRONMENT" not in result.stderr:
+        pytest.skip("PyTorch's OpenMP runtime here is not GNU libgomp, which this test reads")
+    return result.stderr
+
+
+def test_a_script_on_more_than_one_thread_lets_idle_openmp_threads_sleep():
+    """The scripts whose default is more than one PyTorch thread set OMP_WAIT_POLICY=PASSIVE before PyTorch
+    loads OpenMP: libgomp then spins 0 times before an idle thread sleeps (300,000 when unset). A policy the
+    user set is kept."""
+    threaded = [name for name in SCRIPTS if importlib.import_module(name).Args().torch_threads > 1]
+    assert threaded == ["ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_procgen"]
+    for name in threaded:
+        assert "GOMP_SPINCOUNT = '0'" in openmp_settings(name), name
+    assert "OMP_WAIT_POLICY = 'ACTIVE'" in openmp_settings(threaded[0], OMP_WAIT_POLICY="ACTIVE")
 
 
 def test_the_numpy_policy_steps_are_listed():
