@@ -53,9 +53,17 @@ SCRIPTS = {
 
 
 def import_script(script: str):
-    """The training script as a module (its functions and Args, without running it)."""
+    """The training script as a module (its functions and Args, without running it). The environment
+    variables are as before the import: what a script sets for itself (the pixel scripts'
+    OMP_WAIT_POLICY) must not reach the other processes started from here, CleanRL's among them."""
     sys.path.insert(0, str(ROOT))
-    return importlib.import_module(script)
+    environ = dict(os.environ)
+    try:
+        return importlib.import_module(script)
+    finally:
+        for name in set(os.environ) - set(environ):
+            del os.environ[name]
+        os.environ.update(environ)
 
 
 def env_only_sps(script: str, env_id: str, steps: int) -> float:

@@ -4,6 +4,7 @@ medians, ranges and ratios from known timings, the resumable rounds, and the err
 virtualenv is missing."""
 
 import json
+import sys
 
 import pytest
 import tyro
@@ -182,6 +183,15 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     if "missing" in message:
         assert "python -m benchmark.peer --build" in err
 
+
+def test_what_our_script_sets_for_itself_does_not_reach_cleanrl(monkeypatch):
+    """Reading our defaults imports our script, which sets OMP_WAIT_POLICY for itself; CleanRL's runs
+    still get the environment the benchmark started with."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delitem(sys.modules, "ppo_atari_envpool", raising=False)  # so that the import runs it
+    assert peer.our_defaults(peer.PAIRS["breakout"])["torch_threads"] == 2
+    assert "OMP_WAIT_POLICY" not in peer.child_env(ours=False)
+    assert "OMP_WAIT_POLICY" not in peer.child_env(ours=True)  # ours sets it itself, as when run by hand
 
 def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
     (tmp_path / "versions.json").write_text('{"cleanrl": "1.2.0", "gym": "0.23.1"}')
