@@ -72,8 +72,9 @@ class Args:
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 2
-    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine (pass 1
-    when runs share the cores; measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
+    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine, and
+    with the pool's threads sleeping when idle (OMP_WAIT_POLICY above) 2 kept up with 1 beside a process busy
+    on one core (measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
     compile: bool = False
     """torch.compile the policy step and the update step. Measured on the CPU at 1 thread (benchmark/fast_path.py
     ppo_atari, a shared machine): a 256-sample update step 245 ms eager, 222 ms compiled, the policy step 4.0 ms

@@ -78,8 +78,10 @@ class Args:
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 2
-    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine (pass 1
-    when runs share the cores; measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
+    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine, and
+    with the pool's threads sleeping when idle (OMP_WAIT_POLICY above) 2 kept up with 1 beside a process busy
+    on one core in ppo_atari.py and ppo_atari_envpool.py (README, Speed, Pixel scripts; this script's own
+    busy case not measured); 0 keeps PyTorch's default"""
     compile: bool = False
     """torch.compile the policy step and the update step. Off by default: on a 2-core CPU it did not pay (one
     thread, CPU-time medians: a 256-frame update step 942 ms eager, 1193 ms compiled; the 64-frame policy step
