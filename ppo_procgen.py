@@ -55,8 +55,8 @@ from pathlib import Path
 
 # Before PyTorch loads its OpenMP runtime: a thread of its pool that has finished its share of an operation
 # sleeps instead of spinning (by default it spins up to 300,000 times first). When another process keeps a
-# core busy, a spinning thread takes CPU time from the thread the pool is waiting for and from envpool's threads. An
-# OMP_WAIT_POLICY of your own is kept. Measured: README, Speed, Pixel scripts.
+# core busy, a spinning thread takes CPU time from the thread the pool is waiting for and from envpool's
+# threads. An OMP_WAIT_POLICY of your own is kept. Measured: README, Speed, Pixel scripts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import envpool

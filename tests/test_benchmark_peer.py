@@ -193,6 +193,7 @@ def test_what_our_script_sets_for_itself_does_not_reach_cleanrl(monkeypatch):
     assert "OMP_WAIT_POLICY" not in peer.child_env(ours=False)
     assert "OMP_WAIT_POLICY" not in peer.child_env(ours=True)  # ours sets it itself, as when run by hand
 
+
 def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
     (tmp_path / "versions.json").write_text('{"cleanrl": "1.2.0", "gym": "0.23.1"}')
     records = [record("cartpole", "ours", 1, 10.0) | {"load": 0.5},
