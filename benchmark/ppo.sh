@@ -10,7 +10,7 @@
 # Blocks and step budgets (the published ones):
 #   classic   ppo.py on CartPole-v1 Acrobot-v1 MountainCar-v0, 500k steps
 #   mujoco    ppo_continuous_action.py on HalfCheetah-v4 Walker2d-v4 Hopper-v4 InvertedPendulum-v4
-#             Humanoid-v4 Pusher-v4, 1M steps
+#             Humanoid-v4 Pusher-v5 (Pusher-v4 needs mujoco<3), 1M steps, with --save-model
 #   atari     ppo_atari.py and ppo_atari_lstm.py on Pong BeamRider Breakout, ppo_atari_envpool.py on
 #             Pong-v5 BeamRider-v5 Breakout-v5, 10M steps
 #   procgen   ppo_procgen.py on starpilot bossfight bigfish, 25M steps
@@ -18,7 +18,7 @@
 #   sharedmem ppo_shared_memory_lstm.py on CartPole-v1 (500k steps) and, with its Atari flags, on
 #             Breakout (10M steps)
 #   redis     ppo_continuous_action_redis.py (its own redis-server, 2 samplers) on Hopper-v4
-#             HalfCheetah-v4 Walker2d-v4, 1M steps
+#             HalfCheetah-v4 Walker2d-v4, 1M steps, with --save-model
 #
 # Variables (default):
 #   BLOCKS       the blocks to run, in this order (all of them)
@@ -105,8 +105,8 @@ for block in $BLOCKS; do
         ;;
     mujoco)
         echo "== mujoco needs: mujoco>=3 and gymnasium[mujoco] (requirements.txt)"
-        bench mujoco ppo_continuous_action.py 1000000 "--total-timesteps 4096" \
-            HalfCheetah-v4 Walker2d-v4 Hopper-v4 InvertedPendulum-v4 Humanoid-v4 Pusher-v4
+        bench mujoco ppo_continuous_action.py "1000000 --save-model" "--total-timesteps 4096 --save-model" \
+            HalfCheetah-v4 Walker2d-v4 Hopper-v4 InvertedPendulum-v4 Humanoid-v4 Pusher-v5
         ;;
     atari)
         echo "== atari needs: ale-py (ROMs bundled), envpool, opencv-python-headless (requirements.txt)"
@@ -134,7 +134,7 @@ for block in $BLOCKS; do
     redis)
         echo "== redis needs: mujoco>=3, gymnasium[mujoco], redis (requirements.txt) and the redis-server" \
              "program (system package redis-server on Debian/Ubuntu)"
-        bench redis ppo_continuous_action_redis.py 1000000 "--total-timesteps 4096" Hopper-v4 HalfCheetah-v4 Walker2d-v4
+        bench redis ppo_continuous_action_redis.py "1000000 --save-model" "--total-timesteps 4096 --save-model" Hopper-v4 HalfCheetah-v4 Walker2d-v4
         ;;
     esac
     results "$block"
