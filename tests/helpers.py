@@ -1,4 +1,4 @@
-"""Shared test helpers: the modules under test, fast Args, TensorBoard reading, running a script, the process table."""
+"""Shared test helpers: the contract's runs, fast Args, TensorBoard reading, running a script, the process table."""
 
 import os
 import re
