@@ -19,13 +19,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-DEFAULT_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_atari": "Breakout",
-               "ppo_atari_envpool": "Breakout-v5", "ppo_procgen": "starpilot"}
+from benchmark.scripts import ENV_ID
+
+# the scripts measured, each on its environment of ENV_ID
+EVALUATED = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_envpool", "ppo_procgen"]
 
 
 def measure(name: str, episodes: int) -> dict:
     script = importlib.import_module(name)
-    args = script.Args(env_id=DEFAULT_ENV[name], cuda=False)
+    args = script.Args(env_id=ENV_ID[name], cuda=False)
     torch.manual_seed(0)
     agent, extra = make_agent(script, args)
     start = time.perf_counter()
@@ -54,7 +56,7 @@ def make_agent(script, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=10, help="episodes of an evaluation (--eval-episodes)")
-    parser.add_argument("--scripts", nargs="+", default=list(DEFAULT_ENV), choices=list(DEFAULT_ENV))
+    parser.add_argument("--scripts", nargs="+", default=EVALUATED, choices=EVALUATED)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print("| script | env | episodes | seconds | mean return (untrained) |")

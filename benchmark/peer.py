@@ -55,7 +55,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmark.throughput import ROOT, import_script
+from benchmark.scripts import ROOT, import_script
 
 PEER_VERSION = "1.2.0"
 PEER_DIR = Path(os.environ.get("PPO_LAB_PEER_DIR") or Path.home() / ".cache" / "ppo-lab" / f"cleanrl-{PEER_VERSION}")

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_scalars
-from benchmark.throughput import ROOT, child_env
+from benchmark.scripts import ROOT, child_env
 from benchmark.workers import later, report, run, time_split
 
 SCRIPT = "ppo_continuous_action_redis"

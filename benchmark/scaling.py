@@ -36,8 +36,8 @@ import tempfile
 from pathlib import Path
 
 from benchmark.events import read_timed_scalars
+from benchmark.scripts import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = {"per-rank": "fixed per-rank work", "global": "fixed global batch"}
 
 

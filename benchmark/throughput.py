@@ -16,7 +16,8 @@ PyTorch's argument validation of distributions left on, Adam's per-parameter loo
 kernel, NumPy's mean/var in the running statistics, and for the pixel scripts the CNN in PyTorch's
 default memory layout fed `frames.float() / 255` on one thread (the usual eager script under
 OMP_NUM_THREADS=1), and for the recurrent scripts the LSTM stepped one time step
-at a time (`lstm_step_by_step`); the algorithm and its numbers are the same.
+at a time (`lstm_step_by_step` of tests/lstm_reference.py, the reference the tests hold `run_lstm`
+to); the algorithm and its numbers are the same.
 `--busy` compares the script's thread default with another choice, on the idle machine and again
 while a busy-loop process occupies one core (as when several runs share a machine), to show why the
 scripts choose their thread count: the one-thread scripts against PyTorch's own default thread count
@@ -26,9 +27,7 @@ a slow spell of the machine does not fall on one variant alone.
 """
 
 import argparse
-import importlib
 import inspect
-import os
 import subprocess
 import sys
 import tempfile
@@ -39,31 +38,12 @@ import numpy as np
 import torch
 
 from benchmark.events import read_scalars
+from benchmark.scripts import ENV_ID, ROOT, child_env, import_script
+from tests.lstm_reference import lstm_step_by_step
 
-ROOT = Path(__file__).resolve().parent.parent
-# script -> (environment, default number of steps to measure over)
-SCRIPTS = {
-    "ppo": ("CartPole-v1", 50_000),
-    "ppo_continuous_action": ("Hopper-v4", 20_480),
-    "ppo_atari_envpool": ("Breakout-v5", 10_240),
-    "ppo_atari": ("Breakout", 10_240),
-    "ppo_atari_lstm": ("Breakout", 10_240),
-    "ppo_procgen": ("starpilot", 2 * 64 * 256),
-}
-
-
-def import_script(script: str):
-    """The training script as a module (its functions and Args, without running it). The environment
-    variables are as before the import: what a script sets for itself (the pixel scripts'
-    OMP_WAIT_POLICY) must not reach the other processes started from here, CleanRL's among them."""
-    sys.path.insert(0, str(ROOT))
-    environ = dict(os.environ)
-    try:
-        return importlib.import_module(script)
-    finally:
-        for name in set(os.environ) - set(environ):
-            del os.environ[name]
-        os.environ.update(environ)
+# script -> default number of steps to measure over (on its environment, ENV_ID)
+STEPS = {"ppo": 50_000, "ppo_continuous_action": 20_480, "ppo_atari_envpool": 10_240, "ppo_atari": 10_240,
+         "ppo_atari_lstm": 10_240, "ppo_procgen": 2 * 64 * 256}
 
 
 def env_only_sps(script: str, env_id: str, steps: int) -> float:
@@ -176,18 +156,6 @@ def thread_variants(script: str) -> list[str]:
     return ["one thread", "default, busy", "one thread, busy"]
 
 
-def lstm_step_by_step(agent, hidden, starts, state):
-    """The usual recurrent PPO loop, the reference for an agent's `run_lstm`: one LSTM call per time
-    step, the state zeroed where an episode starts. Same arguments and results as `run_lstm`."""
-    h, c = state
-    outputs = []
-    for t in range(hidden.shape[0]):
-        keep = (1.0 - starts[t]).view(1, -1, 1)
-        out, (h, c) = agent.lstm(hidden[t : t + 1], (h * keep, c * keep))
-        outputs.append(out)
-    return torch.cat(outputs), (h, c)
-
-
 def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
     """Trains with the script's speed levers undone (see the module docstring), in this process."""
     module = import_script(script)
@@ -237,10 +205,6 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
     module.main(module.Args(env_id=env_id, total_timesteps=steps, runs_dir=runs_dir, **overrides))
 
 
-def child_env() -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-
-
 def measure_in_child(script: str, env_id: str, steps: int) -> float:
     """env_only_sps in a fresh process, like the training runs it is compared with."""
     out = subprocess.run([sys.executable, "-m", "benchmark.throughput", "--env-only", script, env_id, str(steps)],
@@ -250,7 +214,7 @@ def measure_in_child(script: str, env_id: str, steps: int) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS))
+    parser.add_argument("--scripts", nargs="+", default=list(STEPS), choices=list(STEPS))
     parser.add_argument("--steps", type=int, default=None, help="steps per measurement (default: per script)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of measurements; the table shows medians")
     parser.add_argument("--busy", action="store_true", help="also measure with a busy process on another core")
@@ -273,8 +237,7 @@ def main():
             "|---|---|---|---|---|---|---|---|---|"]
     speedups = []
     for script in args.scripts:
-        env_id, default_steps = SCRIPTS[script]
-        steps = args.steps or default_steps
+        env_id, steps = ENV_ID[script], args.steps or STEPS[script]
         variants = ["default"] + ["straightforward"] * args.straightforward + thread_variants(script) * args.busy
         env_sps, runs = [], {variant: [] for variant in variants}
         for _ in range(args.repeats):

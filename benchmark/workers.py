@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_scalars
-from benchmark.throughput import ROOT, child_env
+from benchmark.scripts import ROOT, child_env
 
 SCRIPT = "ppo_shared_memory_lstm"
 

@@ -4,7 +4,8 @@ seeded `np_random`, `get_action_meanings()` and `ale.lives()`; `gym.make` passes
 that `ppo_atari.make_env` gives every game.
 
 A game: frame t (counted from the game's reset) is `frame_image(t)`, its reward `frame_reward(t)`;
-a life is lost at each of LIFE_LOSS_FRAMES, and the game is over at GAME_OVER_FRAME."""
+a life is lost at each of LIFE_LOSS_FRAMES, and the game is over at GAME_OVER_FRAME. MixedEndsAtari, at
+the end, is a variant whose games end as the contract's environments end theirs (tests/test_contract.py)."""
 
 import gymnasium as gym
 import numpy as np
@@ -100,3 +101,23 @@ for env_id, kwargs in (("FakeAtari-v0", {}), ("FakeAtariNoFire-v0", {"has_fire":
                        ("FakeAtariLifeLossTruncation-v0", {"truncate_on_life_loss": True})):
     if env_id not in gym.registry:
         gym.register(env_id, entry_point=FakeAtariEnv, kwargs=kwargs)
+
+
+ATARI_END_FRAME = 120  # MixedEndsAtari: every game ends here (about 25 agent steps after the reset's frames)
+
+
+class MixedEndsAtari(FakeAtariEnv):
+    """The game above without life losses, for the contract's runs (tests/helpers.py RUNS), ended at
+    ATARI_END_FRAME as MixedEndsEnv ends its episodes: odd-numbered games by game over *and* the frame
+    limit, even ones by the limit only; reward 0 on every frame except -1 on the frame of a game over."""
+
+    def step(self, action):
+        self.frame += 1
+        self.actions.append(int(action))
+        truncated = self.frame >= ATARI_END_FRAME
+        terminated = truncated and self.resets % 2 == 1
+        return frame_image(self.frame), -1.0 if terminated else 0.0, terminated, truncated, {"lives": LIVES}
+
+
+if "MixedEndsAtari-v0" not in gym.registry:
+    gym.register("MixedEndsAtari-v0", entry_point=MixedEndsAtari)

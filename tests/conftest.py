@@ -4,11 +4,12 @@ import signal
 import pytest
 import torch
 
-import fake_envs  # noqa: F401  (registers the fake environments)
-from helpers import MODULES
-from scripts import SCRIPTS
+from fake_envs import MixedEndsEnvPool  # importing fake_envs registers the fake environments
+from scripts import MODULES, SCRIPTS
 
 torch.set_num_threads(1)
+
+ENVPOOL_FRAMES = {"ppo_atari_envpool": (4, 84, 84), "ppo_procgen": (64, 64, 3)}  # the contract's fake envpool
 
 
 @pytest.fixture(autouse=True)
@@ -38,3 +39,21 @@ def script(request):
 def every_script(request):
     """Each training script in turn, for the pieces that all of them hold."""
     return importlib.import_module(request.param)
+
+
+@pytest.fixture(params=SCRIPTS)
+def contract(request, monkeypatch):
+    """The script, with envpool's vector environment replaced by MixedEndsEnvPool where it has one, and
+    compute_gae spied on: every call's keyword arguments are recorded."""
+    script = importlib.import_module(request.param)
+    if request.param in ENVPOOL_FRAMES:
+        frames = ENVPOOL_FRAMES[request.param]
+        monkeypatch.setattr(script, "make_envs", lambda args, num_envs, *_, **__: MixedEndsEnvPool(num_envs, frames))
+    calls, real_gae = [], script.compute_gae
+
+    def spy(**kwargs):
+        calls.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+        return real_gae(**kwargs)
+
+    monkeypatch.setattr(script, "compute_gae", spy)
+    return script, calls

@@ -1,4 +1,4 @@
-"""Shared test helpers: the modules under test, fast Args, TensorBoard reading, running a script, the process table."""
+"""Shared test helpers: the contract's runs, fast Args, TensorBoard reading, running a script, the process table."""
 
 import os
 import re
@@ -11,13 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+import atari_fakes  # noqa: F401  (registers MixedEndsAtari-v0, which RUNS names)
 from benchmark.events import read_scalars  # noqa: F401  (re-exported for the tests)
+from benchmark.scripts import ENV_ID as REAL_ENV  # a script's real environment, beside the fake ones below
 from fake_envs import FIXED_LENGTH, TIME_LIMIT  # noqa: F401  (registered when fake_envs is imported)
 from scripts import REPO
-
-MODULES = ["ppo", "ppo_continuous_action"]  # vector-observation scripts, tested on the fake envs too
-REAL_ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_atari_envpool": "Breakout-v5",
-            "ppo_procgen": "StarpilotEasy-v0"}
 
 # fake environments of tests/fake_envs.py
 FIXED_ENV = {"ppo": "FixedLength-v0", "ppo_continuous_action": "FixedLengthBox-v0"}
@@ -35,6 +33,45 @@ METRICS = [
     "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
     "debug/first_minibatch_ratio_deviation", "perf/rollout_time", "perf/update_time",
 ]
+
+
+# The contract's runs (tests/test_contract.py, and the `contract` fixture of conftest.py): a few tiny
+# in-process iterations of every script on environments whose episodes end both ways
+ATARI = dict(env_id="MixedEndsAtari-v0", num_envs=2, num_steps=64, num_minibatches=2, update_epochs=1)
+ENVPOOL = dict(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)
+RUNS = {  # the Args of a run of ITERATIONS iterations
+    "ppo": dict(env_id="MixedEnds-v0", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2),
+    "ppo_continuous_action": dict(env_id="MixedEndsBox-v0", num_envs=2, num_steps=16, num_minibatches=2,
+                                  update_epochs=2),
+    "ppo_atari": ATARI,
+    "ppo_atari_lstm": ATARI,
+    "ppo_atari_multigpu": ATARI,
+    "ppo_atari_envpool": dict(ENVPOOL, env_id="Breakout"),
+    "ppo_procgen": dict(ENVPOOL, env_id="starpilot"),
+    # spawned rollout workers import tests/fake_envs.py by the id's module part, which registers the id
+    "ppo_shared_memory_lstm": dict(env_id="tests.fake_envs:MixedEnds-v0", num_workers=2, num_envs_per_worker=1,
+                                   num_steps=16, seq_len=8, num_minibatches=2, update_epochs=2),
+    # its own redis-server and one sampler process: with two, which sampler fills which column races, so
+    # same seed, same run holds only with one
+    "ppo_continuous_action_redis": dict(env_id="tests.fake_envs:MixedEndsBox-v0", num_samplers=1, num_chunks=2,
+                                        num_steps=16, num_minibatches=2, update_epochs=2),
+}
+ITERATIONS = 3
+
+
+def batch_size(config: dict) -> int:
+    if "num_chunks" in config:  # the Redis script: chunks of one sampler's environment
+        return config["num_chunks"] * config["num_steps"]
+    envs = config["num_envs"] if "num_envs" in config else config["num_workers"] * config["num_envs_per_worker"]
+    return envs * config["num_steps"]
+
+
+def make_args(script, runs_dir, **overrides):
+    config = RUNS[script.__name__]
+    fields = dict(config, runs_dir=str(runs_dir), cuda=False, total_timesteps=ITERATIONS * batch_size(config),
+                  checkpoint_every=1, save_model=True, eval_episodes=1)
+    fields.update(overrides)
+    return script.Args(**fields)
 
 
 def tiny_args(script, runs_dir, **overrides):

@@ -1,14 +1,15 @@
-"""Every training script and which of the repeated pieces it holds: the per-piece lists that the topic
-tests run on, read from here so that each copy of a piece is under test. tests/test_copies.py fails
-when a script that has a piece is missing from that piece's list (or a new script from SCRIPTS)."""
+"""Which of the repeated pieces each training script holds: the per-piece lists that the topic tests run
+on, read from here so that each copy of a piece is under test. The scripts themselves are the one list of
+benchmark/scripts.py. tests/test_copies.py fails when a script that has a piece is missing from that
+piece's list (or a new script from SCRIPTS)."""
 
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmark.scripts import ROOT as REPO
+from benchmark.scripts import SCRIPTS
 
-SCRIPTS = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_procgen",
-           "ppo_atari_multigpu", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
+MODULES = ["ppo", "ppo_continuous_action"]  # vector-observation scripts, tested on the fake envs too
 
 # compute_gae in its two forms: same-step autoreset (keyword `final_values`) and envpool's next-step
 # reset with its reset rows (keyword `terminations`)

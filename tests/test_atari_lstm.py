@@ -9,9 +9,9 @@ import torch
 
 import atari_fakes  # noqa: F401  (registers the FakeAtari games)
 import ppo_atari_lstm as script
-from benchmark.throughput import lstm_step_by_step
 from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
                      assert_progress_lines, load, only_run_dir, read_scalars, run_script)
+from lstm_reference import lstm_step_by_step
 
 T, B = 40, 3
 

@@ -4,7 +4,8 @@ nothing written."""
 import pytest
 import torch
 
-from helpers import MODULES, REAL_ENV, run_script
+from helpers import REAL_ENV, run_script
+from scripts import MODULES
 
 WRONG_ACTION_SPACE = {"ppo": "Pendulum-v1", "ppo_continuous_action": "CartPole-v1"}
 

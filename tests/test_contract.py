@@ -14,96 +14,17 @@ apart (tests/fake_envs.py). Per script:
   checkpoint and resumed from it ends where an uninterrupted run ends.
 """
 
-import importlib
-
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from atari_fakes import LIVES, FakeAtariEnv, frame_image
-from fake_envs import MixedEndsEnvPool
-from helpers import (LINE, METRICS, assert_progress_lines, check_resume_after_interruption, load,
-                     read_scalars)
+from helpers import (ITERATIONS, LINE, METRICS, RUNS, assert_progress_lines, batch_size,
+                     check_resume_after_interruption, load, make_args, read_scalars)
 from scripts import NEXT_STEP_GAE, SCRIPTS
-
-ATARI_END_FRAME = 120  # MixedEndsAtari: every game ends here (about 25 agent steps after the reset's frames)
-
-
-class MixedEndsAtari(FakeAtariEnv):
-    """The fake ALE game of atari_fakes.py without life losses, ended at ATARI_END_FRAME as MixedEndsEnv
-    ends its episodes: odd-numbered games by game over *and* the frame limit, even ones by the limit
-    only; reward 0 on every frame except -1 on the frame of a game over."""
-
-    def step(self, action):
-        self.frame += 1
-        self.actions.append(int(action))
-        truncated = self.frame >= ATARI_END_FRAME
-        terminated = truncated and self.resets % 2 == 1
-        return frame_image(self.frame), -1.0 if terminated else 0.0, terminated, truncated, {"lives": LIVES}
-
-
-if "MixedEndsAtari-v0" not in gym.registry:
-    gym.register("MixedEndsAtari-v0", entry_point=MixedEndsAtari)
-
-ATARI = dict(env_id="MixedEndsAtari-v0", num_envs=2, num_steps=64, num_minibatches=2, update_epochs=1)
-ENVPOOL = dict(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)
-RUNS = {  # the Args of a run of ITERATIONS iterations
-    "ppo": dict(env_id="MixedEnds-v0", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2),
-    "ppo_continuous_action": dict(env_id="MixedEndsBox-v0", num_envs=2, num_steps=16, num_minibatches=2,
-                                  update_epochs=2),
-    "ppo_atari": ATARI,
-    "ppo_atari_lstm": ATARI,
-    "ppo_atari_multigpu": ATARI,
-    "ppo_atari_envpool": dict(ENVPOOL, env_id="Breakout"),
-    "ppo_procgen": dict(ENVPOOL, env_id="starpilot"),
-    # spawned rollout workers import tests/fake_envs.py by the id's module part, which registers the id
-    "ppo_shared_memory_lstm": dict(env_id="tests.fake_envs:MixedEnds-v0", num_workers=2, num_envs_per_worker=1,
-                                   num_steps=16, seq_len=8, num_minibatches=2, update_epochs=2),
-    # its own redis-server and one sampler process: with two, which sampler fills which column races, so
-    # same seed, same run holds only with one
-    "ppo_continuous_action_redis": dict(env_id="tests.fake_envs:MixedEndsBox-v0", num_samplers=1, num_chunks=2,
-                                        num_steps=16, num_minibatches=2, update_epochs=2),
-}
-ITERATIONS = 3
-ENVPOOL_FRAMES = {"ppo_atari_envpool": (4, 84, 84), "ppo_procgen": (64, 64, 3)}
 
 
 def test_every_script_has_a_run():
     assert sorted(RUNS) == sorted(SCRIPTS)
-
-
-def batch_size(config: dict) -> int:
-    if "num_chunks" in config:  # the Redis script: chunks of one sampler's environment
-        return config["num_chunks"] * config["num_steps"]
-    envs = config["num_envs"] if "num_envs" in config else config["num_workers"] * config["num_envs_per_worker"]
-    return envs * config["num_steps"]
-
-
-def make_args(script, runs_dir, **overrides):
-    config = RUNS[script.__name__]
-    fields = dict(config, runs_dir=str(runs_dir), cuda=False, total_timesteps=ITERATIONS * batch_size(config),
-                  checkpoint_every=1, save_model=True, eval_episodes=1)
-    fields.update(overrides)
-    return script.Args(**fields)
-
-
-@pytest.fixture(params=SCRIPTS)
-def contract(request, monkeypatch):
-    """The script, with envpool's vector environment replaced by MixedEndsEnvPool where it has one, and
-    compute_gae spied on: every call's keyword arguments are recorded."""
-    script = importlib.import_module(request.param)
-    if request.param in ENVPOOL_FRAMES:
-        frames = ENVPOOL_FRAMES[request.param]
-        monkeypatch.setattr(script, "make_envs", lambda args, num_envs, *_, **__: MixedEndsEnvPool(num_envs, frames))
-    calls, real_gae = [], script.compute_gae
-
-    def spy(**kwargs):
-        calls.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
-        return real_gae(**kwargs)
-
-    monkeypatch.setattr(script, "compute_gae", spy)
-    return script, calls
 
 
 RESULTS = {}  # script name -> its runs, made once and shared by the tests below

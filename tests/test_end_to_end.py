@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from helpers import (LINE, METRICS, MODULES, REAL_ENV, assert_evaluation_videos, assert_progress_lines, load,
-                     only_run_dir, read_scalars, run_script)
+from helpers import (LINE, METRICS, REAL_ENV, assert_evaluation_videos, assert_progress_lines, load, only_run_dir,
+                     read_scalars, run_script)
+from scripts import MODULES
 
 ITERATIONS, EVAL_EPISODES = 4, 3
 NUM_ENVS = {"ppo": 4, "ppo_continuous_action": 1}  # the scripts' defaults

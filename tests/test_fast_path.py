@@ -1,7 +1,7 @@
 """The fast path, per script, on the CPU:
 
 - under the fake CUDA device of tests/fake_cuda.py a few tiny iterations (the contract's runs,
-  test_contract.py) raise nothing a real GPU would raise, and the rollout makes exactly one copy to
+  tests/helpers.py) raise nothing a real GPU would raise, and the rollout makes exactly one copy to
   the device (non-blocking, from pinned memory) and one back per environment step, and no other sync;
 - `--compile` and the eager code from the same seed make the same run, to float tolerance;
 - `--cudagraphs` without CUDA is a one-line error, exit 2;
@@ -24,9 +24,8 @@ import pytest
 import torch
 
 from fake_cuda import FakeCuda
-from helpers import load, read_scalars
+from helpers import ITERATIONS, RUNS, load, make_args, read_scalars
 from scripts import NUMPY_POLICY, NUMPY_UPDATE, REPO, SCRIPTS, top_level_definitions
-from test_contract import ITERATIONS, RUNS, contract, make_args  # noqa: F401  (contract is a fixture)
 
 # the rollout runs in other processes (on the CPU): the learner's rollout phase makes no copies at all
 ROLLOUT_ELSEWHERE = {"ppo_continuous_action_redis", "ppo_shared_memory_lstm"}
@@ -36,7 +35,7 @@ def rollout_steps(name: str) -> int:
     return 0 if name in ROLLOUT_ELSEWHERE else ITERATIONS * RUNS[name]["num_steps"]
 
 
-def test_under_a_fake_gpu_no_device_error_and_one_copy_each_way_per_step(contract, tmp_path):  # noqa: F811
+def test_under_a_fake_gpu_no_device_error_and_one_copy_each_way_per_step(contract, tmp_path):
     script, _ = contract
     with FakeCuda(script) as fake:
         run_dir = script.main(make_args(script, tmp_path, cuda=True, save_model=False))
@@ -51,7 +50,7 @@ def test_under_a_fake_gpu_no_device_error_and_one_copy_each_way_per_step(contrac
     assert max(v for _, v in read_scalars(run_dir)["debug/first_minibatch_ratio_deviation"]) < 1e-5
 
 
-def test_the_fake_gpu_sees_a_sync_in_the_rollout(contract, tmp_path, monkeypatch):  # noqa: F811
+def test_the_fake_gpu_sees_a_sync_in_the_rollout(contract, tmp_path, monkeypatch):
     """The harness itself: a per-step `.item()` added to the policy step is counted in the rollout."""
     script, _ = contract
     if script.__name__ in ROLLOUT_ELSEWHERE:
@@ -83,7 +82,7 @@ def inductor_draws_like_eager(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_compiled_and_eager_runs_of_one_seed_agree(contract, tmp_path, inductor_draws_like_eager):  # noqa: F811
+def test_compiled_and_eager_runs_of_one_seed_agree(contract, tmp_path, inductor_draws_like_eager):
     script, _ = contract
     runs = {}
     for mode in (False, True):

@@ -1,18 +1,17 @@
 """On a machine with CUDA: a few iterations of every script on the GPU, with the contract's tiny runs
-(test_contract.py): the ratio is 1 at the first minibatch of every update (full float32: cuDNN's TF32
+(tests/helpers.py): the ratio is 1 at the first minibatch of every update (full float32: cuDNN's TF32
 is off under --torch-deterministic), the checkpoint holds the CUDA generator's state, and a resume
 restores it. Marked `gpu`; skipped where CUDA is not available (CI runs on the CPU)."""
 
 import pytest
 import torch
 
-from helpers import load, read_scalars
-from test_contract import contract, make_args  # noqa: F401  (contract is a fixture)
+from helpers import load, make_args, read_scalars
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def test_a_few_iterations_on_cuda_keep_ratio_one_and_save_the_cuda_rng(contract, tmp_path):  # noqa: F811
+def test_a_few_iterations_on_cuda_keep_ratio_one_and_save_the_cuda_rng(contract, tmp_path):
     script, _ = contract
     run_dir = script.main(make_args(script, tmp_path, cuda=True))
     deviations = [value for _, value in read_scalars(run_dir)["debug/first_minibatch_ratio_deviation"]]
@@ -27,7 +26,7 @@ def test_a_few_iterations_on_cuda_keep_ratio_one_and_save_the_cuda_rng(contract,
     torch.testing.assert_close(torch.rand(4, device="cuda"), expected)
 
 
-def test_compiled_steps_in_cuda_graphs_keep_ratio_one(contract, tmp_path):  # noqa: F811
+def test_compiled_steps_in_cuda_graphs_keep_ratio_one(contract, tmp_path):
     """--cudagraphs (torch.compile's CUDA graphs of the policy step and the update step): a few
     iterations run, the ratio is 1 at the first minibatch of every update, the losses are finite."""
     script, _ = contract
