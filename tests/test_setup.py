@@ -12,6 +12,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -323,9 +325,10 @@ def test_pip_install_e_reads_the_pins_of_requirements_txt(tmp_path):
 
 
 def torch_index(tmp_path):
-    """A package index (a folder) holding the torch wheel pip installs for this environment's torch version:
-    given to uv first, it makes uv take the same torch build (here the local CPU wheel, which uv's resolver would
-    otherwise pass over for PyPI's build of the same version, CUDA and several GB on Linux)."""
+    """A package index holding the torch wheel that pip installs for this environment's torch version: given to uv
+    first, it makes uv take the same torch build (here the local CPU wheel, which uv's resolver would otherwise pass
+    over for PyPI's build of the same version: CUDA, several GB on Linux). It lives in one place for every run, so
+    uv unpacks that wheel into its cache once, not once per run."""
     import torch
 
     report = tmp_path / "torch.json"
@@ -334,9 +337,14 @@ def torch_index(tmp_path):
                    timeout=300)
     (wheel,) = json.loads(report.read_text())["install"]
     url = wheel["download_info"]["url"]
-    (tmp_path / "index" / "torch").mkdir(parents=True)
-    (tmp_path / "index" / "torch" / "index.html").write_text(f'<a href="{url}">{url.rsplit("/", 1)[1]}</a>\n')
-    return (tmp_path / "index").as_uri(), torch.__version__
+    index = Path(tempfile.gettempdir()) / "ppo-lab-torch-index" / torch.__version__
+    page, text = index / "torch" / "index.html", f'<a href="{url}">{url.rsplit("/", 1)[1]}</a>\n'
+    if not page.exists() or page.read_text() != text:
+        page.parent.mkdir(parents=True, exist_ok=True)
+        draft = page.with_name(f"index.html.{os.getpid()}")
+        draft.write_text(text)
+        os.replace(draft, page)  # whole, for a run beside this one
+    return index.as_uri(), torch.__version__
 
 
 def test_uv_run_trains_cartpole_with_the_pinned_packages(tmp_path):
@@ -351,7 +359,9 @@ def test_uv_run_trains_cartpole_with_the_pinned_packages(tmp_path):
     index, torch_version = torch_index(tmp_path)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("UV_", "VIRTUAL_ENV", "CONDA", "PYTHON"))}
-    env.update(UV_INDEX=index, UV_PYTHON=sys.executable, UV_PYTHON_DOWNLOADS="never", OMP_NUM_THREADS="1")
+    # the system's certificates, as pip uses them (a machine behind a proxy with its own CA has it there)
+    env.update(UV_INDEX=index, UV_PYTHON=sys.executable, UV_PYTHON_DOWNLOADS="never", UV_SYSTEM_CERTS="1",
+               OMP_NUM_THREADS="1")
     result = subprocess.run([uv.find_uv_bin(), "run", "--quiet", "ppo.py", "--total-timesteps", "1024",
                              "--num-envs", "2", "--runs-dir", str(tmp_path / "runs")],
                             cwd=project, env=env, capture_output=True, text=True, timeout=900)
