@@ -105,7 +105,10 @@ if [ -n "$make_venv" ]; then
 elif [ "${has_pip:-}" != 1 ]; then
     "$python" -m ensurepip --default-pip > /dev/null 2>&1 || fail "$python has no pip: install it into that environment (conda install pip, or uv pip install pip) and run setup.sh again"
 fi
-if [ -L .venv ]; then where=".venv -> $(cd -P .venv && pwd)"; else where=.venv; fi
+# with the environment's own path, which pip writes into the commands it installs (bin/tensorboard, bin/torchrun):
+# a path through the link .venv would break them for the environment's other projects once this folder moves
+prefix=$(cd -P .venv && pwd)
+if [ -L .venv ]; then where=".venv -> $prefix"; else where=.venv; fi
 echo "setup.sh: installing requirements.txt into $where (a few minutes the first time)"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+"$prefix/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
 echo "setup.sh: done; run a script with .venv/bin/python, e.g. .venv/bin/python ppo.py"

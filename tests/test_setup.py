@@ -87,7 +87,9 @@ def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons
     return result, [line.replace(f"{tmp_path}/", "") for line in lines]
 
 
-PIP = ".venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements.txt"
+PIP_ARGS = "-m pip install --quiet --disable-pip-version-check -r requirements.txt"
+PIP = f"repo/.venv/bin/python {PIP_ARGS}"  # .venv's python by its path, without links
+ENV_PIP = f"env/bin/python {PIP_ARGS}"  # an activated environment's python by its own path, not through .venv
 PROBE = "bin/python3 -c"
 VENV = "bin/python3 -m venv .venv"
 APT_UPDATE = "apt-get update -qq"
@@ -212,6 +214,17 @@ def test_an_existing_dot_venv_that_cannot_be_used_is_one_line(tmp_path, content,
     assert PIP not in calls and VENV not in calls
 
 
+def test_a_dot_venv_link_left_by_an_earlier_setup_installs_into_that_environment_again(tmp_path):
+    """setup.sh run inside an activated env, later again in a new shell: .venv still names that env."""
+    fake_python(tmp_path / "env" / "bin" / "python")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / ".venv").symlink_to(tmp_path / "env")
+    result, calls = run_setup(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert calls == [".venv/bin/python -c", ENV_PIP]
+    assert (tmp_path / "repo" / ".venv").resolve() == (tmp_path / "env").resolve()
+
+
 def test_a_dot_venv_link_to_an_environment_that_is_gone_is_replaced_by_a_new_venv(tmp_path):
     (tmp_path / "repo").mkdir()
     (tmp_path / "repo" / ".venv").symlink_to(tmp_path / "gone")
@@ -234,7 +247,7 @@ def test_an_activated_environment_is_installed_into_and_dot_venv_links_to_it(tmp
     # the system's python3 is neither needed nor looked at: no venv, no python3-venv
     result, calls = run_setup(tmp_path, qt=True, pythons={"python3": dict(ensurepip=False)}, env=env)
     assert result.returncode == 0, result.stderr
-    assert calls == ["env/bin/python -c", PIP]
+    assert calls == ["env/bin/python -c", ENV_PIP]
     venv = tmp_path / "repo" / ".venv"
     assert venv.is_symlink() and venv.resolve() == env_dir.resolve()
     assert f"installing requirements.txt into .venv -> {env_dir.resolve()}" in result.stdout
@@ -256,7 +269,7 @@ def test_a_dot_venv_link_is_repointed_to_the_activated_environment(tmp_path):
     (tmp_path / "repo" / ".venv").symlink_to(tmp_path / "old")
     result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "new")))
     assert result.returncode == 0, result.stderr
-    assert calls == ["new/bin/python -c", PIP]
+    assert calls == ["new/bin/python -c", f"new/bin/python {PIP_ARGS}"]
     assert (tmp_path / "repo" / ".venv").resolve() == (tmp_path / "new").resolve()
 
 
@@ -293,7 +306,7 @@ def test_an_activated_environment_without_pip_gets_it_from_ensurepip(tmp_path):
     fake_python(tmp_path / "env" / "bin" / "python", pip=False)
     result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "env")))
     assert result.returncode == 0, result.stderr
-    assert calls == ["env/bin/python -c", "env/bin/python -m ensurepip --default-pip", PIP]
+    assert calls == ["env/bin/python -c", "env/bin/python -m ensurepip --default-pip", ENV_PIP]
 
 
 # For real: pyproject.toml, uv, .ci/run ----------------------------------------------------------------------------
