@@ -1,28 +1,114 @@
 #!/usr/bin/env bash
 # Installs what ppo-lab needs on Debian/Ubuntu, as root (a container) or as a user with sudo:
-#   bash setup.sh
-# 1. the system packages, only those missing: the Qt 5 runtime (envpool's Procgen, ppo_procgen.py)
-#    and the Redis server (ppo_continuous_action_redis.py);
-# 2. the Python packages of requirements.txt, with the pip of the `python3` on PATH.
-# .ci/run runs this file, so CI proves the README's setup.
+#   bash setup.sh            then: .venv/bin/python ppo.py
+# 1. the Python environment, found in this order:
+#    - an activated virtualenv ($VIRTUAL_ENV) or conda env ($CONDA_PREFIX, not conda's base): setup
+#      installs into it and makes .venv a link to it;
+#    - else the project virtualenv .venv, made (once) with the first Python 3.11+ on PATH (python3,
+#      python3.13, python3.12, python3.11): a stock Debian/Ubuntu python3 (PEP 668, no `python`) is fine;
+#    so .venv/bin/python is the environment's Python in every case;
+# 2. the system packages, only those missing: the Qt 5 runtime (envpool's Procgen, ppo_procgen.py),
+#    the Redis server (ppo_continuous_action_redis.py), and python3.X-venv when venv can't make .venv;
+# 3. the Python packages of requirements.txt, with that environment's pip.
+# Anything missing that setup can't get is one line on stderr and exit 1. .ci/run runs this file with
+# the system's python3, so CI proves the README's setup.
 set -euo pipefail
 cd "$(dirname "$0")"
 
+fail() { echo "setup.sh: error: $*" >&2; exit 1; }
+
+# "3.11 1 1": a Python's version, whether it has ensurepip (venv needs it; on Debian/Ubuntu it comes with
+# python3.X-venv) and pip; nothing when it doesn't run
+probe() {
+    "$1" -c 'import sys, importlib.util as u; print("%d.%d" % sys.version_info[:2], *(int(bool(u.find_spec(m))) for m in ("ensurepip", "pip")))' 2> /dev/null || true
+}
+supported() { [ "${1%%.*}" -eq 3 ] && [ "${1#*.}" -ge 11 ]; }  # 3.11 and later
+
+# 1. The environment: an active one, or .venv ----------------------------------------------------------
+env_prefix=""
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+    env_prefix=$VIRTUAL_ENV
+elif [ -n "${CONDA_PREFIX:-}" ] && [ "${CONDA_DEFAULT_ENV:-}" != base ]; then
+    env_prefix=$CONDA_PREFIX  # (conda's base env, active in every shell by default, is left alone)
+fi
+make_venv=""
+if [ -n "$env_prefix" ]; then
+    python=$env_prefix/bin/python
+    read -r version has_ensurepip has_pip <<< "$(probe "$python")"
+    [ -n "$version" ] || fail "the active environment $env_prefix has no working bin/python: deactivate it, or fix it"
+    supported "$version" || fail "the active environment $env_prefix has Python $version, ppo-lab needs 3.11 or later: activate one with Python 3.11+, or deactivate it and run setup.sh again to make .venv"
+    if [ -L .venv ] || [ ! -e .venv ]; then
+        ln -sfn "$env_prefix" .venv
+    elif [ "$(cd -P .venv && pwd)" != "$(cd -P "$env_prefix" && pwd)" ]; then
+        fail ".venv is a virtualenv of its own, not the active environment $env_prefix: remove it (rm -rf .venv) to install into $env_prefix, or deactivate to use .venv"
+    fi
+else
+    if [ -L .venv ] && [ ! -e .venv ]; then
+        rm .venv  # a link to an environment that is gone
+    fi
+    if [ -e .venv ]; then  # made by an earlier setup.sh, or a link to the env it installed into
+        [ -x .venv/bin/python ] || fail ".venv is not a virtualenv (no .venv/bin/python): remove it (rm -rf .venv) and run setup.sh again"
+        python=.venv/bin/python
+        read -r version has_ensurepip has_pip <<< "$(probe "$python")"
+        [ -n "$version" ] || fail ".venv/bin/python does not run (was the Python it was made with removed?): remove .venv (rm -rf .venv) and run setup.sh again"
+        supported "$version" || fail ".venv has Python $version, ppo-lab needs 3.11 or later: remove .venv (rm -rf .venv) and run setup.sh again"
+    else
+        tried=()
+        for candidate in python3 python3.13 python3.12 python3.11; do
+            command -v "$candidate" > /dev/null || continue
+            read -r version has_ensurepip has_pip <<< "$(probe "$candidate")"
+            tried+=("$candidate is ${version:-broken}")
+            if [ -n "$version" ] && supported "$version"; then
+                python=$(command -v "$candidate")
+                make_venv=1
+                break
+            fi
+        done
+        if [ -z "$make_venv" ]; then
+            [ ${#tried[@]} -gt 0 ] || tried=("no python3 on PATH")
+            fail "ppo-lab needs Python 3.11 or later (${tried[*]}): install one (Debian 12, Ubuntu 24.04: apt-get install python3 python3-venv; Ubuntu 22.04: apt-get install python3.11 python3.11-venv) or activate a virtualenv or conda env that has one"
+        fi
+    fi
+fi
+
+# 2. The system packages that are missing --------------------------------------------------------------
 missing=()
-ldconfig -p | grep -q libQt5Gui.so.5 || missing+=(libqt5gui5)
+if [ -n "$make_venv" ] && [ "$has_ensurepip" != 1 ]; then
+    missing+=("python$version-venv")  # Debian/Ubuntu ship venv's ensurepip in its own package
+fi
+ldconfig -p 2> /dev/null | grep -q libQt5Gui.so.5 || missing+=(libqt5gui5)
 command -v redis-server > /dev/null || missing+=(redis-server)
 if [ ${#missing[@]} -gt 0 ]; then
+    command -v apt-get > /dev/null || fail "${missing[*]} missing, and no apt-get to install them (not Debian/Ubuntu?): install their equivalents with your system's package manager"
     # root (the usual container) has no sudo and needs none; a user needs sudo for apt-get
     if [ "$(id -u)" -eq 0 ]; then
         as_root=()
     elif command -v sudo > /dev/null; then
         as_root=(sudo)
     else
-        echo "setup.sh: error: ${missing[*]} missing, and neither root nor sudo to install them" >&2
-        exit 1
+        fail "${missing[*]} missing, and neither root nor sudo to install them: ask an administrator to run apt-get install ${missing[*]}"
     fi
     echo "setup.sh: installing ${missing[*]}"
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
 fi
-python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
+
+# 3. The Python packages ---------------------------------------------------------------------------------
+if [ -n "$make_venv" ]; then
+    echo "setup.sh: making .venv with $python (Python $version)"
+    if ! error=$("$python" -m venv .venv 2>&1); then
+        rm -rf .venv
+        read -r -d '' -a words <<< "$error" || true  # its message on one line
+        fail "$python -m venv .venv failed (${words[*]}): install python$version-venv, or activate a virtualenv or conda env and run setup.sh again"
+    fi
+    python=.venv/bin/python
+elif [ "${has_pip:-}" != 1 ]; then
+    "$python" -m ensurepip --default-pip > /dev/null 2>&1 || fail "$python has no pip: install it into that environment (conda install pip, or uv pip install pip) and run setup.sh again"
+fi
+# with the environment's own path, which pip writes into the commands it installs (bin/tensorboard, bin/torchrun):
+# a path through the link .venv would break them for the environment's other projects once this folder moves
+prefix=$(cd -P .venv && pwd)
+if [ -L .venv ]; then where=".venv -> $prefix"; else where=.venv; fi
+echo "setup.sh: installing requirements.txt into $where (a few minutes the first time)"
+"$prefix/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
+echo "setup.sh: done; run a script with .venv/bin/python, e.g. .venv/bin/python ppo.py"

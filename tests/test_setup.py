@@ -1,10 +1,19 @@
-"""setup.sh, the README's first command, on a PATH of fake system tools that record their calls: it installs
-only the missing Debian packages, through sudo only when not root, then requirements.txt with pip. CI runs it
-for real as root (.ci/run); here nothing is installed."""
+"""setup.sh, the README's first command, on a PATH of fake system tools and fake Pythons that record their calls:
+which environment it installs into (an activated virtualenv or conda env, else a project .venv made with the first
+Python 3.11+), the missing Debian packages only (python3.X-venv among them when venv lacks ensurepip), through sudo
+only when not root, and a one-line error for everything it can't get. Each run copies setup.sh into a temporary
+folder, so nothing is made in this checkout and nothing is installed. CI runs it for real with the system's python3
+(.ci/run). Then, for real: pyproject.toml's dependencies are requirements.txt's (pip's own reading of it), `uv run`
+trains CartPole-v1 with them, and .ci/run runs the README's commands."""
 
+import json
 import os
+import re
 import shutil
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -13,61 +22,387 @@ from scripts import REPO
 RECORDER = '#!/bin/sh\necho "$(basename "$0") $*" >> "$CALLS"\n'
 FAKES = {
     "apt-get": RECORDER,
-    "python3": RECORDER,
     "sudo": RECORDER + 'exec "$@"\n',  # records itself, then runs the command, as sudo does
     "id": '#!/bin/sh\necho "$FAKE_UID"\n',
     "ldconfig": '#!/bin/sh\necho "$FAKE_LIBS"\n',  # `ldconfig -p`: the shared libraries known to the loader
 }
+TOOLS = ("bash", "grep", "dirname", "basename", "env", "cat", "ln", "rm", "mkdir", "cp")
+DEBIAN_VENV_ERROR = """The virtual environment was not created successfully because ensurepip is not
+available.  On Debian/Ubuntu systems, you need to install the python3-venv
+package using the following command.
+
+    apt install python3.11-venv
+"""
 
 
-def run_setup(tmp_path, uid: int, qt: bool, redis: bool, sudo: bool = True):
-    """setup.sh as user `uid`, with the Qt runtime and redis-server installed or not; returns the result and
-    the recorded calls."""
+def fake_python(path, version="3.11", ensurepip=True, pip=True, venv_error="", in_venv=False):
+    """A Python that records its calls ($0 as called, the probe's code left out): `-c` prints what setup.sh's probe
+    prints ("3.11 1 1": version, has ensurepip, has pip); `-m venv DIR` makes DIR/bin/python, a Python of the same
+    version with pip (or prints venv_error, leaves DIR half made and fails)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    make_venv = (f"printf '%s\\n' '{venv_error}' >&2; mkdir -p \"$3\"; exit 1" if venv_error else
+                 f'mkdir -p "$3/bin" && cp "{path}.in-venv" "$3/bin/python"')
+    path.write_text(f"""#!/bin/sh
+if [ "$1" = -c ]; then echo "$0 -c" >> "$CALLS"; else echo "$0 $*" >> "$CALLS"; fi
+case "$1 $2" in
+    "-c "*) echo "{version} {int(ensurepip)} {int(pip)}" ;;
+    "-m venv") {make_venv} ;;
+esac
+""")
+    path.chmod(0o755)
+    if not in_venv:  # what venv copies
+        fake_python(path.with_name(path.name + ".in-venv"), version, in_venv=True)
+    return path
+
+
+def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons=None, env=None):
+    """setup.sh, copied into tmp_path/repo, as user `uid`, with the Qt runtime and redis-server installed or not and
+    the fake Pythons `pythons` ({name: fake_python kwargs}, default a Debian 12 python3) on PATH; returns the result
+    and the recorded calls, paths relative to tmp_path."""
+    repo = tmp_path / "repo"
+    repo.mkdir(exist_ok=True)
+    shutil.copy(REPO / "setup.sh", repo)
+    (repo / "requirements.txt").touch()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("bash", "grep", "dirname", "basename", "env", "cat"):
+    for tool in TOOLS:
         os.symlink(shutil.which(tool), bin_dir / tool)
     fakes = dict(FAKES, **({"redis-server": "#!/bin/sh\n"} if redis else {}))
     if not sudo:
         del fakes["sudo"]
+    if not apt:
+        del fakes["apt-get"]
     for name, text in fakes.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
+    for name, kwargs in (pythons if pythons is not None else {"python3": {}}).items():
+        fake_python(bin_dir / name, **kwargs)
     calls = tmp_path / "calls"
-    env = dict(PATH=str(bin_dir), CALLS=str(calls), FAKE_UID=str(uid),
-               FAKE_LIBS="\tlibQt5Gui.so.5 (libc6,x86-64) => /usr/lib/libQt5Gui.so.5" if qt else "\tlibc.so.6")
-    result = subprocess.run([str(bin_dir / "bash"), str(REPO / "setup.sh")], env=env, capture_output=True,
-                            text=True, timeout=30)
-    return result, calls.read_text().splitlines() if calls.exists() else []
+    full_env = dict(PATH=str(bin_dir), CALLS=str(calls), FAKE_UID=str(uid),
+                    FAKE_LIBS="\tlibQt5Gui.so.5 (libc6,x86-64) => /usr/lib/libQt5Gui.so.5" if qt else "\tlibc.so.6",
+                    **(env or {}))
+    result = subprocess.run([str(bin_dir / "bash"), "repo/setup.sh"], cwd=tmp_path, env=full_env,
+                            capture_output=True, text=True, timeout=30)
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return result, [line.replace(f"{tmp_path}/", "") for line in lines]
 
 
-PIP = "python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt"
+PIP_ARGS = "-m pip install --quiet --disable-pip-version-check -r requirements.txt"
+PIP = f"repo/.venv/bin/python {PIP_ARGS}"  # .venv's python by its path, without links
+ENV_PIP = f"env/bin/python {PIP_ARGS}"  # an activated environment's python by its own path, not through .venv
+PROBE = "bin/python3 -c"
+VENV = "bin/python3 -m venv .venv"
+APT_UPDATE = "apt-get update -qq"
+APT_INSTALL = "apt-get install -y -qq --no-install-recommends"
 
+
+def error_line(result):
+    """The one line setup.sh printed on stderr, which must be all it printed there."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("setup.sh: error: "), result.stderr
+    return lines[0]
+
+
+# Without an active environment: the project virtualenv .venv ---------------------------------------------------
 
 @pytest.mark.parametrize("uid", [0, 1000])
-def test_nothing_missing_installs_only_the_python_packages(tmp_path, uid):
-    result, calls = run_setup(tmp_path, uid=uid, qt=True, redis=True)
+def test_nothing_missing_makes_dot_venv_and_installs_the_python_packages_into_it(tmp_path, uid):
+    result, calls = run_setup(tmp_path, uid=uid)
     assert result.returncode == 0, result.stderr
-    assert calls == [PIP]
+    assert calls == [PROBE, VENV, PIP]
+    venv = tmp_path / "repo" / ".venv"
+    assert (venv / "bin" / "python").is_file() and not venv.is_symlink()
+    assert "run a script with .venv/bin/python" in result.stdout
 
 
 def test_as_root_apt_get_runs_without_sudo(tmp_path):
     result, calls = run_setup(tmp_path, uid=0, qt=False, redis=False, sudo=False)
     assert result.returncode == 0, result.stderr
-    assert calls == ["apt-get update -qq",
-                     "apt-get install -y -qq --no-install-recommends libqt5gui5 redis-server", PIP]
+    assert calls == [PROBE, APT_UPDATE, f"{APT_INSTALL} libqt5gui5 redis-server", VENV, PIP]
 
 
 def test_as_a_user_apt_get_runs_through_sudo_for_the_missing_package_only(tmp_path):
     result, calls = run_setup(tmp_path, uid=1000, qt=False, redis=True)
     assert result.returncode == 0, result.stderr
-    assert calls == ["sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq", "apt-get update -qq",
-                     "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libqt5gui5",
-                     "apt-get install -y -qq --no-install-recommends libqt5gui5", PIP]
+    assert calls == [PROBE, f"sudo env DEBIAN_FRONTEND=noninteractive {APT_UPDATE}", APT_UPDATE,
+                     f"sudo env DEBIAN_FRONTEND=noninteractive {APT_INSTALL} libqt5gui5", f"{APT_INSTALL} libqt5gui5",
+                     VENV, PIP]
+
+
+def test_stock_debian_without_python3_venv_gets_it_from_apt_before_making_the_venv(tmp_path):
+    """Debian/Ubuntu's python3 without python3.X-venv has no ensurepip, and `python3 -m venv` fails."""
+    result, calls = run_setup(tmp_path, uid=1000, qt=False, pythons={"python3": dict(ensurepip=False)})
+    assert result.returncode == 0, result.stderr
+    assert calls == [PROBE, f"sudo env DEBIAN_FRONTEND=noninteractive {APT_UPDATE}", APT_UPDATE,
+                     f"sudo env DEBIAN_FRONTEND=noninteractive {APT_INSTALL} python3.11-venv libqt5gui5",
+                     f"{APT_INSTALL} python3.11-venv libqt5gui5", VENV, PIP]
+
+
+def test_ubuntu_24_04_python3_12_gets_its_own_venv_package(tmp_path):
+    result, calls = run_setup(tmp_path, pythons={"python3": dict(version="3.12", ensurepip=False)})
+    assert result.returncode == 0, result.stderr
+    assert calls == [PROBE, APT_UPDATE, f"{APT_INSTALL} python3.12-venv", VENV, PIP]
+
+
+def test_an_older_python3_is_passed_over_for_a_python3_11_beside_it(tmp_path):
+    """Ubuntu 22.04: python3 is 3.10, python3.11 is a package of its own."""
+    result, calls = run_setup(tmp_path, pythons={"python3": dict(version="3.10"), "python3.11": {}})
+    assert result.returncode == 0, result.stderr
+    assert calls == [PROBE, "bin/python3.11 -c", "bin/python3.11 -m venv .venv", PIP]
+
+
+@pytest.mark.parametrize("pythons, found", [({"python3": dict(version="3.9")}, "python3 is 3.9"),
+                                            ({"python3": dict(version="3.10"), "python3.12": dict(version="2.7")},
+                                             "python3 is 3.10 python3.12 is 2.7"),
+                                            ({}, "no python3 on PATH")])
+def test_without_python_3_11_it_says_what_to_install(tmp_path, pythons, found):
+    result, calls = run_setup(tmp_path, qt=False, pythons=pythons)
+    assert error_line(result) == (
+        f"setup.sh: error: ppo-lab needs Python 3.11 or later ({found}): install one (Debian 12, Ubuntu 24.04: "
+        "apt-get install python3 python3-venv; Ubuntu 22.04: apt-get install python3.11 python3.11-venv) or "
+        "activate a virtualenv or conda env that has one")
+    assert not any(call.startswith(("apt-get", "sudo")) for call in calls)  # nothing installed for a failed setup
+    assert not (tmp_path / "repo" / ".venv").exists()
 
 
 def test_as_a_user_without_sudo_it_says_what_is_missing(tmp_path):
-    result, calls = run_setup(tmp_path, uid=1000, qt=True, redis=False, sudo=False)
-    assert result.returncode == 1
-    assert result.stderr.strip() == "setup.sh: error: redis-server missing, and neither root nor sudo to install them"
-    assert calls == []
+    result, calls = run_setup(tmp_path, uid=1000, qt=True, redis=False, sudo=False,
+                              pythons={"python3": dict(ensurepip=False)})
+    assert error_line(result) == ("setup.sh: error: python3.11-venv redis-server missing, and neither root nor sudo "
+                                  "to install them: ask an administrator to run apt-get install python3.11-venv "
+                                  "redis-server")
+    assert calls == [PROBE]
+
+
+def test_without_apt_get_it_says_what_is_missing(tmp_path):
+    result, calls = run_setup(tmp_path, qt=False, apt=False)
+    assert error_line(result) == ("setup.sh: error: libqt5gui5 missing, and no apt-get to install them (not "
+                                  "Debian/Ubuntu?): install their equivalents with your system's package manager")
+    assert calls == [PROBE]
+
+
+def test_a_failed_venv_is_one_line_and_leaves_no_dot_venv(tmp_path):
+    result, calls = run_setup(tmp_path, pythons={"python3": dict(venv_error=DEBIAN_VENV_ERROR)})
+    line = error_line(result)
+    assert line.startswith(f"setup.sh: error: {tmp_path}/bin/python3 -m venv .venv failed (The virtual environment "
+                           "was not created successfully because ensurepip is not available. On Debian/Ubuntu")
+    assert line.endswith("apt install python3.11-venv): install python3.11-venv, or activate a virtualenv or conda "
+                         "env and run setup.sh again")
+    assert calls == [PROBE, VENV]
+    assert not (tmp_path / "repo" / ".venv").exists()
+
+
+def test_an_existing_dot_venv_is_used_again(tmp_path):
+    fake_python(tmp_path / "repo" / ".venv" / "bin" / "python", version="3.12")
+    result, calls = run_setup(tmp_path, pythons={"python3": dict(ensurepip=False)})  # venv's needs don't matter
+    assert result.returncode == 0, result.stderr
+    assert calls == [".venv/bin/python -c", PIP]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("folder", ".venv is not a virtualenv (no .venv/bin/python): remove it (rm -rf .venv) and run setup.sh again"),
+    ("3.10", ".venv has Python 3.10, ppo-lab needs 3.11 or later: remove .venv (rm -rf .venv) and run setup.sh again")])
+def test_an_existing_dot_venv_that_cannot_be_used_is_one_line(tmp_path, content, message):
+    venv = tmp_path / "repo" / ".venv"
+    if content == "folder":
+        venv.mkdir(parents=True)
+    else:
+        fake_python(venv / "bin" / "python", version=content)
+    result, calls = run_setup(tmp_path)
+    assert error_line(result) == f"setup.sh: error: {message}"
+    assert PIP not in calls and VENV not in calls
+
+
+def test_a_dot_venv_link_left_by_an_earlier_setup_installs_into_that_environment_again(tmp_path):
+    """setup.sh run inside an activated env, later again in a new shell: .venv still names that env."""
+    fake_python(tmp_path / "env" / "bin" / "python")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / ".venv").symlink_to(tmp_path / "env")
+    result, calls = run_setup(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert calls == [".venv/bin/python -c", ENV_PIP]
+    assert (tmp_path / "repo" / ".venv").resolve() == (tmp_path / "env").resolve()
+
+
+def test_a_dot_venv_link_to_an_environment_that_is_gone_is_replaced_by_a_new_venv(tmp_path):
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / ".venv").symlink_to(tmp_path / "gone")
+    result, calls = run_setup(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert calls == [PROBE, VENV, PIP]
+    assert not (tmp_path / "repo" / ".venv").is_symlink()
+
+
+# Inside an activated virtualenv or conda env: installs into it, .venv links to it --------------------------------
+
+@pytest.mark.parametrize("variables", [dict(VIRTUAL_ENV="{env}"),
+                                       dict(CONDA_PREFIX="{env}", CONDA_DEFAULT_ENV="ppo"),
+                                       # a virtualenv made inside conda's base env: the virtualenv, the inner one
+                                       dict(VIRTUAL_ENV="{env}", CONDA_PREFIX="{tmp}/conda", CONDA_DEFAULT_ENV="base")])
+def test_an_activated_environment_is_installed_into_and_dot_venv_links_to_it(tmp_path, variables):
+    env_dir = tmp_path / "env"
+    fake_python(env_dir / "bin" / "python", version="3.13")
+    env = {key: value.format(env=env_dir, tmp=tmp_path) for key, value in variables.items()}
+    # the system's python3 is neither needed nor looked at: no venv, no python3-venv
+    result, calls = run_setup(tmp_path, qt=True, pythons={"python3": dict(ensurepip=False)}, env=env)
+    assert result.returncode == 0, result.stderr
+    assert calls == ["env/bin/python -c", ENV_PIP]
+    venv = tmp_path / "repo" / ".venv"
+    assert venv.is_symlink() and venv.resolve() == env_dir.resolve()
+    assert f"installing requirements.txt into .venv -> {env_dir.resolve()}" in result.stdout
+
+
+def test_conda_base_is_left_alone_for_a_dot_venv(tmp_path):
+    """conda's base env is active in every shell by default: installing there could break conda itself."""
+    fake_python(tmp_path / "conda" / "bin" / "python")
+    result, calls = run_setup(tmp_path, env=dict(CONDA_PREFIX=str(tmp_path / "conda"), CONDA_DEFAULT_ENV="base"))
+    assert result.returncode == 0, result.stderr
+    assert calls == [PROBE, VENV, PIP]
+    assert not (tmp_path / "repo" / ".venv").is_symlink()
+
+
+def test_a_dot_venv_link_is_repointed_to_the_activated_environment(tmp_path):
+    for name in ("old", "new"):
+        fake_python(tmp_path / name / "bin" / "python")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / ".venv").symlink_to(tmp_path / "old")
+    result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "new")))
+    assert result.returncode == 0, result.stderr
+    assert calls == ["new/bin/python -c", f"new/bin/python {PIP_ARGS}"]
+    assert (tmp_path / "repo" / ".venv").resolve() == (tmp_path / "new").resolve()
+
+
+def test_a_dot_venv_of_its_own_beside_an_activated_environment_is_one_line(tmp_path):
+    fake_python(tmp_path / "env" / "bin" / "python")
+    fake_python(tmp_path / "repo" / ".venv" / "bin" / "python")
+    result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "env")))
+    assert error_line(result) == (f"setup.sh: error: .venv is a virtualenv of its own, not the active environment "
+                                  f"{tmp_path}/env: remove it (rm -rf .venv) to install into {tmp_path}/env, or "
+                                  "deactivate to use .venv")
+    assert PIP not in calls and not (tmp_path / "repo" / ".venv").is_symlink()
+
+
+def test_the_activated_dot_venv_itself_is_installed_into(tmp_path):
+    """`source .venv/bin/activate`, then setup.sh again."""
+    fake_python(tmp_path / "repo" / ".venv" / "bin" / "python")
+    result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "repo" / ".venv")))
+    assert result.returncode == 0, result.stderr
+    assert calls == ["repo/.venv/bin/python -c", PIP]
+    assert not (tmp_path / "repo" / ".venv").is_symlink()
+
+
+def test_an_activated_environment_with_an_old_python_is_one_line(tmp_path):
+    fake_python(tmp_path / "env" / "bin" / "python", version="3.10")
+    result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "env")))
+    assert error_line(result) == (f"setup.sh: error: the active environment {tmp_path}/env has Python 3.10, ppo-lab "
+                                  "needs 3.11 or later: activate one with Python 3.11+, or deactivate it and run "
+                                  "setup.sh again to make .venv")
+    assert PIP not in calls and not (tmp_path / "repo" / ".venv").exists()
+
+
+def test_an_activated_environment_without_pip_gets_it_from_ensurepip(tmp_path):
+    """uv's virtualenvs and some conda envs come without pip."""
+    fake_python(tmp_path / "env" / "bin" / "python", pip=False)
+    result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "env")))
+    assert result.returncode == 0, result.stderr
+    assert calls == ["env/bin/python -c", "env/bin/python -m ensurepip --default-pip", ENV_PIP]
+
+
+# For real: pyproject.toml, uv, .ci/run ----------------------------------------------------------------------------
+
+def requirement_set(lines):
+    """{(name, sorted extras, specifier)} of requirement lines, comments and spelling normalised."""
+    found = set()
+    for line in lines:
+        line = line.split("#")[0].strip()
+        if line:
+            name, extras, spec = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(?:\[([^\]]*)\])?\s*(.*)", line).groups()
+            found.add((re.sub(r"[-_.]+", "-", name).lower(), tuple(sorted(e.strip() for e in (extras or "").split(",")
+                                                                          if e.strip())), spec.replace(" ", "")))
+    return found
+
+
+def test_pip_install_e_reads_the_pins_of_requirements_txt(tmp_path):
+    """`pip install -e .` (pip's own reading of pyproject.toml, through its build backend): the same requirements,
+    one for one, as requirements.txt."""
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
+                             "--quiet", "--report", str(tmp_path / "report.json"), "-e", str(REPO)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (project,) = json.loads((tmp_path / "report.json").read_text())["install"]
+    assert project["metadata"]["name"] == "ppo-lab"
+    pinned = requirement_set((REPO / "requirements.txt").read_text().splitlines())
+    assert len(pinned) > 10 and all(spec.startswith("==") for _, _, spec in pinned)
+    assert requirement_set(project["metadata"]["requires_dist"]) == pinned
+
+
+def torch_index(tmp_path):
+    """A package index holding the torch wheel that pip installs for this environment's torch version: given to uv
+    first, it makes uv take the same torch build (here the local CPU wheel, which uv's resolver would otherwise pass
+    over for PyPI's build of the same version: CUDA, several GB on Linux). It lives in one place for every run, so
+    uv unpacks that wheel into its cache once, not once per run."""
+    import torch
+
+    report = tmp_path / "torch.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet",
+                    "--report", str(report), f"torch=={torch.__version__}"], check=True, capture_output=True,
+                   timeout=300)
+    (wheel,) = json.loads(report.read_text())["install"]
+    url = wheel["download_info"]["url"]
+    index = Path(tempfile.gettempdir()) / "ppo-lab-torch-index" / torch.__version__
+    page, text = index / "torch" / "index.html", f'<a href="{url}">{url.rsplit("/", 1)[1]}</a>\n'
+    if not page.exists() or page.read_text() != text:
+        page.parent.mkdir(parents=True, exist_ok=True)
+        draft = page.with_name(f"index.html.{os.getpid()}")
+        draft.write_text(text)
+        os.replace(draft, page)  # whole, for a run beside this one
+    return index.as_uri(), torch.__version__
+
+
+def test_uv_run_trains_cartpole_with_the_pinned_packages(tmp_path):
+    """`uv run ppo.py` in a copy of the project: uv makes its own environment from pyproject.toml (the pins of
+    requirements.txt) and the script trains. The torch build is this environment's (see torch_index)."""
+    import uv
+
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "requirements.txt", "ppo.py"):
+        shutil.copy(REPO / name, project)
+    index, torch_version = torch_index(tmp_path)
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("UV_", "VIRTUAL_ENV", "CONDA", "PYTHON"))}
+    # the system's certificates, as pip uses them (a machine behind a proxy with its own CA has it there)
+    env.update(UV_INDEX=index, UV_PYTHON=sys.executable, UV_PYTHON_DOWNLOADS="never", UV_SYSTEM_CERTS="1",
+               OMP_NUM_THREADS="1")
+    result = subprocess.run([uv.find_uv_bin(), "run", "--quiet", "ppo.py", "--total-timesteps", "1024",
+                             "--num-envs", "2", "--runs-dir", str(tmp_path / "runs")],
+                            cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "iteration 4/4 global_step=1024" in result.stdout, result.stdout
+    uv_python = project / ".venv" / "bin" / "python"
+    check = subprocess.run([str(uv_python), "-c", "import torch, gymnasium, envpool; "
+                            "print(torch.__version__, gymnasium.__version__, envpool.__version__)"],
+                           capture_output=True, text=True, timeout=120)
+    pins = {name: spec[2:] for name, _, spec in requirement_set((REPO / "requirements.txt").read_text().splitlines())}
+    assert check.stdout.split() == [torch_version, pins["gymnasium"], pins["envpool"]], check.stderr
+    assert torch_version.split("+")[0] == pins["torch"]
+
+
+def readme_setup_blocks():
+    """The bash code blocks of the README's "## Setup" section."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Setup\n", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+def test_ci_runs_the_readme_commands_with_the_system_python():
+    """.ci/run: the README's setup on a PATH of system folders only (python3 is the system's), no activated
+    environment, then the README's test command exactly as written."""
+    install, tests = readme_setup_blocks()[:2]
+    assert install.startswith("bash setup.sh && .venv/bin/python ppo.py")
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith("#")]
+    system_path = "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert ci.index(system_path) < ci.index("bash setup.sh") < ci.index(tests) == len(ci) - 1
+    assert "unset VIRTUAL_ENV CONDA_PREFIX CONDA_DEFAULT_ENV PYTHONHOME PYTHONPATH" in ci[:ci.index("bash setup.sh")]
