@@ -124,6 +124,53 @@ def table(unit: str, times: dict[tuple[str, str], list[float]], scale: float) ->
     return "\n".join(lines)
 
 
+LOADS: list[float] = []  # 1-minute load average before each measurement
+
+
+def rounds_of(cases: dict[str, dict[str, Path]], rounds: int):
+    """(round, script, variant) in the measuring order: each variant once a round, the order reversed
+    every other round. Records the load average before each."""
+    for r in range(rounds):
+        for name, files in cases.items():
+            for variant in list(files) if r % 2 == 0 else list(files)[::-1]:
+                LOADS.append(os.getloadavg()[0])
+                yield r, name, variant
+
+
+def measure_steps(cases: dict[str, dict[str, Path]], rounds: int, steps: int, folder: str) -> str:
+    """The `step` command: per-step CPU and wall times as markdown tables."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")  # as the scripts set it
+    modules = {(name, variant): import_script(name) if path.parent == ROOT else load(path, f"{name}_baseline")
+               for name, files in cases.items() for variant, path in files.items()}
+    cpu_times, wall_times = {}, {}
+    for r, name, variant in rounds_of(cases, rounds):
+        module = modules[name, variant]
+        args = module.Args()
+        make_envs = gymnasium_make_envs(module) if variant == "gymnasium" else module.make_envs
+        cpu, wall = step_times(make_envs, args, steps, folder)
+        case = f"{args.env_id} x{args.num_envs}"
+        cpu_times.setdefault((case, variant), []).append(cpu)
+        wall_times.setdefault((case, variant), []).append(wall)
+        print(f"round {r + 1} {case} {variant}: {cpu * 1e6:.1f} us", file=sys.stderr, flush=True)
+    return (f"One vector step, CPU time of this thread:\n\n{table('us', cpu_times, 1e6)}\n\n"
+            f"One vector step, wall time:\n\n{table('us', wall_times, 1e6)}")
+
+
+def measure_runs(cases: dict[str, dict[str, Path]], rounds: int, total: int | None, folder: str) -> str:
+    """The `run` command: whole-process wall times as a markdown table."""
+    times = {}
+    for r, name, variant in rounds_of(cases, rounds):
+        steps = total or BUDGETS[name]
+        flags = ["--total-timesteps", str(steps), "--runs-dir", f"{folder}/runs"]
+        seconds = run_time(cases[name][variant], variant, flags)
+        case = f"{name}.py {steps:,} steps"
+        times.setdefault((case, variant), []).append(seconds)
+        print(f"round {r + 1} {case} {variant}: {seconds:.1f} s", file=sys.stderr, flush=True)
+    return f"Whole training process, wall time:\n\n{table('s', times, 1)}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -145,50 +192,18 @@ def main():
     if options.command == "child":
         return child(options.path, options.variant, options.flags)
 
-    names = options.scripts.split(",")
-    print(f"{machine()}; commit {our_commit()}; "
-          + ", ".join(f"{k} {v}" for k, v in our_versions().items() if k in ("python", "numpy", "gymnasium", "mujoco"))
-          + f"; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; command: python -m benchmark.vector_env "
-          + " ".join(sys.argv[1:]))
-    times: dict[tuple[str, str], list[float]] = {}
-    cpu_times: dict[tuple[str, str], list[float]] = {}
-    loads = []
+    wanted = ("python", "numpy", "gymnasium", "mujoco")
+    versions = ", ".join(f"{k} {v}" for k, v in our_versions().items() if k in wanted)
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    print(f"{machine()}; commit {our_commit()}; {versions}; OMP_NUM_THREADS={threads}; "
+          f"command: python -m benchmark.vector_env {' '.join(sys.argv[1:])}")
     with tempfile.TemporaryDirectory() as folder:
-        cases = {name: variants(name, options.baseline, folder) for name in names}
-        modules = {}
+        cases = {name: variants(name, options.baseline, folder) for name in options.scripts.split(",")}
         if options.command == "step":
-            from threadpoolctl import threadpool_limits
-
-            threadpool_limits(1, user_api="blas")  # as the scripts set it
-            for name, files in cases.items():
-                for variant, path in files.items():
-                    modules[name, variant] = import_script(name) if path.parent == ROOT else load(path, f"{name}_baseline")
-        for r in range(options.rounds):
-            for name, files in cases.items():
-                order = list(files) if r % 2 == 0 else list(files)[::-1]
-                for variant in order:
-                    loads.append(os.getloadavg()[0])
-                    if options.command == "step":
-                        module = modules[name, variant]
-                        args = module.Args()
-                        make_envs = gymnasium_make_envs(module) if variant == "gymnasium" else module.make_envs
-                        cpu, wall = step_times(make_envs, args, options.steps, folder)
-                        case = f"{args.env_id} x{args.num_envs}"
-                        cpu_times.setdefault((case, variant), []).append(cpu)
-                    else:
-                        steps = options.total_timesteps or BUDGETS[name]
-                        wall = run_time(files[variant], variant, ["--total-timesteps", str(steps),
-                                                                   "--runs-dir", f"{folder}/runs"])
-                        case = f"{name}.py {steps:,} steps"
-                    times.setdefault((case, variant), []).append(wall)
-                    print(f"round {r + 1} {case} {variant}: {wall * (1e6 if cpu_times else 1):.1f}"
-                          f"{' us' if cpu_times else ' s'}", file=sys.stderr, flush=True)
-    print(f"1-minute load average before each measurement: {min(loads):.2f}-{max(loads):.2f}\n")
-    if cpu_times:
-        print("One vector step, CPU time of this thread:\n\n" + table("us", cpu_times, 1e6) + "\n")
-        print("One vector step, wall time:\n\n" + table("us", times, 1e6))
-    else:
-        print("Whole training process, wall time:\n\n" + table("s", times, 1))
+            result = measure_steps(cases, options.rounds, options.steps, folder)
+        else:
+            result = measure_runs(cases, options.rounds, options.total_timesteps, folder)
+    print(f"1-minute load average before each measurement: {min(LOADS):.2f}-{max(LOADS):.2f}\n\n{result}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Same-step autoreset and per-episode logging, on the fixed-length fake environment."""
+"""Same-step autoreset and per-episode logging, on the fake environments; SameStepVectorEnv against
+gymnasium's same-step SyncVectorEnv, its info and gymnasium's vector wrappers."""
 
 import gymnasium as gym
 import numpy as np
@@ -174,7 +175,8 @@ def test_it_is_a_gymnasium_vector_env(script, tmp_path):
 VECTOR_WRAPPERS = {  # gymnasium's vector wrappers that take a same-step vector env, by action space
     "both": [gym.wrappers.vector.RecordEpisodeStatistics, gym.wrappers.vector.NormalizeReward,
              lambda env: gym.wrappers.vector.ClipReward(env, -0.5, 0.5)],
-    "Box": [gym.wrappers.vector.ClipAction, lambda env: gym.wrappers.vector.RescaleAction(env, np.float32(-0.5), np.float32(0.5))],
+    "Box": [gym.wrappers.vector.ClipAction,
+            lambda env: gym.wrappers.vector.RescaleAction(env, np.float32(-0.5), np.float32(0.5))],
 }
 
 
@@ -205,4 +207,5 @@ def test_reset_mask_resets_only_the_marked_environments(script):
     mask = np.array([True, False, True])
     np.testing.assert_array_equal(ours.reset(options={"reset_mask": mask})[0],
                                   theirs.reset(options={"reset_mask": mask.copy()})[0])
-    np.testing.assert_array_equal(ours.unwrapped.obs[:, 0], np.float32([0, 3 / MIXED_LIMIT, 0]))  # env 1 kept its episode
+    # environment 1 kept its episode (3 steps in), the others started new ones
+    np.testing.assert_array_equal(ours.obs[:, 0], np.float32([0, 3 / MIXED_LIMIT, 0]))
