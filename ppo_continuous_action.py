@@ -265,69 +265,68 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
     return thunk
 
 
-class SameStepVectorEnv:
+class SameStepVectorEnv(gym.vector.VectorEnv):
     """The environments stepped one after another, an ended episode reset within the same step: the
     vector environment the rollout needs (see the docstring at the top), written out.
 
-    It gives what gymnasium's `SyncVectorEnv(..., autoreset_mode=SAME_STEP, copy=False)` under its vector
-    `RecordEpisodeStatistics` gives, for the same seeds and actions the same numbers: observations (one
-    buffer, rewritten at every step), rewards, `terminated`, `truncated`, and on a step where episodes
-    end the info keys the loop reads: `final_obs` (each ended episode's last observation) and `episode`
-    (return "r", length "l"), with their masks `_final_obs` and `_episode`. Other info keys are not
-    passed on (the loop does not read them); on the other steps the info is empty.
-    Why it exists: those two build a dict of per-key arrays from every sub-environment's info at every
-    step; for one Hopper-v4 or four CartPole-v1 environments that cost more than the rest of the vector
-    step (benchmark/results/speed_cpu.md). tests/test_envs.py checks it against gymnasium's pair.
+    It is gymnasium's `SyncVectorEnv(..., autoreset_mode=SAME_STEP, copy=False)` without the branches
+    for other autoreset modes and observation layouts: for the same seeds and actions the same
+    observations (one buffer, rewritten at every step), rewards, `terminated`, `truncated` and info
+    (made by gymnasium's `_add_info`: each key of an environment's info as an array with its mask
+    `_key`; where an episode ended, its last observation in `final_obs` and its last info in
+    `final_info`). It is a `gymnasium.vector.VectorEnv`, so gymnasium's vector wrappers take it
+    (`make_envs` puts `RecordEpisodeStatistics` around it). It exists for the per-step cost
+    (benchmark/results/speed_cpu.md); tests/test_envs.py checks it against gymnasium's.
     """
 
     def __init__(self, env_fns: list):
         self.envs = [fn() for fn in env_fns]
         self.num_envs = len(self.envs)
+        self.metadata = {**self.envs[0].metadata, "autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+        self.render_mode = self.envs[0].render_mode
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.obs = gym.vector.utils.create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
-        self.episode_return = np.zeros(self.num_envs)
-        self.episode_length = np.zeros(self.num_envs, np.int64)
 
-    def reset(self, seed: int) -> tuple[np.ndarray, dict]:
-        """Environment i starts from seed + i, as gymnasium's vector environments seed them."""
-        for i, env in enumerate(self.envs):
-            self.obs[i], _ = env.reset(seed=seed + i)
-        self.episode_return[:], self.episode_length[:] = 0.0, 0
-        return self.obs, {}
+    def reset(self, *, seed: int | list | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Environment i starts from seed + i (or seed[i]), as gymnasium's vector environments seed them;
+        `options["reset_mask"]` resets only the environments it marks."""
+        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else seed or [None] * self.num_envs
+        options = dict(options or {})
+        mask = options.pop("reset_mask", np.ones(self.num_envs, bool))
+        infos = {}
+        for i in np.flatnonzero(mask):
+            self.obs[i], info = self.envs[i].reset(seed=seeds[i], options=options or None)
+            infos = self._add_info(infos, info, i)
+        return self.obs, infos
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         reward = np.zeros(self.num_envs)
         terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
-        final_obs = {}
+        infos = {}
         for i, env in enumerate(self.envs):
-            obs, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+            obs, reward[i], terminated[i], truncated[i], info = env.step(actions[i])
             if terminated[i] or truncated[i]:
-                final_obs[i] = obs
-                obs, _ = env.reset()
+                infos = self._add_info(infos, {"final_obs": obs, "final_info": info}, i)
+                obs, info = env.reset()
+            if info:
+                infos = self._add_info(infos, info, i)
             self.obs[i] = obs
-        self.episode_return += reward
-        self.episode_length += 1
-        if not final_obs:
-            return self.obs, reward, terminated, truncated, {}
-        ended = terminated | truncated
-        infos = {"final_obs": np.full(self.num_envs, None, object), "_final_obs": ended, "_episode": ended,
-                 "episode": {"r": np.where(ended, self.episode_return, 0.0), "l": np.where(ended, self.episode_length, 0)}}
-        for i, obs in final_obs.items():
-            infos["final_obs"][i] = obs
-        self.episode_return[ended], self.episode_length[ended] = 0.0, 0
         return self.obs, reward, terminated, truncated, infos
 
-    def close(self):
+    def render(self) -> tuple:
+        return tuple(env.render() for env in self.envs)
+
+    def close_extras(self, **kwargs):
         for env in self.envs:
             env.close()
 
 
-def make_envs(args: Args, run_dir: str) -> SameStepVectorEnv:
+def make_envs(args: Args, run_dir: str) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top and
-    `SameStepVectorEnv`).
+    `SameStepVectorEnv`), under gymnasium's vector `RecordEpisodeStatistics`.
 
     No normalisation wrappers: observations and rewards are normalised in the training loop
     (`ObsNormalizer`, `RewardScaler`), actions clipped there too, so the raw values stay visible.
@@ -336,6 +335,7 @@ def make_envs(args: Args, run_dir: str) -> SameStepVectorEnv:
     `info["_episode"]` (see `finished_episodes`), so every finished episode is logged.
     """
     envs = SameStepVectorEnv([make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)])
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_action_space.shape) != 1:
         envs.close()
         fail(f"{args.env_id} has action space {envs.single_action_space}; ppo_continuous_action.py supports "

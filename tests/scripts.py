@@ -34,7 +34,7 @@ IDENTICAL = {
     # Atari wrappers, whose info arrives in final_info with same-step autoreset
     "finished_episodes": [["ppo", "ppo_continuous_action", "ppo_continuous_action_redis"],
                           ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
-    # gymnasium's same-step vector env and its episode statistics, written out for the per-step cost
+    # gymnasium's same-step SyncVectorEnv, written out for the per-step cost
     "SameStepVectorEnv": [["ppo", "ppo_continuous_action"]],
     "step_in_reset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "NoopReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
