@@ -117,7 +117,9 @@ def only_run_dir(runs_dir) -> Path:
 
 
 def load(path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """A checkpoint, read as data only (what every script's read_checkpoint does): a checkpoint that needs more
+    fails here."""
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def assert_evaluate_flag_matches_training(name: str, e2e: dict, episodes: int):

@@ -42,7 +42,6 @@ IDENTICAL = {
     "EpisodicLife": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "ProgressLine": [SCRIPTS],
-    "log_evaluation": [SCRIPTS],
     "finish_tracking": [SCRIPTS],
     "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen", "ppo_continuous_action_redis"]],
     # bad input, checkpoint files, resuming and Ctrl-C: the same rules in every script
@@ -50,12 +49,20 @@ IDENTICAL = {
     "check_tracking": [SCRIPTS],
     "check_runs_dir": [SCRIPTS],
     "write_checkpoint_file": [SCRIPTS],
+    "CHECKPOINT_FORMAT": [SCRIPTS],
+    "as_data": [SCRIPTS],
+    "FORMAT_2_NUMPY": [SCRIPTS],
     "read_checkpoint": [SCRIPTS],
     "load_checkpoint": [SCRIPTS],
     "resume_args": [SCRIPTS],
     "make_run_dir": [SCRIPTS],
     # under torchrun: the rank in the line, and torchrun's command to resume
+    "resume_hint": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
     "exit_on_ctrl_c": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
+    # a refused write (disk full) ends the run in one line, as Ctrl-C does
+    "WRITE_ERRORS": [SCRIPTS],
+    "quiet_write_errors": [SCRIPTS],
+    "exit_on_write_error": [SCRIPTS],
     # one minibatch's gradient step: the plain form / with the all-reduce of the gradients / with the
     # 0/1 mask of fixed-shape minibatches (reset rows kept, not counted) / with the recurrent state
     "update_step": [["ppo", "ppo_continuous_action", "ppo_atari", "ppo_continuous_action_redis"],
@@ -76,9 +83,14 @@ def script_path(name: str) -> Path:
 
 
 def top_level_definitions(name: str) -> dict[str, ast.AST]:
-    """The module-level functions and classes of a script, by name."""
+    """The module-level functions, classes and upper-case constants of a script, by name."""
     tree = ast.parse(script_path(name).read_text())
-    return {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    definitions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.isupper()):
+            definitions[node.targets[0].id] = node
+    return definitions
 
 
 def without_docstrings(node: ast.AST) -> str:

@@ -3,6 +3,9 @@ tests run on, the copies meant to be the same are the same code, and the shared 
 names and shapes everywhere (read from the scripts' source, so nothing has to run)."""
 
 import ast
+import io
+import re
+import tokenize
 
 import pytest
 
@@ -102,3 +105,73 @@ def test_one_vocabulary_of_metric_names_and_printed_words(name):
     for old in ("perf/collection_time", "perf/learning_time", "perf/learn_time", "games=", "mean_score",
                 "mean score"):
         assert old not in text, f"{name} still says {old}"
+
+
+# READING ORDER -----------------------------------------------------------------------------------
+
+# whose process layout is part of their lesson, and so comes before their loop
+MULTI_PROCESS = ["ppo_atari_multigpu", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
+BANNER = "# PPO ENDS HERE."
+# what a reader meets before the banner (PPO), and some of what stands after it (the machinery)
+ALGORITHM = ["Args", "Agent", "compute_gae", "ppo_loss", "update_step", "train"]
+MACHINERY = ["check_args", "save_checkpoint", "read_checkpoint", "resume_args", "evaluate", "ProgressLine",
+             "exit_on_ctrl_c", "exit_on_write_error", "main", "NumpyPolicy", "NumpyUpdate", "SameStepVectorEnv"]
+
+
+def training_loops(name: str) -> list[tuple[ast.FunctionDef, ast.For]]:
+    """(function, loop) for every `for iteration in range(...)` in a module-level function of the script."""
+    tree = ast.parse(script_path(name).read_text())
+    return [(function, node) for function in tree.body if isinstance(function, ast.FunctionDef)
+            for node in ast.walk(function)
+            if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and node.target.id == "iteration"
+            and isinstance(node.iter, ast.Call) and getattr(node.iter.func, "id", None) == "range"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_ppo_comes_first_and_its_loop_early_in_a_short_function(name):
+    """The reading order of DESIGN.md: the training loop (`for iteration in range(...)` in `train`) starts by
+    line 500 (750 in the multi-process scripts) in a function of at most 200 lines; one banner says where PPO
+    ends, after the algorithm's pieces and before the machinery."""
+    (function, loop), = training_loops(name)
+    assert function.name == "train"
+    limit = 750 if name in MULTI_PROCESS else 500
+    assert loop.lineno <= limit, f"the training loop starts at line {loop.lineno}"
+    assert function.end_lineno - function.lineno + 1 <= 200, f"train is {function.end_lineno - function.lineno + 1} lines"
+    lines = script_path(name).read_text().splitlines()
+    banners = [number for number, line in enumerate(lines, 1) if line.startswith(BANNER)]
+    assert len(banners) == 1, banners
+    definitions = DEFINITIONS[name]
+    before = [piece for piece in ALGORITHM if definitions[piece].lineno > banners[0]]
+    after = [piece for piece in MACHINERY if piece in definitions and definitions[piece].lineno < banners[0]]
+    assert not before and not after, f"after the banner: {before}; before it: {after}"
+
+
+# a timing or speed figure: a number with a unit of time, SPS, or "times faster/slower"
+MEASUREMENT = re.compile(r"(?<![\w.])\d[\d,]*(\.\d+)?\s*(ms|us|µs|s|seconds|minutes|hours|SPS)(?!\w)"
+                         r"|\d(\.\d+)?x (faster|slower|the speed)")
+
+
+def prose(name: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring (also the Args fields' docstrings, which --help shows)."""
+    source = script_path(name).read_text()
+    texts = [(token.start[0], token.string) for token in tokenize.generate_tokens(io.StringIO(source).readline)
+             if token.type == tokenize.COMMENT]
+    return texts + [(node.lineno, node.value.value) for node in ast.walk(ast.parse(source))
+                    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str)]
+
+
+def test_the_measurement_pattern_finds_measurements():
+    found = [text for text in ("takes 2.5 ms eager", "about 300 us", "54 s for 10 games", "3,784 SPS",
+                               "a 1.3x faster update", "1.9 ms compiled (after 9 s", "in 0.83 ms")
+             if MEASUREMENT.search(text)]
+    missed = [text for text in ("10 episodes", "4x this many frames", "2x(1, B, H)", "eps 1e-5", "27,000 steps",
+                                "60% of the ranks", "detail 2 of the 37") if MEASUREMENT.search(text)]
+    assert len(found) == 7 and not missed, missed
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_no_timing_figures_in_docstrings_comments_or_help(name):
+    """Measurements age: they live in benchmark/results/, and the code points there."""
+    figures = [(line, match.group()) for line, text in prose(name) for match in MEASUREMENT.finditer(text)]
+    assert not figures, figures
