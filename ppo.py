@@ -708,12 +708,10 @@ def write_checkpoint_file(checkpoint: dict, path: str):
 
 
 def as_data(value):
-    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
-    a checkpoint may hold (read_checkpoint reads nothing else)."""
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
-    if isinstance(value, np.generic):
-        return value.item()
+    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
+    hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return torch.tensor(value)  # a copy, with the same dtype
     if isinstance(value, dict):
         return {key: as_data(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

@@ -5,12 +5,16 @@ in test_cli.py's in-process cases."""
 
 import importlib
 import os
+import pickle
+import shlex
+import shutil
 import signal
 import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,6 +97,77 @@ def test_a_checkpoint_is_flushed_before_its_rename_and_stale_temporary_files_go(
     assert events == [("fsync", f"{path}.tmp"), ("replace", str(path)), ("fsync", str(tmp_path))]
     assert load(path)["step"] == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+
+class CodeInside:
+    """What a hostile model file carries: an object whose unpickling runs a command (here: creating a
+    marker file)."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(self.marker)}",)
+
+
+def code_carrying_file(name: str, path: Path, marker: Path, kind: str) -> Path:
+    """A file that looks like a checkpoint of `name` and carries code: a torch.save archive or a bare pickle."""
+    checkpoint = {"model": CodeInside(marker), "args": {}, "script": f"{name}.py", "format": 3}
+    if kind == "torch":
+        torch.save(checkpoint, path)
+    else:
+        path.write_bytes(pickle.dumps(checkpoint))
+    return path
+
+
+def test_the_code_carrying_file_does_run_code_when_unpickled(tmp_path):
+    """The test's hostile file is real: a plain torch.load (weights_only=False) runs its command."""
+    path = code_carrying_file("ppo", tmp_path / "model.pt", tmp_path / "marker", "torch")
+    torch.load(path, weights_only=False)
+    assert (tmp_path / "marker").exists()
+
+
+@pytest.mark.parametrize("kind", ["torch", "pickle"])
+@pytest.mark.parametrize("door", ["evaluate", "resume", "best_model"])
+def test_a_file_carrying_code_is_refused_and_nothing_in_it_runs(every_script, door, kind, tmp_path, monkeypatch,
+                                                               capsys):
+    """--evaluate FILE, --resume FILE and --evaluate of a run's best_model.pt: exit 2, one line naming the
+    file and what is wrong with it, and the code it carries never runs."""
+    monkeypatch.chdir(tmp_path)
+    name, marker = every_script.__name__, tmp_path / "marker"
+    file = {"evaluate": "model.pt", "resume": "checkpoint.pt", "best_model": "best_model.pt"}[door]
+    (tmp_path / "run").mkdir()
+    path = code_carrying_file(name, tmp_path / "run" / file, marker, kind)
+    line = refusal(every_script, capsys, **{"resume" if door == "resume" else "evaluate": str(path)})
+    assert f"{path} holds code or objects that a checkpoint does not hold" in line and "nothing in it was run" in line
+    assert not marker.exists()
+
+
+FORMAT_2 = {"ppo": "format2_ppo_CartPole-v1.pt", "ppo_continuous_action": "format2_ppo_continuous_action_Hopper-v5.pt"}
+
+
+@pytest.mark.parametrize("name", FORMAT_2)
+def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, monkeypatch):
+    """tests/data holds checkpoints written by the scripts at format 2 (before checkpoints were data only:
+    NumPy arrays in the RNG state and statistics). They are read without allowing anything but NumPy's
+    arrays, with the same values as an unrestricted read gives, and a run resumes from them."""
+    monkeypatch.chdir(tmp_path)
+    script = importlib.import_module(name)
+    (tmp_path / "run").mkdir()
+    path = Path(shutil.copy(Path(__file__).parent / "data" / FORMAT_2[name], tmp_path / "run" / "checkpoint.pt"))
+    unrestricted = torch.load(path, weights_only=False)
+    assert unrestricted["format"] == 2 and isinstance(unrestricted["rng"]["numpy"][1], np.ndarray)
+    checkpoint = script.load_checkpoint(str(path))
+    assert np.array_equal(checkpoint["rng"]["numpy"][1].numpy(), unrestricted["rng"]["numpy"][1])
+    assert checkpoint["rng"]["python"] == unrestricted["rng"]["python"]
+    for key in ("obs_rms", "reward_rms"):
+        if key in unrestricted:
+            assert np.array_equal(checkpoint[key]["mean"].numpy(), unrestricted[key]["mean"])
+    assert all(torch.equal(value, unrestricted["model"][key]) for key, value in checkpoint["model"].items())
+    step = unrestricted["global_step"]
+    script.main(script.Args(resume=str(path), total_timesteps=2 * step, cuda=False))
+    resumed = load(path)
+    assert (resumed["format"], resumed["global_step"], resumed["iteration"]) == (3, 2 * step, 2 * unrestricted["iteration"])
 
 
 # RESUME WITH OTHER FLAGS -------------------------------------------------------------------------
