@@ -6,6 +6,7 @@ in test_cli.py's in-process cases."""
 import importlib
 import os
 import pickle
+import resource
 import shlex
 import shutil
 import signal
@@ -255,22 +256,64 @@ CTRL_C_RUNS = {
 }
 
 
-def test_ctrl_c_ends_every_script_in_one_line_with_the_resume_command(tmp_path):
-    """All scripts at once, each in its own process group that gets SIGINT as a terminal's Ctrl-C sends
-    it (to the script and its workers): exit code 130, and on stderr only the line that names the last
-    checkpoint and the command that resumes it (no traceback, nothing from the workers, no SDL notice)."""
-    assert sorted(CTRL_C_RUNS) == sorted(SCRIPTS)
+# The file-size limit (bytes) under which a script's first checkpoint cannot be written while everything it
+# writes before (TensorBoard's events, shared memory) can; and the one under which its TensorBoard events
+# cannot be written.
+CHECKPOINT_LIMIT = {name: 32_000 for name in SCRIPTS}
+EVENTS_LIMIT = {name: 1_000 for name in SCRIPTS}
+
+
+def file_size_limit(limit: int):
+    """For a child: writes beyond `limit` bytes fail with EFBIG (Python ignores the SIGXFSZ that comes with
+    them), as on a full disk; and Ctrl-C gets its default disposition (default_ctrl_c)."""
+    def set_limit():
+        default_ctrl_c()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return set_limit
+
+
+def start_all(tmp_path, argv: dict, limits: dict | None = None) -> dict[str, subprocess.Popen]:
+    """Every script at once, each in `tmp_path/<name>` and its own process group (a terminal's Ctrl-C
+    reaches the script and its workers), on the CPU with one thread, stderr captured."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "SDL_"))}
     env["OMP_NUM_THREADS"] = "1"
     processes = {}
+    for name, arguments in argv.items():
+        (tmp_path / name).mkdir(exist_ok=True)
+        preexec = file_size_limit(limits[name]) if limits else default_ctrl_c
+        processes[name] = subprocess.Popen(script_command(name, *arguments), cwd=tmp_path / name, env=env,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                           preexec_fn=preexec, start_new_session=True)
+    return processes
+
+
+def finish_all(processes: dict[str, subprocess.Popen]) -> dict[str, tuple[int, str]]:
+    """name -> (exit code, stderr) of every process, killing what is left after a minute."""
+    results = {}
     try:
-        for name, argv in CTRL_C_RUNS.items():
-            (tmp_path / name).mkdir()
-            processes[name] = subprocess.Popen(
-                script_command(name, *argv, "--num-minibatches", 2, "--update-epochs", 1, "--total-timesteps", 10**8,
-                               "--checkpoint-every", 1),
-                cwd=tmp_path / name, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                preexec_fn=default_ctrl_c, start_new_session=True)
+        for name, process in processes.items():
+            _, stderr = process.communicate(timeout=60)
+            results[name] = process.returncode, stderr
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    return results
+
+
+def test_ctrl_c_and_a_full_disk_end_every_script_in_one_line_with_the_resume_command(tmp_path):
+    """All scripts at once, each in its own process group that gets SIGINT as a terminal's Ctrl-C sends
+    it (to the script and its workers): exit code 130, and on stderr only the line that names the last
+    checkpoint and the command that resumes it (no traceback, nothing from the workers, no SDL notice).
+    Then each run resumed under a file-size limit that its next checkpoint exceeds (a full disk): exit 1,
+    the one line naming the file, the error and the same resume command, no partial file, the last
+    checkpoint intact; and a new run whose TensorBoard events exceed the limit ends the same way."""
+    assert sorted(CTRL_C_RUNS) == sorted(SCRIPTS)
+    tiny = {name: [*argv, "--num-minibatches", 2, "--update-epochs", 1] for name, argv in CTRL_C_RUNS.items()}
+    processes = start_all(tmp_path, {name: [*argv, "--total-timesteps", 10**8, "--checkpoint-every", 1]
+                                     for name, argv in tiny.items()})
+    try:
         waiting, deadline = set(processes), time.monotonic() + 240
         while waiting and time.monotonic() < deadline:
             for name in list(waiting):
@@ -279,19 +322,38 @@ def test_ctrl_c_ends_every_script_in_one_line_with_the_resume_command(tmp_path):
                     waiting.discard(name)
             time.sleep(0.1)
         assert not waiting, f"no checkpoint in 240 s: {sorted(waiting)}"
-        for name, process in processes.items():
-            _, stderr = process.communicate(timeout=60)
-            (checkpoint,) = (tmp_path / name).glob("runs/*/checkpoint.pt")
-            checkpoint = checkpoint.relative_to(tmp_path / name)
-            assert process.returncode == 130, (name, stderr)
-            assert stderr.splitlines() == [
-                f"{name}.py: interrupted: last checkpoint {checkpoint}; continue with: "
-                f"python {script_command(name)[1]} --resume {checkpoint}"], (name, stderr)
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        results = finish_all(processes)
+    checkpoints = {}
+    for name, (returncode, stderr) in results.items():
+        (checkpoint,) = (tmp_path / name).glob("runs/*/checkpoint.pt")
+        checkpoints[name] = checkpoint.relative_to(tmp_path / name)
+        hint = f"last checkpoint {checkpoints[name]}; continue with: python {script_command(name)[1]} --resume {checkpoints[name]}"
+        assert returncode == 130, (name, stderr)
+        assert stderr.splitlines() == [f"{name}.py: interrupted: {hint}"], (name, stderr)
+
+    saved = {name: load(tmp_path / name / path)["iteration"] for name, path in checkpoints.items()}
+    results = finish_all(start_all(tmp_path, {name: ["--resume", path] for name, path in checkpoints.items()},
+                                   CHECKPOINT_LIMIT))
+    for name, (returncode, stderr) in results.items():
+        path = checkpoints[name]
+        hint = f"last checkpoint {path}; continue with: python {script_command(name)[1]} --resume {path}"
+        assert returncode == 1, (name, stderr)
+        assert stderr.splitlines() == [f"{name}.py: error: cannot write {path}: File too large; {hint}"], (name, stderr)
+        assert not list((tmp_path / name / path.parent).glob("*.tmp"))
+        assert load(tmp_path / name / path)["iteration"] == saved[name]
+
+    for name in SCRIPTS:
+        shutil.rmtree(tmp_path / name)
+    results = finish_all(start_all(tmp_path, {name: [*argv, "--total-timesteps", 10**8] for name, argv in tiny.items()},
+                                   EVENTS_LIMIT))
+    for name, (returncode, stderr) in results.items():
+        (run_dir,) = (tmp_path / name).glob("runs/*")
+        run_dir = run_dir.relative_to(tmp_path / name)
+        assert returncode == 1, (name, stderr)
+        assert stderr.splitlines() == [
+            f"{name}.py: error: cannot write the TensorBoard events in {run_dir}: File too large; no checkpoint in "
+            f"{run_dir} (--checkpoint-every N writes one every N iterations)"], (name, stderr)
 
 
 def test_children_get_the_default_ctrl_c_even_when_the_suite_ignores_it():
