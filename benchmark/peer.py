@@ -5,6 +5,7 @@ and hyperparameters, measured in one run.
     python -m benchmark.peer             # CartPole-v1 500k, Hopper-v4 1M, Breakout-v5 10M steps, 3 rounds
                                          # (on 2 cores a 10M Breakout run takes most of a day: give --steps)
     python -m benchmark.peer --pairs cartpole,hopper --steps cartpole=50000,hopper=20480 --rounds 1 --busy
+    python -m benchmark.peer --pairs cartpole,hopper --baseline /tmp/before    # also an earlier commit's scripts
     python -m benchmark.peer --pairs breakout --steps breakout=102400 --busy --torch-threads 1 \\
         --log benchmark/results/speed_cpu_runs.jsonl --out /tmp/speed_breakout.md
 
@@ -94,6 +95,7 @@ NOT_PASSED = {"help", "exp-name", "wandb-project-name", "wandb-entity"}
 SETTINGS = {"plain": "default threads, nothing else started by the benchmark",
             "busy": "default threads, +1 process busy on one core"}
 THEIRS = "CleanRL"
+BASELINE = "baseline"  # the label of the --baseline checkout's runs
 
 
 def fail(message: str):
@@ -179,10 +181,12 @@ def flags(values: dict, ours: bool) -> list[str]:
     return out
 
 
-def our_command(pair: Pair, steps: int, defaults: dict, runs_dir: str, extra: tuple[str, ...] = ()) -> list[str]:
+def our_command(pair: Pair, steps: int, defaults: dict, runs_dir: str, extra: tuple[str, ...] = (),
+                root: Path = ROOT) -> list[str]:
+    """Our script in the checkout `root` (this one, or a --baseline), with the hyperparameters of `defaults`."""
     values = {"env_id": pair.env_id, "total_timesteps": steps, **hyperparameters(defaults),
               **dict.fromkeys(OFF + ("save_model",), False)}
-    return [sys.executable, str(ROOT / f"{pair.ours}.py"), *flags(values, ours=True), "--runs-dir", runs_dir, *extra]
+    return [sys.executable, str(root / f"{pair.ours}.py"), *flags(values, ours=True), "--runs-dir", runs_dir, *extra]
 
 
 def their_command(pair: Pair, steps: int, defaults: dict, peer_dir: Path) -> list[str]:
@@ -198,10 +202,12 @@ def unmatched_flags(help_text: str, command: list[str], unset: set[str]) -> list
     return sorted(offered - passed - NOT_PASSED - unset)
 
 
-def our_variants(defaults: dict, threads: list[int], split: bool = True) -> list[tuple[str, tuple[str, ...]]]:
+def our_variants(defaults: dict, threads: list[int], split: bool = True,
+                 baseline: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     """(label, extra flags) of each run of our script: its defaults; where it has `--compile` (and `split`),
-    the other mode too; and each asked-for `--torch-threads` count."""
-    variants = [("ours", ())]
+    the other mode too; each asked-for `--torch-threads` count; and with `baseline`, the --baseline
+    checkout's script at its defaults."""
+    variants = [("ours", ())] + ([(BASELINE, ())] if baseline else [])
     if "compile" in defaults and split:
         other = "--no-compile" if defaults["compile"] else "--compile"
         variants.append((f"ours {other}", (other,)))
@@ -277,13 +283,15 @@ def time_run(command: list[str], env: dict[str, str], busy: bool, cwd: str) -> t
 
 
 def measure(pair_name: str, steps: int, setting: str, label: str, extra: tuple[str, ...], defaults: dict,
-            peer_dir: Path, cold: bool) -> dict:
-    """One timed run: a record for the log. `cold`: torch.compile starts from an empty cache."""
+            peer_dir: Path, cold: bool, baseline: Path | None = None) -> dict:
+    """One timed run: a record for the log. `cold`: torch.compile starts from an empty cache; `baseline`: the
+    checkout whose script the runs labelled BASELINE run."""
     pair = PAIRS[pair_name]
     with tempfile.TemporaryDirectory() as tmp:  # CleanRL writes runs/ in its working folder
         ours = label != THEIRS
         if ours:
-            command = our_command(pair, steps, defaults, f"{tmp}/runs", extra)
+            root = baseline if label == BASELINE else ROOT
+            command = our_command(pair, steps, defaults, f"{tmp}/runs", extra, root)
         else:
             command = their_command(pair, steps, defaults, peer_dir)
         env = child_env(ours, f"{tmp}/compile_cache" if cold else None)
@@ -332,6 +340,7 @@ def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings
              "|---|---|---|---|" + "---|" * rounds + "---|---|---|---|"]
     split = ["| script | steps | setting | eager (s) | compiled (s) | compiled / eager | compiled - eager (s) "
              "| compile time (s) |", "|---|---|---|---|---|---|---|---|"]
+    baseline_lines = ["| pair | steps | setting | baseline time / our time |", "|---|---|---|---|"]
     for pair in pairs:
         name = f"{pair} ({PAIRS[pair].env_id})"
         for setting in settings:
@@ -354,14 +363,18 @@ def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings
                              f"| {speed} | {ratio} |")
             # the eager/compiled split: the runs that differ from the default in the compile mode only
             by_mode = {modes[pair][label]: label for label in modes[pair]
-                       if times[label] and not label.startswith("ours --torch-threads")}
+                       if times[label] and not label.startswith("ours --torch-threads") and label != BASELINE}
+            if times.get(BASELINE) and times["ours"]:
+                baseline_lines.append(f"| {name} | {steps[pair]:,} | {setting} | "
+                                      f"{ratio_text(times[BASELINE], times['ours'])} |")
             if len(by_mode) == 2:
                 eager = statistics.median(times[by_mode["eager"]].values())
                 compiled = statistics.median(times[by_mode["compiled"]].values())
                 compile_time = compile_text(own[by_mode["compiled"]], own[by_mode["eager"]])
                 split.append(f"| {PAIRS[pair].ours}.py | {steps[pair]:,} | {setting} | {eager:.1f} | {compiled:.1f} "
                              f"| {compiled / eager:.2f} | {compiled - eager:+.1f} | {compile_time} |")
-    return "\n".join(lines + ([""] + split if len(split) > 2 else []))
+    return "\n".join(lines + ([""] + split if len(split) > 2 else [])
+                     + ([""] + baseline_lines if len(baseline_lines) > 2 else []))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -401,9 +414,9 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} logical cores, {platform.platform()}"
 
 
-def our_commit() -> str:
+def our_commit(root: Path = ROOT) -> str:
     def git(*args):
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
@@ -423,7 +436,7 @@ def check_flags(command: list[str], defaults: dict):
 
 def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], settings: list[str],
                variants: dict[str, list[tuple[str, tuple[str, ...]]]], defaults: dict[str, dict], peer_dir: Path,
-               cold: bool = False):
+               cold: bool = False, baseline: Path | None = None):
     """Every run not yet in the log, round after round, each appended to the log as it finishes. In a
     round, ours go first in odd rounds and CleanRL's in even ones."""
     done = {key(record) for record in read_log(log)}
@@ -438,7 +451,8 @@ def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], 
                     if (pair, steps[pair], setting, label, r, cold) in done:
                         continue
                     load = os.getloadavg()[0]  # the machine's state just before: a disturbed run shows here
-                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir, cold)
+                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir, cold,
+                                     baseline)
                     record.update(round=r, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), load=load)
                     with log.open("a") as f:
                         f.write(json.dumps(record) + "\n")
@@ -446,7 +460,7 @@ def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], 
 
 
 def describe(command: str, peer_dir: Path, pairs: list[str], settings: list[str], defaults: dict[str, dict],
-             records: list[dict], cold: bool) -> str:
+             records: list[dict], cold: bool, baseline: Path | None = None) -> str:
     """The lines above the table: machine, load during the runs, versions, command, settings, scripts."""
     loads = [record["load"] for record in records if "load" in record and record["pair"] in pairs]
     during = f"1-minute load average before each run {min(loads):.2f}-{max(loads):.2f}" if loads else "no runs logged"
@@ -454,6 +468,7 @@ def describe(command: str, peer_dir: Path, pairs: list[str], settings: list[str]
     lines = [f"Machine: {machine()}; {during}.",
              f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + ".",
              f"CleanRL: {theirs} (virtualenv {peer_dir}).",
+             *([f"Baseline: {baseline}, commit {our_commit(baseline)}, with our flags."] if baseline else []),
              f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
              "Settings: " + "; ".join(f"{name}: {SETTINGS[name]}" for name in settings) + "; torch.compile cache: "
              + ("empty for each run (cold)." if cold else "the user's (warm after the first compile).")]
@@ -500,6 +515,10 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--cold-compile", action="store_true",
                         help="give every run an empty torch.compile cache (default: the user's, warm after the "
                         "first compile)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="also time the scripts of this other checkout of the repository (e.g. a git worktree "
+                        "of an earlier commit) in the same rounds, with the same flags, and tabulate its time "
+                        "against ours")
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG,
                         help="JSON lines of the finished runs, read to resume (default: %(default)s)")
     parser.add_argument("--table", action="store_true", help="print the table from --log only, run nothing")
@@ -527,16 +546,21 @@ def main(argv: list[str] | None = None):
         batch = defaults[pair]["num_envs"] * defaults[pair]["num_steps"]
         if steps[pair] < batch:
             fail(f"--steps: {pair} needs at least one batch, {batch} steps, got {steps[pair]}")
-    variants = {pair: our_variants(defaults[pair], threads, not args.no_split) for pair in pairs}
+    if args.baseline is not None and not all((args.baseline / f"{PAIRS[pair].ours}.py").is_file() for pair in pairs):
+        fail(f"--baseline {args.baseline}: not a checkout of this repository (its scripts are missing)")
+    variants = {pair: our_variants(defaults[pair], threads, not args.no_split, args.baseline is not None)
+                for pair in pairs}
     modes = {pair: {label: mode(defaults[pair], label) for label, _ in variants[pair]} for pair in pairs}
     if not args.table:
         for pair in pairs:
             check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.peer_dir), defaults[pair])
-        run_rounds(args.log, args.rounds, pairs, steps, settings, variants, defaults, args.peer_dir, args.cold_compile)
+        run_rounds(args.log, args.rounds, pairs, steps, settings, variants, defaults, args.peer_dir, args.cold_compile,
+                   args.baseline)
 
     records = read_log(args.log)
     command = "python -m benchmark.peer " + shlex.join(argv if argv is not None else sys.argv[1:])
-    text = (describe(command, args.peer_dir, pairs, settings, defaults, records, args.cold_compile) + "\n\n"
+    text = (describe(command, args.peer_dir, pairs, settings, defaults, records, args.cold_compile, args.baseline)
+            + "\n\n"
             + table(records, pairs, steps, settings, args.rounds, modes, args.cold_compile))
     print("\n" + text)
     if args.out:

@@ -120,6 +120,22 @@ def test_table_medians_ranges_and_ratios_from_known_timings():
     assert found["split", "plain"][3:] == ["11.0", "17.5", "1.59", "+6.5", "not logged"]
 
 
+def test_a_baseline_checkout_runs_its_own_script_and_is_tabulated_against_ours(tmp_path):
+    """--baseline: the other checkout's script with our flags, and a table of its time over ours per round."""
+    pair = peer.PAIRS["cartpole"]
+    defaults = peer.our_defaults(pair)
+    command = peer.our_command(pair, 1024, defaults, "/tmp/runs", (), tmp_path)
+    assert command[1] == str(tmp_path / "ppo.py") and command[2:] == peer.our_command(pair, 1024, defaults, "/tmp/runs")[2:]
+    assert peer.our_variants(defaults, [], baseline=True)[:2] == [("ours", ()), (peer.BASELINE, ())]
+    records = [record("cartpole", label, r, seconds) for label, times in
+               (("CleanRL", (30.0, 33.0)), ("ours", (10.0, 12.0)), (peer.BASELINE, (10.5, 12.6))) for r, seconds in
+               zip((1, 2), times)]
+    text = peer.table(records, ["cartpole"], {"cartpole": 1000}, ["plain"], 2,
+                      {"cartpole": {"ours": "eager", peer.BASELINE: "eager"}})
+    assert "| cartpole (CartPole-v1) | 1,000 | plain | 1.05x (1.05x-1.05x) |" in text.splitlines()
+    assert ("split", "plain") not in rows(text)  # two eager runs are no eager/compiled split
+
+
 def test_table_takes_the_scripts_own_compile_time_and_marks_what_is_missing():
     records = [record("hopper", "CleanRL", 1, 50.0, setting="busy"), record("hopper", "ours", 1, 20.0, setting="busy"),
                record("hopper", "ours --no-compile", 1, 25.0, setting="busy", compile_s=None),
@@ -137,7 +153,7 @@ def test_table_takes_the_scripts_own_compile_time_and_marks_what_is_missing():
 def test_rounds_alternate_the_sides_and_resume_from_the_log(tmp_path, monkeypatch):
     measured = []
 
-    def fake_measure(pair, steps, setting, label, extra, defaults, peer_dir, cold):
+    def fake_measure(pair, steps, setting, label, extra, defaults, peer_dir, cold, baseline=None):
         measured.append((label, setting))
         return {"pair": pair, "steps": steps, "setting": setting, "run": label, "cold": cold, "seconds": 1.0,
                 "sps": None}
