@@ -369,7 +369,7 @@ def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = Fal
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
     The games step one after the other in this process, without one more process per game
-    (measured against AsyncVectorEnv: see README, section Speed). ale-py's C++ vector environment
+    (against AsyncVectorEnv: benchmark/results/speed.md, Pixel scripts). ale-py's C++ vector environment
     (`ale_py.vector_env.AtariVectorEnv`) is not used because its preprocessing is not this file's:
     0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither a no-op
     nor FIRE after a lost life.
@@ -716,7 +716,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, rank: int, world_si
     # its environments differently, so it does not replay the first games
     next_obs, _ = envs.reset(seed=args.seed + global_step + rank * N)
     total_steps = args.num_iterations * args.batch_size  # over all ranks
-    for iteration in range(start_iteration, args.max_iterations + 1):  # until total_steps (at the end)
+    for iteration in range(start_iteration, args.max_iterations + 1):  # until global_step reaches total_steps
         if args.anneal_lr:  # annealed linearly to 0 over the run's steps (detail 4)
             learning_rate.fill_((1.0 - global_step / total_steps) * args.learning_rate)
 
