@@ -1,14 +1,16 @@
 """ppo_atari_multigpu.py: the gradient of 2 ranks equals the gradient of 1 process, runs under torchrun
 (2 processes; two launches joined by a c10d rendezvous as two "nodes"; a resume), identical weights on
 every rank, collective early stopping and straggler preemption, a killed or hung rank ending the job,
-bad input on every rank, a world of one that trains like ppo_atari.py, and the named pieces of the
-loop (explained variance from every rank's sums, the preemption counter, the collective timer, the
-clip fraction over all minibatches)."""
+bad input on every rank, a refused write (disk full) ending the job in rank 0's one line, a world of one
+that trains like ppo_atari.py, and the named pieces of the loop (explained variance from every rank's
+sums, the preemption counter, the collective timer, the clip fraction over all minibatches, the resume
+command)."""
 
 import math
 import multiprocessing
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -35,17 +37,23 @@ TINY = ["--env-id", "Breakout", "--num-envs", NUM_ENVS, "--num-steps", NUM_STEPS
 HASHES = re.compile(r"^final weights of the (\d+) ranks: sha256 (.+)$", re.M)
 
 
-def torchrun(*argv, cwd, launcher=("--standalone", "--nproc_per_node=2"), timeout=300, popen=False):
+def torchrun(*argv, cwd, launcher=("--standalone", "--nproc_per_node=2"), timeout=300, popen=False,
+             file_size_limit=None):
     """`torchrun <launcher> ppo_atari_multigpu.py argv... --no-cuda` (as `python -m torch.distributed.run`),
-    on the CPU wherever the suite runs, one thread per process, stdout and stderr together."""
+    on the CPU wherever the suite runs, one thread per process, stdout and stderr together; with
+    `file_size_limit` no process of the job may write a file larger than that many bytes (as on a full disk)."""
     command = [sys.executable, "-m", "torch.distributed.run", *launcher, str(REPO / "ppo_atari_multigpu.py"),
                *map(str, argv), "--no-cuda"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if popen:
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
     return subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+                          timeout=timeout, preexec_fn=limit_file_size if file_size_limit else None)
 
 
 def weight_hashes(output: str) -> list[str]:
@@ -235,6 +243,41 @@ def test_world_size_not_dividing_the_environments_fails_on_every_rank(tmp_path):
     # torchrun's summary, the last thing it prints, gives the line as the failed rank's "traceback"
     assert re.search(rf"Root Cause[\s\S]*traceback : {re.escape(line)}", result.stdout), result.stdout
     assert not (tmp_path / "runs").exists()
+
+
+# A checkpoint of 20 MB, TensorBoard events of a few KB: 1 MB refuses the checkpoint, 2,000 bytes the events
+@pytest.mark.parametrize("limit, checkpoint_every, file", [(1_000_000, 1, "{run_dir}/checkpoint.pt"),
+                                                           (2_000, 0, "the TensorBoard events in {run_dir}")])
+def test_a_refused_write_ends_the_job_in_rank_zeros_one_line(limit, checkpoint_every, file, tmp_path):
+    """A write the file system refuses (here: larger than the file-size limit, as a full disk refuses it) ends
+    the job: rank 0 prints the one line that names the file and where to resume from, the other rank ends
+    without a line of its own (no "lost the other ranks") and without waiting for its --timeout, and no
+    partial checkpoint stays. torchrun adds its own summary of the failed job, which it prints for every
+    job whose rank exits non-zero; no line of it comes from this file (no traceback through it)."""
+    start = time.time()
+    result = torchrun(*TINY, "--total-timesteps", 3 * BATCH, "--checkpoint-every", checkpoint_every, cwd=tmp_path,
+                      timeout=240, file_size_limit=limit)
+    assert time.time() - start < 200  # the default --timeout is 300 s
+    run_dir = only_run_dir(tmp_path / "runs").relative_to(tmp_path)
+    ours = [line for line in result.stdout.splitlines() if line.startswith("ppo_atari_multigpu.py")]
+    assert ours == [f"ppo_atari_multigpu.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
+                    f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"], result.stdout
+    assert result.returncode == 1
+    assert 'ppo_atari_multigpu.py", line' not in result.stdout
+    assert [path.name for path in (tmp_path / run_dir).iterdir() if not path.name.startswith("events.")] == []
+
+
+def test_the_resume_command_is_the_launchs_own(tmp_path, monkeypatch):
+    """Ctrl-C and a refused write name the last checkpoint and the command that resumes from it: under
+    torchrun (a world of more than one) the same torchrun command with --resume, else `python <script>`."""
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.write_bytes(b"")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert script.resume_hint(str(tmp_path)) == (
+        f"last checkpoint {checkpoint}; continue with: the same torchrun command with --resume {checkpoint}")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert script.resume_hint(str(tmp_path)) == (
+        f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}")
 
 
 # The gradient of two ranks, each on its share of one minibatch, against one process on all of it -----
