@@ -31,9 +31,8 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
-# Before PyTorch loads OpenMP: an idle thread of its pool sleeps instead of spinning, which takes CPU time from
-# the thread the pool waits for when another process keeps a core busy (benchmark/results/speed.md, Pixel
-# scripts). An OMP_WAIT_POLICY of your own is kept.
+# Before PyTorch loads OpenMP: an idle pool thread sleeps, not spins (a spinning one takes CPU time from the thread
+# the pool waits for when a core is busy: benchmark/results/speed.md, Pixel scripts). Your own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import ale_py
@@ -124,9 +123,9 @@ class Args:
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
     eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; its cost is
-    in benchmark/results/evaluation.md)"""
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best model as
+    `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; its cost is in
+    benchmark/results/evaluation.md)"""
     eval_episodes: int = 10
     """number of episodes (whole games, all lives) of an evaluation"""
     eval_deterministic: bool = False
@@ -252,45 +251,32 @@ class FireReset(gym.Wrapper):
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000,
              video_prefix: str = "rl-video", video_trigger=None):
-    """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
-
-    | wrapper                   | whose     | does                                                                     |
-    |---------------------------|-----------|--------------------------------------------------------------------------|
-    | RecordVideo (env 0)       | Gymnasium | `--capture-video`: the unpreprocessed RGB frames                         |
-    | NoopReset                 | ours      | 1 to 30 no-op frames after a reset                                       |
-    | MaxAndSkip                | ours      | action repeated 4 frames, max of the last two frames                     |
-    | RecordEpisodeStatistics   | Gymnasium | the game score (unclipped, all lives), length in agent steps, at its end |
-    | EpisodicLife              | ours      | lost life = terminated, the game goes on                                 |
-    | FireReset (if FIRE)       | ours      | FIRE after every reset                                                   |
-    | TransformReward(np.sign)  | Gymnasium | reward clipped to its sign, -1, 0 or 1                                   |
-    | ResizeObservation(84, 84) | Gymnasium | cv2.resize with INTER_AREA                                               |
-    | FrameStackObservation(4)  | Gymnasium | the last 4 frames, (4, 84, 84) uint8; a reset repeats its first frame    |
-
-    Grayscale comes from ALE (`obs_type="grayscale"`: OpenCV's RGB2GRAY values on all 110 colours met in 11
-    games), so the max of two frames is taken in grayscale, as envpool and Gymnasium's AtariPreprocessing do
-    (OpenAI Baselines' wrappers take it in RGB, then convert). Every id gets the v4 NoFrameskip settings,
-    passed explicitly (frameskip=1, no sticky actions, minimal action set, ALE's truncation at 4 x
-    `max_episode_steps` frames): `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` (which ale-py
-    registers with frameskip 4 and sticky actions) are the same environment.
-    """
+    """A thunk that builds one Atari environment with the standard preprocessing, wrapper by wrapper from the bottom
+    up (Gymnasium's where one does exactly the same thing, ours otherwise). Grayscale comes from ALE
+    (`obs_type="grayscale"`: OpenCV's RGB2GRAY values on all 110 colours met in 11 games), so the max of two frames
+    is taken in grayscale, as envpool and Gymnasium's AtariPreprocessing do. Every id gets the v4 NoFrameskip
+    settings (frameskip=1, no sticky actions, minimal action set, truncation at 4 x `max_episode_steps` frames), so
+    `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment."""
 
     def thunk():
         settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
                         max_num_frames_per_episode=4 * max_episode_steps)
-        if capture_video and idx == 0:
+        if capture_video and idx == 0:  # --capture-video: the unpreprocessed RGB frames of environment 0
             env = gym.make(env_id, render_mode="rgb_array", **settings)
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
                                            episode_trigger=video_trigger, disable_logger=True)
         else:
             env = gym.make(env_id, **settings)
-        env = NoopReset(env, noop_max=30)
-        env = MaxAndSkip(env, skip=4)
+        env = NoopReset(env, noop_max=30)  # ours: 1 to 30 no-op frames after a reset
+        env = MaxAndSkip(env, skip=4)  # ours: the action repeated 4 frames, the max of the last two frames
+        # the game score (unclipped, over all lives) and length in agent steps, in info["episode"] at the game's end
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = EpisodicLife(env)
+        env = EpisodicLife(env)  # ours: a lost life is `terminated`, the game goes on
         if "FIRE" in env.unwrapped.get_action_meanings():
-            env = FireReset(env)
-        env = gym.wrappers.TransformReward(env, np.sign)
-        env = gym.wrappers.ResizeObservation(env, (84, 84))
+            env = FireReset(env)  # ours: FIRE after every reset
+        env = gym.wrappers.TransformReward(env, np.sign)  # the reward clipped to its sign, -1, 0 or 1
+        env = gym.wrappers.ResizeObservation(env, (84, 84))  # cv2.resize with INTER_AREA
+        # the last 4 frames, (4, 84, 84) uint8; a reset repeats its first frame
         return gym.wrappers.FrameStackObservation(env, 4)
 
     return thunk
@@ -298,11 +284,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
 
 def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
               video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
-    """The vector environment, with same-step autoreset (see the docstring at the top). The games step one
-    after the other in this process, not one process per game (AsyncVectorEnv: benchmark/results/speed.md,
-    Pixel scripts). ale-py's C++ `AtariVectorEnv` steps faster still, but its preprocessing is not this
-    file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither a no-op
-    nor FIRE after a lost life."""
+    """The vector environment, with same-step autoreset: the step that ends an episode returns the next one's first
+    observation (the last one in `info["final_obs"]`), so no stored transition spans two episodes (Gymnasium's
+    default resets on the next step, a fake transition). The games step one after the other in this process, not one
+    process per game (AsyncVectorEnv: benchmark/results/speed.md, Pixel scripts). ale-py's C++ `AtariVectorEnv`
+    steps faster still, but its preprocessing is not this file's: 0 to 29 no-op frames at a reset, FIRE pressed for
+    one frame in their place, and neither a no-op nor FIRE after a lost life."""
     thunks = [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix,
                        video_trigger) for i in range(num_envs)]
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -382,8 +369,7 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor
         delta[t] = rewards[t] + gamma * next_value[t] - values[t]
         adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
     The trace is cut at every episode end; a truncated episode still sees the value of where it
-    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N).
-    """
+    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N)."""
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values)
     deltas = rewards + gamma * next_values - values
@@ -401,13 +387,11 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor
 def ppo_loss(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Tensor, oldlogprob: torch.Tensor,
              advantages: torch.Tensor, returns: torch.Tensor, oldvalues: torch.Tensor, args: Args, *,
              mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
-
-    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
-    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
-    `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
-    is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
-    """
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
+    used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
+    loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
+    minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
+    others."""
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -464,7 +448,16 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
 
 def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     """PPO on args.env_id from scratch or from `checkpoint` (--resume), writing to run_dir, which it returns."""
-    device = seed_and_device(args)  # same seed, same machine, same thread count: same numbers
+    # Seeding: same seed, same machine, same thread count -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_deterministic:  # cuDNN's float32 convolutions in full float32, not TF32
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
 
     envs = make_envs(args, args.num_envs, run_dir, args.capture_video)
     agent = Agent(int(envs.single_action_space.n)).to(device)
@@ -475,8 +468,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     start_iteration, global_step = restore(checkpoint, agent, optimizer, args)  # 1, 0 for a new run
     log = RunLog(args, run_dir, global_step)
 
-    # --compile: the same two functions through torch.compile; --cudagraphs replays their kernels from CUDA
-    # graphs (one launch per call; its outputs are reused, so the loop clones them)
+    # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
+    # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them)
     act, update = agent.act, partial(update_step, agent, optimizer, args)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
@@ -585,8 +578,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
 
 # ==================================================================================================
 # PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
-# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, seeds and the
-# device, and the entry point. None of it changes what PPO computes.
+# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks and the entry
+# point. None of it changes what PPO computes.
 # ==================================================================================================
 
 
@@ -1162,24 +1155,6 @@ def exit_on_write_error(run_dir: str):
         print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
               file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-
-
-# SEEDS AND THE DEVICE ----------------------------------------------------------------------------
-
-
-def seed_and_device(args: Args) -> torch.device:
-    """Seeds Python, NumPy and PyTorch (same seed, same machine, same thread count: same numbers) and returns
-    the device. --torch-deterministic: cuDNN deterministic, its float32 convolutions in full float32, not
-    TF32 (so the ratio at the first minibatch is 1 to float precision on a GPU too)."""
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_deterministic:
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
-    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
 
 # THE ENTRY POINT ---------------------------------------------------------------------------------
