@@ -4,13 +4,16 @@ Run:
     python ppo_atari.py --env-id Breakout        # or BreakoutNoFrameskip-v4, ALE/Breakout-v5, Pong, ...
     tensorboard --logdir runs
 
-PPO with the 9 Atari details of "The 37 Implementation Details of PPO" (Huang et al. 2022): seven wrappers
-in `make_env`, two in `Agent`. What is special in this file (where Atari scripts usually go wrong):
-- same-step autoreset (`make_envs`): every stored transition is real, none spans two episodes;
-- a lost life ends the learning episode, not the game (`EpisodicLife`); the score logged is the whole
-  game's, unclipped (`finished_episodes`); a time-limit truncation bootstraps (`--no-bootstrap-truncation`);
-- every id of a game is the same environment (`make_env`); frames stay uint8, channels-last (`train`).
-PPO ends at the banner after `train`; below it is the machinery a run needs (checkpoints are data only).
+What this file shows, top to bottom: PPO with the 9 Atari details of "The 37 Implementation Details of PPO"
+(Huang et al. 2022): no-op reset, max-and-skip 4, episodic life, fire on reset, reward clipping, 84x84 grayscale
+and frame stack 4 (the wrappers of `make_env`), a Nature CNN shared by actor and critic and pixels scaled to
+[0, 1] (`Agent`). PPO ends at the banner after `train`; below it is the machinery a run needs.
+
+What is special in this file (the places where Atari scripts usually go wrong): same-step autoreset, so every
+stored transition is real (`make_envs`); a lost life ends the learning episode, not the game (`EpisodicLife`),
+and the score logged is the whole game's, unclipped (`finished_episodes`); a time-limit truncation bootstraps
+(`--no-bootstrap-truncation`: as older scripts); every id of a game is the same environment (`make_env`);
+frames stay uint8, channels-last; checkpoints are data only, with everything a resume needs.
 """
 
 import contextlib
