@@ -581,8 +581,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
 
 # ==================================================================================================
 # PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
-# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, the Atari
-# wrappers and the entry point. None of it changes what PPO computes.
+# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, and the entry
+# point, none of which changes what PPO computes; and the Atari wrappers that make_env stacks.
 # ==================================================================================================
 
 
@@ -1165,8 +1165,8 @@ def exit_on_write_error(run_dir: str):
 
 
 # THE ATARI WRAPPERS ------------------------------------------------------------------------------
-# The preprocessing that make_env stacks around each game (ppo_atari.py's wrappers, the same code): they
-# shape the game the agent plays and do not change what PPO computes.
+# The Atari preprocessing that make_env stacks around each game, its comments saying what each wrapper does:
+# ppo_atari.py's wrappers, the same code. There they are the lesson; here the recurrent PPO comes first.
 
 
 def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
