@@ -4,49 +4,38 @@ Run:
     python ppo_atari.py --env-id Breakout        # or BreakoutNoFrameskip-v4, ALE/Breakout-v5, Pong, ...
     tensorboard --logdir runs
 
-What this file shows: PPO with the 9 Atari details of "The 37 Implementation Details of PPO" (Huang
-et al. 2022): no-op reset (1 to 30), max-and-skip 4, episodic life, fire on reset, 84x84 grayscale,
-reward clipping to the sign, frame stack 4, a Nature CNN shared by actor and critic, pixels scaled to
-[0, 1]. The first seven are the wrappers in `make_env` (Gymnasium's where one does exactly the same
-thing, ours otherwise, each marked); the last two are in `Agent`.
+What this file shows, top to bottom: PPO with the 9 Atari details of "The 37 Implementation Details of PPO"
+(Huang et al. 2022): no-op reset, max-and-skip 4, episodic life, fire on reset, reward clipping, 84x84 grayscale
+and frame stack 4 (the wrappers of `make_env`), a Nature CNN shared by actor and critic and pixels scaled to
+[0, 1] (`Agent`). PPO ends at the banner after `train`; below it is the machinery a run needs.
 
-What is special in this file (the places where Atari scripts usually go wrong):
-- Gymnasium 1.x vector environments reset a finished episode on the *next* step by default; that step
-  would be a fake transition. We ask for same-step autoreset: every stored transition is real, and
-  the last observation of an ended episode arrives in `info["final_obs"]`.
-- With episodic life a lost life ends the *learning* episode (`terminated`), but the game goes on:
-  the reset that follows takes one no-op step instead of restarting the game. The score we log is the
-  real game: a RecordEpisodeStatistics placed below the episodic-life and reward-clipping wrappers
-  sums the unclipped reward over all lives. With same-step autoreset its `info["episode"]` arrives
-  in `info["final_info"]` (see `finished_episodes`).
-- A time-limit truncation (108,000 frames) bootstraps the value of the final observation
-  (`--no-bootstrap-truncation` treats it as a termination, as older scripts did).
-- `ALE/Breakout-v5` is made with the v4 NoFrameskip settings (no frame skip inside ALE, no sticky
-  actions, minimal action set), so every id of a game trains on the same environment.
-- Observations stay uint8 (4x84x84 per step, a quarter of float32) in a channels-last buffer; they are
-  scaled to [0, 1] on the fly, and the CNN runs channels-last, the layout oneDNN's CPU convolutions
-  are fastest in.
-- Checkpoints hold everything needed to resume; `--resume` continues a killed run and `--evaluate`
-  scores a saved model with the same preprocessing.
-- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
+What is special in this file (the places where Atari scripts usually go wrong): same-step autoreset, so every
+stored transition is real (`make_envs`); a lost life ends the learning episode, not the game (`EpisodicLife`),
+and the score logged is the whole game's, unclipped (`finished_episodes`); a time-limit truncation bootstraps
+(`--no-bootstrap-truncation`: as older scripts); every id of a game is the same environment (`make_env`);
+frames stay uint8, channels-last; checkpoints are data only, with everything a resume needs.
 """
 
+import contextlib
 import copy
+import errno
+import io
 import math
 import os
+import pickle
 import random
 import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
-# Before PyTorch loads its OpenMP runtime: a thread of its pool that has finished its share of an operation
-# sleeps instead of spinning (by default it spins up to 300,000 times first). When another process keeps a
-# core busy, a spinning thread takes CPU time from the thread the pool is waiting for. An
-# OMP_WAIT_POLICY of your own is kept. Measured: README, Speed, Pixel scripts.
+# Before PyTorch loads OpenMP: an idle pool thread sleeps, not spins (a spinning one takes CPU time from the thread
+# the pool waits for when a core is busy: benchmark/results/speed.md, Pixel scripts). Your own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import ale_py
@@ -63,53 +52,7 @@ ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on s
 
 @dataclass
 class Args:
-    exp_name: str = Path(__file__).stem
-    """the name of this experiment (part of the run folder's name)"""
-    seed: int = 1
-    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
-    cuda: bool = True
-    """if toggled, cuda is used when available"""
-    torch_threads: int = 2
-    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine, and
-    with the pool's threads sleeping when idle (OMP_WAIT_POLICY above) 2 kept up with 1 beside a process busy
-    on one core (measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
-    compile: bool = False
-    """torch.compile the policy step and the update step. Measured on the CPU at 1 thread (benchmark/fast_path.py
-    ppo_atari, a shared machine): a 256-sample update step 245 ms eager, 222 ms compiled, the policy step 4.0 ms
-    either way, for about 4 min of compiling from a cold cache: it pays only over millions of steps (about 15 min
-    less at 10M frames); off by default so that short runs and tests do not pay the compile"""
-    cudagraphs: bool = False
-    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights & Biases"""
-    wandb_project_name: str = "ppo-lab"
-    """the Weights & Biases project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the Weights & Biases project"""
-    capture_video: bool = False
-    """if toggled, videos of environment 0's games (the unpreprocessed RGB frames) are saved to `runs/<run>/videos`"""
-    save_model: bool = False
-    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
-    checkpoint_every: int = 0
-    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
-    resume: str | None = None
-    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
-    evaluate: str | None = None
-    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
-    eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
-    54 s for 10 games of an untrained agent, more for longer games in benchmark/results/evaluation.md)"""
-    eval_episodes: int = 10
-    """number of episodes (whole games, all lives) of an evaluation"""
-    eval_deterministic: bool = False
-    """if toggled, evaluation takes the most probable action instead of sampling"""
-    runs_dir: str = "runs"
-    """folder under which each run writes its own folder"""
-
-    # Algorithm specific arguments
+    # PPO's hyperparameters (the defaults are the published ones)
     env_id: str = "BreakoutNoFrameskip-v4"
     """the Atari game: `Breakout` (read as `BreakoutNoFrameskip-v4`), `BreakoutNoFrameskip-v4` or `ALE/Breakout-v5`"""
     total_timesteps: int = 10_000_000
@@ -149,6 +92,50 @@ class Args:
     max_episode_steps: int = 27_000
     """agent steps after which a game is truncated: ALE stops it at 4x this many frames (27,000 = 108,000 frames, the usual limit)"""
 
+    # The run: where it goes, what it records, how it runs
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    torch_threads: int = 2
+    """CPU threads for PyTorch; 2 uses both cores of an idle machine and, idle threads sleeping (OMP_WAIT_POLICY
+    above), keeps up with 1 beside a busy core (benchmark/results/speed.md, Pixel scripts); 0: PyTorch's default"""
+    compile: bool = False
+    """torch.compile the policy step and the update step; on the CPU it pays back its compile time only over
+    millions of steps (`python benchmark/fast_path.py ppo_atari`), so it is off for short runs and tests"""
+    cudagraphs: bool = False
+    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """if toggled, videos of environment 0's games (the unpreprocessed RGB frames) are saved to `runs/<run>/videos`"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best model as
+    `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; its cost is in
+    benchmark/results/evaluation.md)"""
+    eval_episodes: int = 10
+    """number of episodes (whole games, all lives) of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the most probable action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
     @property
     def batch_size(self) -> int:
         """transitions per update: num_envs * num_steps"""
@@ -162,105 +149,6 @@ class Args:
     def num_iterations(self) -> int:
         """updates in the whole run: total_timesteps // batch_size"""
         return self.total_timesteps // self.batch_size
-
-
-def fail(message: str):
-    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def atari_id(env_id: str) -> str:
-    """`Breakout` -> `BreakoutNoFrameskip-v4`; full ids (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`) as given."""
-    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
-
-
-def check_numbers(args: Args):
-    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
-    coefficient or a NaN learning rate trains without an error, on nonsense."""
-    for name, value in asdict(args).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
-        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
-        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
-    ):
-        if not valid:
-            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
-
-
-def check_tracking(args: Args):
-    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
-    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
-        return
-    import wandb  # imported only when used
-
-    if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
-
-
-def check_runs_dir(runs_dir: str):
-    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
-    reports what the OS says if creating it fails all the same)."""
-    path = Path(runs_dir).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
-
-
-def check_args(args: Args):
-    """Reject arguments that would crash or silently misbehave later."""
-    check_numbers(args)
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
-                 "max_episode_steps"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.checkpoint_every < 0 or args.torch_threads < 0:
-        fail("--checkpoint-every and --torch-threads must not be negative")
-    if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
-    if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
-    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.eval_every < 0:
-        fail(f"--eval-every must not be negative, got {args.eval_every}")
-    check_tracking(args)
-    if args.resume is None and args.evaluate is None:
-        check_runs_dir(args.runs_dir)
-    for name in ("resume", "evaluate"):
-        path = getattr(args, name)
-        if path is not None and not Path(path).is_file():
-            fail(f"--{name}: no such file: {path}")
-    env_id = atari_id(args.env_id)
-    try:
-        gym.spec(env_id)
-    except gym.error.Error:
-        fail(f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
-             "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
-             "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
-    try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
-        env = gym.make(env_id)
-        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
-        env.close()
-    except gym.error.Error as e:
-        fail(f"cannot make {env_id}: {e}")
-    if not atari:
-        fail(f"{env_id} is not an Atari game; ppo_atari.py trains Atari games only")
 
 
 # ENVIRONMENTS ------------------------------------------------------------------------------------
@@ -366,51 +254,32 @@ class FireReset(gym.Wrapper):
 
 def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000,
              video_prefix: str = "rl-video", video_trigger=None):
-    """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
-
-    | wrapper                   | whose      | does                                                    |
-    |---------------------------|------------|---------------------------------------------------------|
-    | RecordVideo (env 0)       | Gymnasium  | `--capture-video`: the unpreprocessed RGB frames         |
-    | NoopReset                 | ours       | 1 to 30 no-op frames after a reset                      |
-    | MaxAndSkip                | ours       | action repeated 4 frames, max of the last two frames    |
-    | RecordEpisodeStatistics   | Gymnasium  | the game score: unclipped reward over all lives, length |
-    |                           |            | in agent steps; `info["episode"]` at the game's end     |
-    | EpisodicLife              | ours       | lost life = terminated, the game goes on                |
-    | FireReset (if FIRE)       | ours       | FIRE after every reset                                  |
-    | TransformReward(np.sign)  | Gymnasium  | reward clipped to its sign, -1, 0 or 1                  |
-    | ResizeObservation(84, 84) | Gymnasium  | cv2.resize with INTER_AREA                              |
-    | FrameStackObservation(4)  | Gymnasium  | the last 4 frames, (4, 84, 84) uint8; a reset repeats   |
-    |                           |            | its first frame                                         |
-
-    Grayscale comes from ALE itself (`obs_type="grayscale"`: ALE's luminance palette, the same values
-    as OpenCV's RGB2GRAY of the RGB screen on all 110 colours we met in 11 games), so the max of the
-    last two frames is taken in grayscale, as envpool, ale-py's vector environment and Gymnasium's
-    AtariPreprocessing do (OpenAI Baselines' wrappers take it in RGB, then convert).
-
-    Every id is made with the v4 NoFrameskip settings: ale-py registers BreakoutNoFrameskip-v4 with
-    frameskip=1, repeat_action_probability=0, full_action_space=False and ALE/Breakout-v5 with
-    frameskip=4, repeat_action_probability=0.25; both with max_num_frames_per_episode=108,000 and no
-    TimeLimit. We pass all four settings explicitly (ALE truncates the game at 4 x `max_episode_steps`
-    frames), so `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment.
-    """
+    """A thunk that builds one Atari environment with the standard preprocessing, wrapper by wrapper from the bottom
+    up (Gymnasium's where one does exactly the same thing, ours otherwise). Grayscale comes from ALE
+    (`obs_type="grayscale"`: OpenCV's RGB2GRAY values on all 110 colours met in 11 games), so the max of two frames
+    is taken in grayscale, as envpool and Gymnasium's AtariPreprocessing do. Every id gets the v4 NoFrameskip
+    settings (frameskip=1, no sticky actions, minimal action set, truncation at 4 x `max_episode_steps` frames), so
+    `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment."""
 
     def thunk():
         settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
                         max_num_frames_per_episode=4 * max_episode_steps)
-        if capture_video and idx == 0:
+        if capture_video and idx == 0:  # --capture-video: the unpreprocessed RGB frames of environment 0
             env = gym.make(env_id, render_mode="rgb_array", **settings)
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
                                            episode_trigger=video_trigger, disable_logger=True)
         else:
             env = gym.make(env_id, **settings)
-        env = NoopReset(env, noop_max=30)
-        env = MaxAndSkip(env, skip=4)
+        env = NoopReset(env, noop_max=30)  # ours: 1 to 30 no-op frames after a reset
+        env = MaxAndSkip(env, skip=4)  # ours: the action repeated 4 frames, the max of the last two frames
+        # the game score (unclipped, over all lives) and length in agent steps, in info["episode"] at the game's end
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = EpisodicLife(env)
+        env = EpisodicLife(env)  # ours: a lost life is `terminated`, the game goes on
         if "FIRE" in env.unwrapped.get_action_meanings():
-            env = FireReset(env)
-        env = gym.wrappers.TransformReward(env, np.sign)
-        env = gym.wrappers.ResizeObservation(env, (84, 84))
+            env = FireReset(env)  # ours: FIRE after every reset
+        env = gym.wrappers.TransformReward(env, np.sign)  # the reward clipped to its sign, -1, 0 or 1
+        env = gym.wrappers.ResizeObservation(env, (84, 84))  # cv2.resize with INTER_AREA
+        # the last 4 frames, (4, 84, 84) uint8; a reset repeats its first frame
         return gym.wrappers.FrameStackObservation(env, 4)
 
     return thunk
@@ -418,36 +287,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
 
 def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
               video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
-    """The vector environment, with same-step autoreset (see the docstring at the top).
-
-    The games step one after the other in this process, not one process per game (AsyncVectorEnv);
-    measured: see the README, Speed, Pixel scripts. ale-py's C++ vector environment
-    (`ale_py.vector_env.AtariVectorEnv`) steps faster still, but its preprocessing is not this
-    file's: 0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither
-    a no-op nor FIRE after a lost life.
-    """
-    return gym.vector.SyncVectorEnv(
-        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
-         for i in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-
-
-def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended at this vector step: (env index, return, length in agent steps), where
-    an episode is a whole game and its return the game score (unclipped, over all lives).
-
-    RecordEpisodeStatistics sits below EpisodicLife, so it reports whole games with the unclipped
-    score. With same-step autoreset the vector environment moves the info of a step that ended an
-    episode to `info["final_info"]` and returns the reset's info at the top level; a game ends in the
-    former at its last step, or, rarely, in the latter when it ended during a reset's own steps (a
-    truncation during the no-op after a lost life, see `step_in_reset`).
-    """
-    episodes = []
-    for source in (infos.get("final_info", {}), infos):
-        for i in np.flatnonzero(source.get("_episode", [])):
-            episodes.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
-    return episodes
+    """The vector environment, with same-step autoreset: the step that ends an episode returns the next one's first
+    observation (the last one in `info["final_obs"]`), so no stored transition spans two episodes (Gymnasium's
+    default resets on the next step, a fake transition). The games step one after the other in this process, not one
+    process per game (AsyncVectorEnv: benchmark/results/speed.md, Pixel scripts). ale-py's C++ `AtariVectorEnv`
+    steps faster still, but its preprocessing is not this file's: 0 to 29 no-op frames at a reset, FIRE pressed for
+    one frame in their place, and neither a no-op nor FIRE after a lost life."""
+    thunks = [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix,
+                       video_trigger) for i in range(num_envs)]
+    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 # THE NETWORK -------------------------------------------------------------------------------------
@@ -461,24 +309,17 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """The Nature CNN (Mnih et al. 2015) shared by a policy head (std 0.01) and a value head (std 1).
-
-    Input: uint8 frames (B, 4, 84, 84), scaled to [0, 1] here. Weights are kept channels-last; the
-    result is the same network, computed in the layout oneDNN's CPU convolutions prefer.
-    """
+    """The Nature CNN (Mnih et al. 2015) shared by a policy head (std 0.01) and a value head (std 1). Input:
+    uint8 frames (B, 4, 84, 84), scaled to [0, 1] here. Weights are kept channels-last: the same network,
+    computed in the layout oneDNN's CPU convolutions prefer."""
 
     def __init__(self, n_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-            layer_init(nn.Linear(64 * 7 * 7, 512)),
-            nn.ReLU(),
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
         )
         self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
@@ -501,58 +342,41 @@ class Agent(nn.Module):
 
     @torch.no_grad()
     def act(self, x: torch.Tensor):
-        """The rollout's policy step: action, log-prob and value without autograd and entropy.
-
-        Gumbel-max sampling: argmax(log p + g) with g = -log(Exponential(1)) noise is a sample of the
-        categorical distribution p, as `Categorical(logits).sample()` would draw.
-        """
+        """The rollout's policy step, without autograd and entropy: action, log-prob, value. Gumbel-max sampling:
+        argmax(log p - log(Exponential(1) noise)) samples p, as `Categorical(logits).sample()` would."""
         hidden = self.features(x)
         logprobs = self.actor(hidden).log_softmax(-1)
         action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
         return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
 
 
-# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+# THE ALGORITHM -----------------------------------------------------------------------------------
 
 
-def compute_gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    dones: torch.Tensor,
-    last_value: torch.Tensor,
-    gamma: float,
-    gae_lambda: float,
-    *,
-    final_values: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, last_value: torch.Tensor,
+                gamma: float, gae_lambda: float, *, final_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over a rollout stored with same-step autoreset. Shapes are (T, N):
+    T steps of N environments; `last_value` is (N,).
 
-    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
-
-    | tensor         | meaning at step t                                                        |
-    |----------------|--------------------------------------------------------------------------|
-    | rewards[t]     | reward of the transition taken at step t                                  |
-    | values[t]      | V(obs[t]), the critic's value of the observation the action was taken in |
-    | dones[t]       | 1 if the episode ended at step t (terminated or truncated), else 0        |
-    | final_values[t]| where dones[t]: the value of the state the episode ended in: 0 after a    |
-    |                | termination, V(final observation) after a truncation (0 when truncation   |
-    |                | is treated as termination); ignored where not done                        |
-    | last_value     | V(observation after the last step), to bootstrap the unfinished episodes  |
+    | tensor          | meaning at step t                                                                    |
+    |-----------------|--------------------------------------------------------------------------------------|
+    | rewards[t]      | reward of the transition taken at step t                                             |
+    | values[t]       | V(obs[t]), the critic's value of the observation the action was taken in             |
+    | dones[t]        | 1 if the episode ended at step t (terminated or truncated), else 0                   |
+    | final_values[t] | where dones[t]: the value of the state the episode ended in: 0 after a termination,  |
+    |                 | V(final observation) after a truncation (0 when truncation counts as termination)    |
+    | last_value      | V(observation after the last step), to bootstrap the unfinished episodes             |
 
     With same-step autoreset obs[t+1] is the *next* episode's first observation where dones[t], so
     the next state's value is final_values[t] there and values[t+1] elsewhere:
-
         delta[t] = rewards[t] + gamma * next_value[t] - values[t]
         adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
-
     The trace is cut at every episode end; a truncated episode still sees the value of where it
-    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N).
-    """
+    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N)."""
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values)
     deltas = rewards + gamma * next_values - values
-    # the recursion runs in NumPy on the CPU: a step of it costs ~25 us as torch operations, ~3 us in
-    # NumPy (Hopper's 2,048-step rollout: 54 ms -> 7 ms per update)
+    # the recursion runs in NumPy on the CPU: a step of it as torch operations costs several times more
     deltas, decay = deltas.cpu().numpy(), (gamma * gae_lambda * (1.0 - dones)).cpu().numpy()
     advantages = np.zeros_like(deltas)
     lastgaelam = np.zeros_like(deltas[0])
@@ -563,26 +387,14 @@ def compute_gae(
     return advantages, advantages + values
 
 
-def ppo_loss(
-    newlogprob: torch.Tensor,
-    entropy: torch.Tensor,
-    newvalue: torch.Tensor,
-    oldlogprob: torch.Tensor,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    oldvalues: torch.Tensor,
-    args: Args,
-    *,
-    mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
-
-    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
-    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
-
-    `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
-    is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
-    """
+def ppo_loss(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Tensor, oldlogprob: torch.Tensor,
+             advantages: torch.Tensor, returns: torch.Tensor, oldvalues: torch.Tensor, args: Args, *,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
+    used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
+    loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
+    minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
+    others."""
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -610,14 +422,8 @@ def ppo_loss(
 
     entropy_loss = mean(entropy)
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = {
-        "policy_loss": pg_loss.detach(),
-        "value_loss": v_loss.detach(),
-        "entropy": entropy_loss.detach(),
-        "old_approx_kl": old_approx_kl,
-        "approx_kl": approx_kl,
-        "clipfrac": clipfrac,
-    }
+    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
+             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
     return loss, stats
 
 
@@ -626,10 +432,8 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
                 values: torch.Tensor) -> dict[str, torch.Tensor]:
     """One gradient step on one minibatch: forward, advantage normalisation, the PPO loss, backward,
     global gradient clipping, the optimizer step. Returns the detached statistics of `ppo_loss` and
-    `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update).
-
-    The whole step is one function so that `--compile` can hand it to torch.compile as it stands.
-    """
+    `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update). The whole
+    step is one function so that `--compile` can hand it to torch.compile as it stands."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -642,15 +446,277 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
     return stats
 
 
-def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
-    var_y = np.var(y_true)
-    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+# TRAINING ----------------------------------------------------------------------------------------
 
 
-# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before
-# checkpoints named their script and format)
-CHECKPOINT_FORMAT = 2
+def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
+    """PPO on args.env_id from scratch or from `checkpoint` (--resume), writing to run_dir, which it returns."""
+    # Seeding: same seed, same machine, same thread count -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_deterministic:  # cuDNN's float32 convolutions in full float32, not TF32
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
+
+    envs = make_envs(args, args.num_envs, run_dir, args.capture_video)
+    agent = Agent(int(envs.single_action_space.n)).to(device)
+    # fused: one kernel for all parameters, not a loop of small ones. The learning rate is a tensor that annealing
+    # overwrites in place: a compiled step reads it as data, not as a constant (a recompile per update)
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
+    start_iteration, global_step = restore(checkpoint, agent, optimizer, args)  # 1, 0 for a new run
+    log = RunLog(args, run_dir, global_step)
+
+    # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
+    # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them)
+    act, update = agent.act, partial(update_step, agent, optimizer, args)
+    if args.compile or args.cudagraphs:
+        mode = "reduce-overhead" if args.cudagraphs else None
+        act = torch.compile(agent.act, mode=mode)
+        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args)
+
+    # Rollout storage on the CPU, shared with NumPy. Frames stay uint8, allocated (T, N, 84, 84, 4) and viewed as
+    # (T, N, 4, 84, 84): a step is transposed once, every minibatch is channels-last; pinned on CUDA (no blocking)
+    T, N = args.num_steps, args.num_envs
+    obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
+    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8,
+                      pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
+    actions = torch.zeros((T, N), dtype=torch.long)
+    logprobs, rewards, dones, values = (torch.zeros((T, N)) for _ in range(4))
+    final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
+    actions_np, logprobs_np, rewards_np, dones_np, values_np = (
+        x.numpy() for x in (actions, logprobs, rewards, dones, values))
+
+    # A resumed run reseeds its environments differently, so it does not replay the first games
+    next_obs, _ = envs.reset(seed=args.seed + global_step)
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
+        learning_rate.fill_(lr)  # annealed linearly to 0 over the run (detail 4)
+
+        # COLLECT TRAJECTORIES ------------------------------------------------------------------
+        rollout_start = time.perf_counter()
+        act_time = env_time = 0.0
+        final_values.zero_()
+        final_obs, final_steps, final_envs = [], [], []  # truncated games' last observations, and where
+        for step in range(T):
+            global_step += N
+            obs[step] = torch.from_numpy(next_obs)
+            tick = time.perf_counter()
+            # one copy to the device, one back: action, log-prob and value stacked in one tensor
+            action, logprob, value = act(obs[step].to(device, non_blocking=True))
+            policy_out = torch.stack([action.float(), logprob, value], 1).cpu().numpy()
+            actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
+            tock = time.perf_counter()
+            next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
+            env_time += time.perf_counter() - tock
+            act_time += tock - tick
+
+            rewards_np[step] = reward  # clipped to the sign in make_env
+            dones_np[step] = terminated | truncated
+            # next_obs is already the next episode's first observation where an episode ended; where a
+            # truncated episode stopped is kept from info["final_obs"], its value computed after the rollout.
+            # ALE truncates at its last allowed frame even when a life (or the game) was also lost there:
+            # such a step is a termination (value 0), so only truncated-and-not-terminated environments bootstrap
+            bootstrap = truncated & ~terminated
+            if args.bootstrap_truncation and bootstrap.any():
+                idx = np.flatnonzero(bootstrap)
+                final_obs.extend(infos["final_obs"][idx])
+                final_steps.extend([step] * len(idx))
+                final_envs.extend(idx)
+            for i, episodic_return, episodic_length in finished_episodes(infos):
+                log.episode(global_step - N + i + 1, episodic_return, episodic_length)  # at the step it ended
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        # the values after the last step and where truncated games stopped, in one forward pass
+        with torch.no_grad():
+            bootstrap_values = agent.get_value(torch.from_numpy(np.stack([*next_obs, *final_obs])).to(device)).cpu()
+        last_value = bootstrap_values[:N]
+        final_values[final_steps, final_envs] = bootstrap_values[N:]
+        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
+                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
+        rollout_time = time.perf_counter() - rollout_start
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        update_start = time.perf_counter()
+        b_obs = obs.reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
+        b_actions = actions.reshape(-1).to(device)
+        b_logprobs = logprobs.reshape(-1).to(device)
+        b_advantages = advantages.reshape(-1).to(device)
+        b_returns = returns.reshape(-1).to(device)
+        b_values = values.reshape(-1).to(device)
+
+        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                stats = update(b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
+                               b_returns[mb_inds], b_values[mb_inds])
+                stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
+                if epoch == 0 and start == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the stored log-probs do not belong to the stored observations
+                    first_ratio_deviation = stats["ratio_deviation"]
+                clipfracs.append(stats["clipfrac"])
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # a sync, only if asked
+                break
+        update_time = time.perf_counter() - update_start
+
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update
+        stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+        log.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time,
+                      act_time=act_time, env_time=env_time)
+        evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
+        checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)
+
+    finish(args, envs, agent, optimizer, run_dir, global_step, log)
+    return run_dir
+
+
+# ==================================================================================================
+# PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
+# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks and the entry
+# point. None of it changes what PPO computes.
+# ==================================================================================================
+
+
+# INPUT CHECKS ------------------------------------------------------------------------------------
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_numbers(args: Args):
+    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
+    coefficient or a NaN learning rate trains without an error, on nonsense."""
+    for name, value in asdict(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for name, valid, meaning in (
+        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
+                                                  "offsets added to it must stay below 2**31)"),
+        ("learning_rate", args.learning_rate > 0, "positive"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
+        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
+        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
+        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
+    ):
+        if not valid:
+            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
+
+
+def check_tracking(args: Args):
+    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
+    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return
+    import wandb  # imported only when used
+
+    if not wandb.login(prompt=False, verify=False):
+        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+
+
+def check_runs_dir(runs_dir: str):
+    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
+    reports what the OS says if creating it fails all the same)."""
+    path = Path(runs_dir).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
+
+
+def atari_id(env_id: str) -> str:
+    """`Breakout` -> `BreakoutNoFrameskip-v4`; full ids (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`) as given."""
+    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
+
+
+def check_args(args: Args):
+    """Reject arguments that would crash or silently misbehave later."""
+    check_numbers(args)
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
+                 "max_episode_steps"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.checkpoint_every < 0 or args.torch_threads < 0:
+        fail("--checkpoint-every and --torch-threads must not be negative")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+    if args.batch_size // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
+    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
+    check_tracking(args)
+    if args.resume is None and args.evaluate is None:
+        check_runs_dir(args.runs_dir)
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    env_id = atari_id(args.env_id)
+    try:
+        gym.spec(env_id)
+    except gym.error.Error:
+        fail(f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
+             "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
+             "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
+    try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
+        env = gym.make(env_id)
+        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
+        env.close()
+    except gym.error.Error as e:
+        fail(f"cannot make {env_id}: {e}")
+    if not atari:
+        fail(f"{env_id} is not an Atari game; ppo_atari.py trains Atari games only")
+
+
+# THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
+
+
+def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
+    """The run's arguments, folder and checkpoint: a new folder for a new run; for --resume the checkpoint's
+    folder, arguments (with the flags that may change) and the checkpoint itself."""
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        return resume_args(args, checkpoint), str(Path(args.resume).parent), checkpoint
+    run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = f"{args.runs_dir}/{run_name}"
+    if os.path.exists(run_dir):
+        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+             "pass another --exp-name")
+    return args, run_dir, None
+
+
+def make_run_dir(run_dir: str):
+    """Creates the run folder, or ends in one line saying why it cannot."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
+
+
+# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before checkpoints
+# named their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and
+# converted by as_data)
+CHECKPOINT_FORMAT = 3
 
 
 def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
@@ -672,16 +738,31 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
+def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
+                      run_dir: str):
+    """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration."""
+    if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+        save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
+
+
 def write_checkpoint_file(checkpoint: dict, path: str):
     """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
     one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
-    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes."""
+    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes.
+    A write the file system refuses (disk full, file too large, read-only) removes `path.tmp` and raises
+    the OSError, naming `path`; the previous checkpoint stays as it was."""
+    data = io.BytesIO()
+    torch.save(checkpoint, data)  # in memory first: a failed write is then the file system's OSError
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, path) from None
     folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(folder)
@@ -691,9 +772,23 @@ def write_checkpoint_file(checkpoint: dict, path: str):
         stale.unlink(missing_ok=True)
 
 
+def as_data(value):
+    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
+    a checkpoint may hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {key: as_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_data(item) for item in value)
+    return value
+
+
 def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from; CUDA's too when the run uses it."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The random states a resumed run continues from, as data; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": as_data(np.random.get_state()), "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -701,20 +796,38 @@ def rng_state(device: torch.device) -> dict:
 
 def set_rng_state(state: dict, device: torch.device):
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, key, *rest = state["numpy"]
+    np.random.set_state((kind, key.numpy(), *rest))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+# What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
+# statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
+FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
+                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+
+
 def read_checkpoint(path: str) -> dict | str:
-    """Reads a checkpoint written by this script's `save_checkpoint`; returns the problem, in words, if the
-    file is not one (empty or truncated, not a checkpoint, of another script, of another format)."""
+    """Reads a checkpoint written by this script's `save_checkpoint`, as data only: torch.load with
+    weights_only=True rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so
+    opening a file never runs code from it. Returns the problem, in words, if the file is not a checkpoint
+    (empty or truncated, holding code or other objects, of another script, of another format)."""
     head = b""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else
+            with torch.serialization.safe_globals(FORMAT_2_NUMPY):
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
+            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+        return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
             return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
@@ -723,12 +836,14 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format {CHECKPOINT_FORMAT} (older checkpoints do not say which "
-                "script wrote them); retrain, or read it with the version of the scripts that wrote it")
+        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+                "them); retrain, or read it with the version of the scripts that wrote it")
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
+    if checkpoint.get("format") == 2:
+        checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads format "
+        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
                 f"{CHECKPOINT_FORMAT}")
     return checkpoint
 
@@ -769,6 +884,23 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
     return saved
 
 
+def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> tuple[int, int]:
+    """--resume: the weights, the optimizer's state and the random streams of `checkpoint`; returns the first
+    iteration to run and the global step (1 and 0 for a new run)."""
+    if checkpoint is None:
+        return 1, 0
+    learning_rate = optimizer.param_groups[0]["lr"]  # the tensor that annealing fills
+    agent.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
+    set_rng_state(checkpoint["rng"], next(agent.parameters()).device)
+    print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {checkpoint['global_step']}")
+    return checkpoint["iteration"] + 1, checkpoint["global_step"]
+
+
+# EVALUATION --------------------------------------------------------------------------------------
+
+
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
              device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
@@ -795,6 +927,25 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return scores.tolist()
 
 
+def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
+                    run_dir: str, log: "RunLog"):
+    """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
+    environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation);
+    the best evaluation's model is kept as `run_dir/best_model.pt`."""
+    if not args.eval_every or iteration % args.eval_every:
+        return
+    eval_start = time.perf_counter()
+    # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                       args.seed + 100_000, torch.device("cpu"))
+    log.evaluation(returns, global_step)
+    if np.mean(returns) > log.best_return:
+        log.best_return = float(np.mean(returns))
+        save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
+    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+
+
 def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint on the game it was trained on."""
     checkpoint = load_checkpoint(path)
@@ -813,6 +964,29 @@ def run_evaluation(path: str, args: Args) -> list[float]:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
+
+
+# LOGGING AND THE END OF A RUN --------------------------------------------------------------------
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes that ended at this vector step: (env index, return, length in agent steps), where an
+    episode is a whole game and its return the game score: RecordEpisodeStatistics sits below EpisodicLife
+    and the reward clipping. With same-step autoreset the info of a step that ended an episode moves to
+    `info["final_info"]`, the reset's info stays at the top level: a game ends in the former at its last
+    step, or, rarely, in the latter during a reset's own steps (a truncation during the no-op after a lost
+    life, see `step_in_reset`)."""
+    episodes = []
+    for source in (infos.get("final_info", {}), infos):
+        for i in np.flatnonzero(source.get("_episode", [])):
+            episodes.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
+    return episodes
 
 
 class ProgressLine:
@@ -838,12 +1012,70 @@ class ProgressLine:
         return line
 
 
-def log_evaluation(writer, returns: list[float], global_step: int):
-    """An evaluation's scalars at the global step it was made: every episode's return as
-    `eval/episodic_return` and their mean as `eval/mean_return`."""
-    for episodic_return in returns:
-        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+class RunLog:
+    """What a run reports: the run folder and its TensorBoard scalars (charts/, losses/, debug/, perf/,
+    eval/), the per-iteration line, and Weights & Biases with --track. Creating it creates the run folder."""
+
+    def __init__(self, args: Args, run_dir: str, global_step: int):
+        make_run_dir(run_dir)
+        print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
+        if args.track:
+            import wandb  # imported only when used
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(run_dir)
+        self.writer.add_text("hyperparameters",
+                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
+        self.start_time, self.start_step = time.time(), global_step
+        self.episode_returns = []  # of the episodes that ended in this iteration
+        self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
+
+    def episode(self, step: int, episodic_return: float, episodic_length: int):
+        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
+        self.writer.add_scalar("charts/episodic_length", episodic_length, step)
+        self.episode_returns.append(episodic_return)
+
+    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
+                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
+                  act_time: float, env_time: float):
+        """The iteration's scalars (the statistics copied from the device at once) and, when due, its line;
+        the rollout's time splits into the policy steps (`act_time`) and the environments' (`env_time`)."""
+        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+        first_ratio_deviation = stats.pop("ratio_deviation")
+        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        eta = timedelta(seconds=int((self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1)))
+        self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+        for name, value in stats.items():
+            self.writer.add_scalar(f"losses/{name}", value, global_step)
+        self.writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()),
+                               global_step)
+        self.writer.add_scalar("charts/SPS", sps, global_step)
+        self.writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        self.writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        self.writer.add_scalar("perf/act_time", act_time, global_step)
+        self.writer.add_scalar("perf/env_time", env_time, global_step)
+        self.writer.add_scalar("perf/update_time", update_time, global_step)
+        line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
+        self.episode_returns = []
+        if line:
+            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+
+    def evaluation(self, returns: list[float], global_step: int):
+        """An evaluation's scalars at the global step it was made: every episode's return as
+        `eval/episodic_return` and their mean as `eval/mean_return`."""
+        for episodic_return in returns:
+            self.writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+        self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+    def close(self):
+        self.writer.close()
+        if self.args.track:
+            finish_tracking(self.run_dir)
 
 
 def finish_tracking(run_dir: str):
@@ -857,252 +1089,10 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-# TRAINING ----------------------------------------------------------------------------------------
-
-
-def make_run_dir(run_dir: str):
-    """Creates the run folder, or ends in one line saying why it cannot."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
-
-
-def exit_on_ctrl_c(run_dir: str):
-    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
-    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
-    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
-
-    def handler(signum, frame):
-        checkpoint = Path(run_dir) / "checkpoint.pt"
-        if checkpoint.is_file():
-            where = f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
-        else:
-            where = f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-        print(f"{Path(sys.argv[0]).name}: interrupted: {where}", file=sys.stderr, flush=True)
-        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(130)
-
-    signal.signal(signal.SIGINT, handler)
-
-
-def main(args: Args):
-    check_args(args)
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
-    if args.evaluate is not None:
-        return run_evaluation(args.evaluate, args)
-
-    checkpoint = None
-    if args.resume is not None:
-        checkpoint = load_checkpoint(args.resume)
-        args = resume_args(args, checkpoint)  # the saved arguments, with the flags that may change
-        run_dir = str(Path(args.resume).parent)
-    else:
-        run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = f"{args.runs_dir}/{run_name}"
-        if os.path.exists(run_dir):
-            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-                 "pass another --exp-name")
-    exit_on_ctrl_c(run_dir)
-
-    # Seeding: same seed, same machine, same thread count -> same numbers
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
-    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
-    # at the first minibatch is 1 to float precision
-    if args.torch_deterministic:
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # Distribution argument checks are pure overhead in the rollout's many small calls
-    torch.distributions.Distribution.set_default_validate_args(False)
-
-    envs = make_envs(args, args.num_envs, run_dir, args.capture_video)
-    agent = Agent(int(envs.single_action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
-    # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
-    learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
-
-
-    start_iteration, global_step = 1, 0
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        set_rng_state(checkpoint["rng"], device)
-        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
-
-    make_run_dir(run_dir)
-    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
-    if args.track:
-        import wandb  # imported only when used
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=Path(run_dir).name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-    # THE FAST PATH: --compile runs the same two functions through torch.compile; --cudagraphs also
-    # records their kernels in CUDA graphs and replays them (mode="reduce-overhead"), one launch per
-    # call instead of one per operation; it copies inputs into static buffers and reuses its outputs'
-    # memory at the next call, so the loop clones the statistics it keeps.
-    act, update = agent.act, update_step
-    if args.compile or args.cudagraphs:
-        mode = "reduce-overhead" if args.cudagraphs else None
-        act, update = torch.compile(agent.act, mode=mode), torch.compile(update_step, mode=mode)
-
-    # Rollout storage on the CPU, shared with NumPy. Observations are uint8 and channels-last: the
-    # buffer is allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84), so writing a step
-    # transposes 8 small frames once, and every minibatch is already in the CNN's layout. On CUDA the
-    # buffer is in pinned memory, so the copy of a step's frames to the device does not block.
-    T, N = args.num_steps, args.num_envs
-    obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
-    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8,
-                      pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
-    actions = torch.zeros((T, N), dtype=torch.long)
-    logprobs = torch.zeros((T, N))
-    rewards = torch.zeros((T, N))
-    dones = torch.zeros((T, N))
-    values = torch.zeros((T, N))
-    final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
-    actions_np, logprobs_np, rewards_np, dones_np, values_np = (
-        x.numpy() for x in (actions, logprobs, rewards, dones, values))
-
-    # A resumed run reseeds its environments differently, so it does not replay the first games
-    next_obs, _ = envs.reset(seed=args.seed + global_step)
-    progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
-    start_time, start_step = time.time(), global_step
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            learning_rate.fill_(frac * args.learning_rate)
-
-        # COLLECT TRAJECTORIES ------------------------------------------------------------------
-        rollout_start = time.perf_counter()
-        act_time = env_time = 0.0
-        final_values.zero_()
-        episode_returns = []
-        final_obs, final_steps, final_envs = [], [], []  # truncated games' last observations, and where
-        for step in range(T):
-            global_step += N
-            obs[step] = torch.from_numpy(next_obs)
-            tick = time.perf_counter()
-            # one copy to the device, one back: action, log-prob and value stacked in one tensor
-            action, logprob, value = act(obs[step].to(device, non_blocking=True))
-            policy_out = torch.stack([action.float(), logprob, value], 1).cpu().numpy()
-            actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
-            tock = time.perf_counter()
-            next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
-            env_time += time.perf_counter() - tock
-            act_time += tock - tick
-
-            rewards_np[step] = reward  # clipped to the sign in make_env
-            dones_np[step] = terminated | truncated
-            # next_obs is already the next episode's first observation where an episode ended; where a
-            # truncated episode stopped is kept from info["final_obs"], its value computed after the rollout.
-            # ALE truncates at its last allowed frame even when a life (or the game) was also lost there:
-            # such a step is a termination (value 0), so only truncated-and-not-terminated environments bootstrap
-            bootstrap = truncated & ~terminated
-            if args.bootstrap_truncation and bootstrap.any():
-                idx = np.flatnonzero(bootstrap)
-                final_obs.extend(infos["final_obs"][idx])
-                final_steps.extend([step] * len(idx))
-                final_envs.extend(idx)
-
-            for i, episodic_return, episodic_length in finished_episodes(infos):
-                episode_step = global_step - N + i + 1  # the step this game ended at
-                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
-                episode_returns.append(episodic_return)
-
-        # CALCULATE ADVANTAGES ------------------------------------------------------------------
-        # the values after the last step and where truncated games stopped, in one forward pass
-        with torch.no_grad():
-            bootstrap_values = agent.get_value(torch.from_numpy(np.stack([*next_obs, *final_obs])).to(device)).cpu()
-        last_value = bootstrap_values[:N]
-        final_values[final_steps, final_envs] = bootstrap_values[N:]
-        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
-                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
-        rollout_time = time.perf_counter() - rollout_start
-
-        # UPDATE THE NETWORK --------------------------------------------------------------------
-        update_start = time.perf_counter()
-        b_obs = obs.reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
-        b_actions = actions.reshape(-1).to(device)
-        b_logprobs = logprobs.reshape(-1).to(device)
-        b_advantages = advantages.reshape(-1).to(device)
-        b_returns = returns.reshape(-1).to(device)
-        b_values = values.reshape(-1).to(device)
-
-        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
-        for epoch in range(args.update_epochs):
-            b_inds = torch.randperm(args.batch_size, device=device)
-            for start in range(0, args.batch_size, args.minibatch_size):
-                mb_inds = b_inds[start : start + args.minibatch_size]
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
-                stats = update(agent, optimizer, args, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
-                               b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
-                stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
-                if epoch == 0 and start == 0:
-                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
-                    # deviation means the stored log-probs do not belong to the stored observations
-                    first_ratio_deviation = stats["ratio_deviation"]
-                clipfracs.append(stats["clipfrac"])
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # a sync, only if asked
-                break
-        update_time = time.perf_counter() - update_start
-
-        # LOGGING -------------------------------------------------------------------------------
-        # the losses and KLs of the last minibatch, the clip fraction over the whole update, in one copy
-        stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-        first_ratio_deviation = stats.pop("ratio_deviation")
-        sps = int((global_step - start_step) / (time.time() - start_time))
-        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
-        writer.add_scalar("charts/learning_rate", frac * args.learning_rate if args.anneal_lr else args.learning_rate,
-                          global_step)
-        for name, value in stats.items():
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(values.reshape(-1).numpy(), returns.reshape(-1).numpy()), global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-        writer.add_scalar("perf/act_time", act_time, global_step)
-        writer.add_scalar("perf/env_time", env_time, global_step)
-        writer.add_scalar("perf/update_time", update_time, global_step)
-        line = progress.due(episode_returns, last=iteration == args.num_iterations)
-        if line:
-            print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
-
-        # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
-        # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
-        if args.eval_every and iteration % args.eval_every == 0:
-            eval_start = time.perf_counter()
-            # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-            eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                                    args.seed + 100_000, torch.device("cpu"))
-            log_evaluation(writer, eval_returns, global_step)
-            if np.mean(eval_returns) > best_return:
-                best_return = float(np.mean(eval_returns))
-                save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
-            print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
-                  f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
-
-        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
-
+def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
+           log: RunLog):
+    """The end of a run: the environments closed; with --save-model the final model saved and evaluated;
+    the logs closed."""
     envs.close()
     if args.save_model:
         model_path = f"{run_dir}/model.pt"
@@ -1111,12 +1101,80 @@ def main(args: Args):
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"))
-        log_evaluation(writer, returns, global_step)
+        log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    writer.close()
-    if args.track:
-        finish_tracking(run_dir)
-    return run_dir
+    log.close()
+
+
+# CTRL-C AND FULL DISKS ---------------------------------------------------------------------------
+
+
+def resume_hint(run_dir: str) -> str:
+    """Where a stopped run can go on from: its last checkpoint and the command that resumes it."""
+    checkpoint = Path(run_dir) / "checkpoint.pt"
+    if checkpoint.is_file():
+        return f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
+    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+
+
+def exit_on_ctrl_c(run_dir: str):
+    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
+    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
+    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
+
+    def handler(signum, frame):
+        print(f"{Path(sys.argv[0]).name}: interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
+# a read-only file system, a quota exceeded
+WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
+
+
+def quiet_write_errors(hook_args):
+    """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
+    error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
+    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
+        threading.__excepthook__(hook_args)
+
+
+@contextlib.contextmanager
+def exit_on_write_error(run_dir: str):
+    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
+    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
+    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
+    threading.excepthook = quiet_write_errors
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in WRITE_ERRORS:
+            raise
+        file = e.filename or f"the TensorBoard events in {run_dir}"
+        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+# THE ENTRY POINT ---------------------------------------------------------------------------------
+
+
+def main(args: Args) -> str | list[float]:
+    """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates (returns the
+    games' scores)."""
+    check_args(args)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args)
+    args, run_dir, checkpoint = prepare_run(args)
+    exit_on_ctrl_c(run_dir)
+    with exit_on_write_error(run_dir):
+        return train(args, run_dir, checkpoint)
 
 
 if __name__ == "__main__":
