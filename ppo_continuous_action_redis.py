@@ -237,14 +237,16 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
 
     RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
     `info["_episode"]` at the step an episode ends (see `finished_episodes`), so every finished
-    episode is logged. An environment this file cannot train (not a one-dimensional Box of actions
-    and observations) or that cannot be made here is refused in one line.
+    episode is logged. An unknown environment, one that cannot be made here, or one this file cannot
+    train (not a one-dimensional Box of actions and observations) is refused in one line.
     """
     try:
         envs = gym.vector.SyncVectorEnv([make_env(args.env_id, idx, args.capture_video, run_dir)],
                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     except (ImportError, gym.error.DependencyNotInstalled) as e:  # Pusher-v4, for one, needs mujoco<3
         fail(f"cannot make {args.env_id} here: {str(e).splitlines()[0]}")
+    except gym.error.Error as e:
+        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}; gymnasium.pprint_registry() lists the ids)")
     action_space, observation_space = envs.single_action_space, envs.single_observation_space
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
         envs.close()
@@ -804,7 +806,7 @@ def check_redis_url(args: Args):
 
 def check_args(args: Args):
     """Reject arguments that would crash or silently misbehave later. A learner's environment is made once to
-    check that it can be made here and that this file can train it."""
+    check that it exists, can be made here and is one this file can train."""
     check_redis_url(args)
     if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
         fail(f"--run-id {args.run_id!r}: use 1-64 letters, digits, '_', '.' or '-'")
@@ -839,10 +841,6 @@ def check_args(args: Args):
         path = getattr(args, name)
         if path is not None and not Path(path).is_file():
             fail(f"--{name}: no such file: {path}")
-    try:
-        gym.spec(args.env_id)
-    except (gym.error.Error, ImportError) as e:
-        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}; gymnasium.pprint_registry() lists the ids)")
     env_spaces(args)
 
 
