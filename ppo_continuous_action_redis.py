@@ -1066,7 +1066,11 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
     optimizer.load_state_dict(checkpoint["optimizer"])
     optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
     obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
-    reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
+    # format 2 of this file held the reward statistics' mean and variance as NumPy scalars, which as_data
+    # reads as floats: as 0-d float64 tensors, they are what format 3 holds
+    reward_rms = checkpoint["reward_rms"]
+    reward_scaler.rms.load_state_dict({**reward_rms, **{name: torch.as_tensor(reward_rms[name], dtype=torch.float64)
+                                                        for name in ("mean", "var")}})
     set_rng_state(checkpoint["rng"], next(agent.parameters()).device)
     print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {checkpoint['global_step']}")
     return checkpoint["iteration"] + 1, checkpoint["global_step"]

@@ -9,6 +9,7 @@ run as the commands a user types."""
 import importlib
 import ipaddress
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -495,3 +496,33 @@ def test_an_open_server_from_the_command_line(tmp_path, argv):
 def test_a_password_or_the_flag_lets_an_open_server_through_the_check():
     script.check_redis_url(script.Args(redis_url="redis://:PASSWORD@lab.invalid:6379/0"))
     script.check_redis_url(script.Args(redis_url=OPEN, allow_open_redis=True))
+
+
+# A FULL DISK ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit, checkpoint_every, file", [
+    (100_000, 1, "{run_dir}/checkpoint.pt"),  # below a checkpoint's size (136 KB here): its first write fails
+    (1_000, 0, "the TensorBoard events in {run_dir}"),  # below the first events written
+])
+def test_a_refused_write_ends_the_learner_its_samplers_and_its_server_in_one_line(tmp_path, limit, checkpoint_every,
+                                                                                  file):
+    """Under a file-size limit (inherited by every process of the run; Python ignores SIGXFSZ, so a write
+    fails with EFBIG): the learner's one line naming the file and the run's state, exit 1, no .tmp left, and
+    its samplers and embedded server (which writes no files) gone without a line of their own."""
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    argv = [*FAST, "--num-samplers", 2, "--total-timesteps", 10 ** 6, "--checkpoint-every", checkpoint_every]
+    with open(tmp_path / "learner.out", "w") as out, open(tmp_path / "learner.err", "w") as err:
+        learner = subprocess.Popen(script_command(NAME, *argv), cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                   stdout=out, stderr=err, preexec_fn=limited)
+    seen = wait_watching(learner, 120)
+    time.sleep(1)  # anything the samplers or the server would still say
+    stderr = output(tmp_path, "learner")[1]
+    run_dir = only_run_dir(tmp_path / "runs").relative_to(tmp_path)
+    assert learner.returncode == 1, stderr
+    assert stderr.splitlines() == [f"{NAME}.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
+                                   f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"]
+    assert not list((tmp_path / run_dir).glob("*.tmp"))
+    assert seen and not running(seen), "a process of the run is left"
