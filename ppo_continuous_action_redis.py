@@ -12,13 +12,16 @@ and on every other machine the command it prints:
 
 What this file shows: ppo_continuous_action.py's PPO (its agent, details and defaults: Gaussian policy,
 observation normalisation, reward scaling, truncation bootstrap) with the environments stepped by
-sampler processes, synchronous and on-policy:
+sampler processes, synchronous and on-policy. PPO ends at the banner after `train` (the samplers'
+rollout, `Sampler.collect`, stands before it); below it is the machinery a run needs (checks,
+checkpoints, evaluation, logging, the wire format, the server and the processes).
 
 - Roles. The learner (`--role learner`, the default) trains; without `--redis-url` it starts its own
   `redis-server` (127.0.0.1, a free port, no persistence) and `--num-samplers` local samplers, each the
   command a remote machine runs, and stops all of them at the end, on Ctrl-C and on any error. A
   sampler (`--role sampler`) needs only `--redis-url` and `--run-id`: it reads the run's Args from the
-  server. Samplers may join and leave at any time.
+  server. Samplers may join and leave at any time. A server on another machine needs a password in
+  the URL (or `--allow-open-redis`): whoever can write to it can push chunks and weights into the run.
 - Versions and tickets. Before each update the learner publishes a version (the iteration number):
   the flat float32 weights and the observation statistics, and `--num-chunks` tickets of that version.
   A sampler pops a ticket (atomically into its own pending list), acts with exactly that version for
@@ -45,14 +48,21 @@ sampler processes, synchronous and on-policy:
   k * num_steps + 1 ... (k + 1) * num_steps).
 - Same seed, same numbers only with one sampler (`--num-samplers 1` and no remote ones): with several,
   which sampler gets which ticket, and so which environment fills which column, is a race.
-- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
+- Checkpoints are data only (weights, optimizer, statistics, RNG states, args): `--resume` continues a
+  killed run and `--evaluate` scores a saved model. `--torch-deterministic` (the default) also runs
+  cuDNN in full float32 instead of TF32 on a GPU.
 """
 
+import contextlib
 import copy
 import ctypes
+import errno
+import io
+import ipaddress
 import json
 import math
 import os
+import pickle
 import random
 import re
 import shlex
@@ -66,8 +76,9 @@ import time
 import uuid
 import warnings
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 from urllib.parse import urlsplit
@@ -83,69 +94,15 @@ from torch.distributions.normal import Normal
 
 @dataclass
 class Args:
-    exp_name: str = Path(__file__).stem
-    """the name of this experiment (part of the run folder's name)"""
-    seed: int = 1
-    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
-    cuda: bool = True
-    """if toggled, cuda is used when available (by the learner; samplers run on the CPU)"""
-    torch_threads: int = 1
-    """CPU threads for PyTorch; 1 is fastest for these small networks, 0 keeps PyTorch's default"""
-    compile: bool = False
-    """torch.compile the learner's update step (the samplers act eagerly on the CPU);
-    the same step as ppo_continuous_action.py's, with the same measurement: pays off only on long runs"""
-    cudagraphs: bool = False
-    """capture the learner's compiled update step in CUDA graphs (CUDA only; implies --compile)"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights & Biases"""
-    wandb_project_name: str = "ppo-lab"
-    """the Weights & Biases project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the Weights & Biases project"""
-    capture_video: bool = False
-    """if toggled, videos of the first sampler's environment are saved to `runs/<run>/videos` on its machine"""
-    save_model: bool = False
-    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
-    checkpoint_every: int = 0
-    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
-    resume: str | None = None
-    """path of a checkpoint to continue from; only --total-timesteps, machine and Redis flags may change"""
-    evaluate: str | None = None
-    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
-    eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
-    ppo_continuous_action.py's: 2 s for 10 episodes of an untrained agent in benchmark/results/evaluation.md)"""
-    eval_episodes: int = 10
-    """number of episodes of an evaluation"""
-    eval_deterministic: bool = False
-    """if toggled, evaluation takes the mean action instead of sampling"""
-    runs_dir: str = "runs"
-    """folder under which each run writes its own folder"""
-
-    # Distribution (this file)
-    role: Literal["learner", "sampler"] = "learner"
-    """learner (trains, publishes the policy) or sampler (steps an environment for a learner's run)"""
-    redis_url: str | None = None
-    """the Redis server, e.g. redis://:PASSWORD@HOST:6379/0; none: the learner starts its own on 127.0.0.1"""
-    run_id: str | None = None
-    """the run's namespace on the server (a sampler needs it; a learner picks a fresh one when not given)"""
-    num_samplers: int = 2
-    """sampler processes the learner starts on this machine (0: only samplers started elsewhere)"""
-    num_chunks: int = 8
-    """chunks per update: the batch is num_chunks x num_steps (2048 by default, as ppo_continuous_action.py)"""
-    sampler_timeout: float = 60.0
-    """the learner gives up (exit 1) after this many seconds without a chunk; a sampler waits this long for its run"""
-
-    # Algorithm specific arguments
+    # PPO's hyperparameters (the defaults are the published ones)
     env_id: str = "Hopper-v4"
     """the id of the environment"""
     total_timesteps: int = 1_000_000
     """total timesteps of the experiment"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
+    num_chunks: int = 8
+    """chunks per update: the batch is num_chunks x num_steps (2048 by default, as ppo_continuous_action.py)"""
     num_steps: int = 256
     """the number of steps of one sampler's environment in a chunk"""
     anneal_lr: bool = True
@@ -179,6 +136,66 @@ class Args:
     reward_clip: float = 10.0
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
 
+    # The run: where it goes, what it records, how it runs
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
+    cuda: bool = True
+    """if toggled, cuda is used when available (by the learner; samplers run on the CPU)"""
+    torch_threads: int = 1
+    """CPU threads for PyTorch; 1 is fastest for these small networks (benchmark/results/speed_cpu.md), 0 keeps
+    PyTorch's default"""
+    compile: bool = False
+    """torch.compile the learner's update step (the samplers act eagerly on the CPU); the same step as
+    ppo_continuous_action.py's, whose measurement (benchmark/results/speed_cpu.md) says it pays off only on
+    long runs"""
+    cudagraphs: bool = False
+    """capture the learner's compiled update step in CUDA graphs (CUDA only; implies --compile)"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """if toggled, videos of the first sampler's environment are saved to `runs/<run>/videos` on its machine"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue from; only --total-timesteps, machine and Redis flags may change"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; the cost
+    of ppo_continuous_action.py's is in benchmark/results/evaluation.md)"""
+    eval_episodes: int = 10
+    """number of episodes of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the mean action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
+    # The distribution: the learner, its samplers and the Redis server between them (this file)
+    role: Literal["learner", "sampler"] = "learner"
+    """learner (trains, publishes the policy) or sampler (steps an environment for a learner's run)"""
+    redis_url: str | None = None
+    """the Redis server, e.g. redis://:PASSWORD@HOST:6379/0; none: the learner starts its own on 127.0.0.1"""
+    allow_open_redis: bool = False
+    """accept a --redis-url on another machine without a password: anyone who can reach an open server can
+    push chunks and weights into the run (without this flag such a URL is refused)"""
+    run_id: str | None = None
+    """the run's namespace on the server (a sampler needs it; a learner picks a fresh one when not given)"""
+    num_samplers: int = 2
+    """sampler processes the learner starts on this machine (0: only samplers started elsewhere)"""
+    sampler_timeout: float = 60.0
+    """the learner gives up (exit 1) after this many seconds without a chunk; a sampler waits this long for its run"""
+
     @property
     def batch_size(self) -> int:
         """transitions per update: num_chunks * num_steps"""
@@ -192,120 +209,6 @@ class Args:
     def num_iterations(self) -> int:
         """updates in the whole run: total_timesteps // batch_size"""
         return self.total_timesteps // self.batch_size
-
-
-def fail(message: str):
-    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def abort(message: str):
-    """A run that cannot go on (no sampler, server gone): one line naming the problem, exit code 1.
-    Raised inside main's `try`, so its `finally` still stops the local samplers and server."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(1)
-
-
-RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it stands in key names and in the printed sampler command
-
-
-def check_numbers(args: Args):
-    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
-    coefficient or a NaN learning rate trains without an error, on nonsense."""
-    for name, value in asdict(args).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
-        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
-        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
-    ):
-        if not valid:
-            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
-
-
-def check_tracking(args: Args):
-    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
-    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
-        return
-    import wandb  # imported only when used
-
-    if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
-
-
-def check_runs_dir(runs_dir: str):
-    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
-    reports what the OS says if creating it fails all the same)."""
-    path = Path(runs_dir).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
-
-
-def check_args(args: Args) -> tuple[tuple, int]:
-    """Reject arguments that would crash or silently misbehave later. A learner's environment is made
-    once to check its spaces: returns the observation shape and the action dimension."""
-    if args.redis_url is not None:
-        try:
-            redis.Redis.from_url(args.redis_url)  # parses only; connect() reaches the server
-        except ValueError as e:
-            fail(f"--redis-url {redact(args.redis_url)} is not a Redis URL ({e}); e.g. redis://:PASSWORD@HOST:6379/0")
-    if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
-        fail(f"--run-id {args.run_id!r}: use 1-64 letters, digits, '_', '.' or '-'")
-    if args.role == "sampler":
-        if args.redis_url is None or args.run_id is None:
-            fail("--role sampler needs --redis-url and --run-id (the learner prints the command)")
-        return (), 0
-    check_numbers(args)
-    for name in ("total_timesteps", "num_chunks", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.obs_clip <= 0 or args.reward_clip <= 0 or args.sampler_timeout <= 0:
-        fail("--obs-clip, --reward-clip and --sampler-timeout must be positive")
-    if args.checkpoint_every < 0 or args.torch_threads < 0 or args.num_samplers < 0:
-        fail("--checkpoint-every, --torch-threads and --num-samplers must not be negative")
-    if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             f"(--num-chunks {args.num_chunks} x --num-steps {args.num_steps})")
-    if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
-    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.eval_every < 0:
-        fail(f"--eval-every must not be negative, got {args.eval_every}")
-    check_tracking(args)
-    if args.resume is None and args.evaluate is None:
-        check_runs_dir(args.runs_dir)
-    for name in ("resume", "evaluate"):
-        path = getattr(args, name)
-        if path is not None and not Path(path).is_file():
-            fail(f"--{name}: no such file: {path}")
-    try:
-        env = gym.make(args.env_id)
-    except (gym.error.Error, ImportError) as e:
-        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}; gymnasium.pprint_registry() lists the ids)")
-    observation_space, action_space = env.observation_space, env.action_space
-    env.close()
-    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
-        fail(f"{args.env_id} has action space {action_space}; {Path(__file__).name} supports one-dimensional Box "
-             "actions only (use ppo.py for Discrete actions)")
-    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        fail(f"{args.env_id} has observation space {observation_space}; a one-dimensional Box is needed")
-    return observation_space.shape, action_space.shape[0]
 
 
 # ENVIRONMENTS ------------------------------------------------------------------------------------
@@ -334,10 +237,24 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
 
     RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
     `info["_episode"]` at the step an episode ends (see `finished_episodes`), so every finished
-    episode is logged.
+    episode is logged. An unknown environment, one that cannot be made here, or one this file cannot
+    train (not a one-dimensional Box of actions and observations) is refused in one line.
     """
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, idx, args.capture_video, run_dir)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        envs = gym.vector.SyncVectorEnv([make_env(args.env_id, idx, args.capture_video, run_dir)],
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    except (ImportError, gym.error.DependencyNotInstalled) as e:  # Pusher-v4, for one, needs mujoco<3
+        fail(f"cannot make {args.env_id} here: {str(e).splitlines()[0]}")
+    except gym.error.Error as e:
+        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}; gymnasium.pprint_registry() lists the ids)")
+    action_space, observation_space = envs.single_action_space, envs.single_observation_space
+    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
+        envs.close()
+        fail(f"{args.env_id} has action space {action_space}; {Path(__file__).name} supports one-dimensional Box "
+             "actions only (use ppo.py for Discrete actions)")
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        envs.close()
+        fail(f"{args.env_id} has observation space {observation_space}; a one-dimensional Box is needed")
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
@@ -345,37 +262,6 @@ def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
     """The episodes that ended at this vector step: (env index, return, length)."""
     return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
             for i in np.flatnonzero(infos.get("_episode", []))]
-
-
-class RunningMeanStd:
-    """Running mean and variance of a stream of batches (the parallel algorithm of Chan et al.)."""
-
-    def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = epsilon
-
-    def update(self, x: np.ndarray):
-        """Adds a batch x of shape (B,) + shape. It runs at every environment step, so it avoids
-        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers, and
-        skips the batch's own spread where the batch is one sample (one environment's step)."""
-        n = x.shape[0]
-        batch_mean = np.add.reduce(x, axis=0) / n
-        delta = batch_mean - self.mean
-        total = self.count + n
-        self.mean = self.mean + delta * (n / total)
-        # the summed squared deviations from the mean: the old ones, the batch's own, and the shift's
-        squares = self.var * self.count + np.square(delta) * (self.count * n / total)
-        if n > 1:
-            squares += np.add.reduce(np.square(x - batch_mean), axis=0)
-        self.var = squares / total
-        self.count = total
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
-
-    def load_state_dict(self, state: dict):
-        self.mean, self.var, self.count = state["mean"].copy(), state["var"].copy(), state["count"]
 
 
 class ObsNormalizer:
@@ -485,7 +371,7 @@ class Agent(nn.Module):
         return action, logprob, self.get_value(x)
 
 
-# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+# THE ALGORITHM -----------------------------------------------------------------------------------
 
 
 def compute_gae(
@@ -524,8 +410,7 @@ def compute_gae(
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values)
     deltas = rewards + gamma * next_values - values
-    # the recursion runs in NumPy on the CPU: a step of it costs ~25 us as torch operations, ~3 us in
-    # NumPy (Hopper's 2,048-step rollout: 54 ms -> 7 ms per update)
+    # the recursion runs in NumPy on the CPU: a step of it as torch operations costs several times more
     deltas, decay = deltas.cpu().numpy(), (gamma * gae_lambda * (1.0 - dones)).cpu().numpy()
     advantages = np.zeros_like(deltas)
     lastgaelam = np.zeros_like(deltas[0])
@@ -615,15 +500,390 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
     return stats
 
 
-def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
-    var_y = np.var(y_true)
-    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+# COLLECTING EXPERIENCE: A SAMPLER ----------------------------------------------------------------
 
 
-# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before
-# checkpoints named their script and format)
-CHECKPOINT_FORMAT = 2
+class Sampler:
+    """One environment stepped with the published versions of the policy, a chunk at a time: the rollout of
+    PPO, in a process of its own. `run_sampler` (below the banner) runs it: it takes a ticket, loads the
+    ticket's version (`load_policy`), collects a chunk (`collect`) and pushes it to the learner."""
+
+    def __init__(self, args: Args, sampler_id: int, run_dir: str):
+        self.args, self.sampler_id = args, sampler_id
+        self.envs = make_envs(args, run_dir, sampler_id - 1)
+        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
+        self.act_dim = self.envs.single_action_space.shape[0]
+        self.low, self.high = self.envs.single_action_space.low, self.envs.single_action_space.high
+        self.agent = Agent(self.obs_dim, self.act_dim)
+        self.obs_normalizer = ObsNormalizer((self.obs_dim,), args.obs_clip)
+        self.reward_scaler = RewardScaler(1, args.gamma, args.reward_clip)  # only its discounted return
+        self.version, self.next_obs = 0, None
+
+    def load_policy(self, message: bytes | None, run_id: str, version: int) -> bool:
+        """Acts with the published version from now on; False if `message` is not that version (None: no
+        version is published, the learner ended the run)."""
+        if message is None:
+            return False
+        num_params = sum(p.numel() for p in self.agent.parameters())
+        try:
+            header, policy = decode_message(message, run_id, policy_schema(num_params, self.obs_dim))
+        except BadMessage as e:
+            print(f"sampler {self.sampler_id}: unusable policy of version {version} ({e})", file=sys.stderr)
+            return False
+        if header["version"] != version:
+            return False
+        nn.utils.vector_to_parameters(torch.from_numpy(policy["weights"].copy()), self.agent.parameters())
+        self.obs_normalizer.rms.mean, self.obs_normalizer.rms.var = policy["obs_mean"].copy(), policy["obs_var"].copy()
+        if self.next_obs is None:  # the first version: seeded by sampler and version, so a resumed run differs
+            seed = self.args.seed + 1000 * self.sampler_id + version
+            torch.manual_seed(seed)
+            self.next_obs = self.envs.reset(seed=seed)[0].astype(np.float32)
+        self.version = version
+        return True
+
+    def collect(self, beat) -> dict[str, np.ndarray]:
+        """`num_steps` steps with the current version; the arrays of chunk_schema. `beat` runs every step."""
+        T, normalize = self.args.num_steps, self.obs_normalizer
+        chunk = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
+                 chunk_schema(T, self.obs_dim, self.act_dim).items() if name != "episodes"}
+        episodes = []
+        for step in range(T):
+            beat()
+            chunk["obs"][step] = self.next_obs[0]
+            x = torch.as_tensor(normalize(self.next_obs, update=False))
+            action, logprob, value = (y.numpy() for y in self.agent.act(x))
+            chunk["actions"][step], chunk["logprobs"][step], chunk["values"][step] = action[0], logprob[0], value[0]
+            # the environment gets the action clipped to its bounds; the chunk keeps the sample
+            next_obs, reward, terminated, truncated, infos = self.envs.step(
+                np.clip(chunk["actions"][step:step + 1], self.low, self.high))
+            done = terminated | truncated
+            chunk["rewards"][step], chunk["dones"][step], chunk["terminated"][step] = reward[0], done[0], terminated[0]
+            chunk["returns"][step] = self.reward_scaler.track(reward, done)[0]
+            # Gymnasium's TimeLimit sets truncated on the last allowed step even when the episode also
+            # terminated there: such a step is a termination (value 0), so only truncated-and-not-terminated
+            # steps bootstrap, with V(final observation) normalised with this version's statistics
+            if self.args.bootstrap_truncation and truncated[0] and not terminated[0]:
+                final_obs = normalize(infos["final_obs"][0][None].astype(np.float32), update=False)
+                with torch.no_grad():
+                    chunk["final_values"][step] = self.agent.get_value(torch.as_tensor(final_obs))[0]
+            episodes += [(step, episodic_return, length) for _, episodic_return, length in finished_episodes(infos)]
+            self.next_obs = next_obs.astype(np.float32)
+        with torch.no_grad():
+            chunk["last_value"][0] = self.agent.get_value(torch.as_tensor(normalize(self.next_obs, update=False)))[0]
+        chunk["episodes"] = np.array(episodes, np.float64).reshape(-1, 3)
+        return chunk
+
+
+# TRAINING: THE LEARNER ---------------------------------------------------------------------------
+
+
+def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
+    """The learner: PPO on args.env_id from scratch, or on from `checkpoint` (--resume), trained on the chunks
+    of the samplers of `lab` (the server, and the local processes it stops when the run ends, see `redis_lab`);
+    everything the run writes goes to run_dir, which it returns."""
+    # Seeding: same seed, same machine, same thread count, one sampler -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_deterministic:  # cuDNN's float32 convolutions and LSTMs in full float32, not TF32
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
+
+    obs_shape, act_dim = env_spaces(args)  # of the samplers' environment, made here once to read them
+    obs_dim = int(np.prod(obs_shape))
+    agent = Agent(obs_dim, act_dim).to(device)
+    obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
+    reward_scaler = RewardScaler(0, args.gamma, args.reward_clip)  # the learner only scales and merges
+    statistics = dict(obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)  # saved in every checkpoint
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
+    # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
+    # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
+    start_iteration, global_step = restore(checkpoint, agent, optimizer, args, **statistics)  # 1, 0 if new
+    log = RunLog(args, run_dir, global_step)
+
+    # The run on the server: its Args for the samplers, the learner's heartbeat, the first version (the
+    # weights and observation statistics the samplers act with, and a ticket per chunk); then the local
+    # samplers, started with the very command another machine runs
+    client, run_id = lab.client, args.run_id
+    beat = Heartbeat(client, key(run_id, "heartbeat"))
+    beat()
+    client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run_dir}))
+    policy_bytes, publish_time = publish_policy(client, run_id, start_iteration, agent, obs_normalizer, args.num_chunks)
+    hint = lab.start_samplers(args.num_samplers)
+    schema = chunk_schema(args.num_steps, obs_dim, act_dim)
+
+    # --compile runs the same update step through torch.compile; --cudagraphs also records its kernels in a
+    # CUDA graph and replays it (one launch per call; its outputs are reused, so the loop clones them). A
+    # thread keeps the heartbeat while a compiled step runs (its first call compiles: see `beating`)
+    update = partial(update_step, agent, optimizer, args)
+    if args.compile or args.cudagraphs:
+        compiled = torch.compile(update_step, mode="reduce-overhead" if args.cudagraphs else None)
+        update = partial(beating, beat, compiled, agent, optimizer, args)
+
+    T, K = args.num_steps, args.num_chunks
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
+        learning_rate.fill_(lr)  # annealed linearly to 0 over the run (detail 4)
+
+        # COLLECT TRAJECTORIES: the samplers act with version `iteration` (Sampler.collect); the learner
+        # receives exactly K chunks of it, the K columns of the batch: arrays (T, K, ...) -------------
+        rollout_start = time.perf_counter()
+        received = receive_chunks(client, run_id, iteration, args, schema, beat, hint)
+        rollout_time = time.perf_counter() - rollout_start - received.transfer_time
+
+        def columns(name: str) -> np.ndarray:
+            return np.stack([chunk[name] for chunk in received.chunks], axis=1)
+
+        # observations are normalised and rewards scaled with exactly the statistics of the version the
+        # samplers acted with
+        raw_obs = columns("obs").reshape(T * K, obs_dim)
+        raw_returns = columns("returns")
+        obs = torch.from_numpy(obs_normalizer(raw_obs, update=False))
+        actions = torch.from_numpy(columns("actions").reshape(T * K, act_dim))
+        rewards = torch.from_numpy(reward_scaler(columns("rewards")).astype(np.float32))  # logged returns stay raw
+        logprobs, values, dones, final_values = (torch.from_numpy(columns(name).astype(np.float32))
+                                                 for name in ("logprobs", "values", "dones", "final_values"))
+        last_value = torch.from_numpy(columns("last_value")[0])
+        base_step, global_step = global_step, global_step + args.batch_size
+        for k, chunk in enumerate(received.chunks):  # chunk k covers the steps base_step + k * T + 1 ...
+            for step, episodic_return, episodic_length in chunk["episodes"]:
+                log.episode(base_step + k * T + int(step) + 1, episodic_return, episodic_length)  # at its end step
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
+                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        update_start = time.perf_counter()
+        b_obs = obs.to(device)
+        b_actions = actions.to(device)
+        b_logprobs = logprobs.reshape(-1).to(device)
+        b_advantages = advantages.reshape(-1).to(device)
+        b_returns = returns.reshape(-1).to(device)
+        b_values = values.reshape(-1).to(device)
+
+        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                beat()  # the samplers wait for the next version meanwhile: they must not think us gone
+                mb_inds = b_inds[start : start + args.minibatch_size]
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                stats = update(b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
+                               b_returns[mb_inds], b_values[mb_inds])
+                stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
+                if epoch == 0 and start == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the stored log-probs do not belong to the stored observations
+                    first_ratio_deviation = stats["ratio_deviation"]
+                clipfracs.append(stats["clipfrac"])
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # a sync, only if asked
+                break
+        # the trained chunks' statistics join the running ones only now (a named difference from
+        # ppo_continuous_action.py, which adds every step's): the next version carries them
+        obs_normalizer.rms.update(raw_obs.astype(np.float64))
+        reward_scaler.rms.update(raw_returns.reshape(-1).astype(np.float64))
+        update_time = time.perf_counter() - update_start
+
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update
+        stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+        log.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time,
+                      received=received, publish_time=publish_time, policy_bytes=policy_bytes)
+        evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log, **statistics)
+        checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir, **statistics)
+        if iteration < args.num_iterations:  # the next version, which the samplers act with
+            policy_bytes, publish_time = publish_policy(client, run_id, iteration + 1, agent, obs_normalizer,
+                                                        args.num_chunks)
+
+    finish(args, client, agent, optimizer, run_dir, global_step, log, **statistics)
+    return run_dir
+
+
+# ==================================================================================================
+# PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
+# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, the wire format,
+# the server and the processes, and the entry point. None of it changes what PPO computes.
+# ==================================================================================================
+
+
+# INPUT CHECKS ------------------------------------------------------------------------------------
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def abort(message: str):
+    """A run that cannot go on (no sampler, server gone): one line naming the problem, exit code 1.
+    Raised inside main's `try`, so its `finally` still stops the local samplers and server."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it stands in key names and in the printed sampler command
+
+
+def check_numbers(args: Args):
+    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
+    coefficient or a NaN learning rate trains without an error, on nonsense."""
+    for name, value in asdict(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for name, valid, meaning in (
+        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
+                                                  "offsets added to it must stay below 2**31)"),
+        ("learning_rate", args.learning_rate > 0, "positive"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
+        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
+        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
+        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
+    ):
+        if not valid:
+            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
+
+
+def check_tracking(args: Args):
+    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
+    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return
+    import wandb  # imported only when used
+
+    if not wandb.login(prompt=False, verify=False):
+        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+
+
+def check_runs_dir(runs_dir: str):
+    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
+    reports what the OS says if creating it fails all the same)."""
+    path = Path(runs_dir).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
+
+
+def open_redis_host(url: str) -> str | None:
+    """The host of `url` if it is a server on another machine that anyone who reaches it may write to (no
+    password); None for this machine (a loopback address, localhost, a unix socket) or a password. The name
+    is read as written: nothing is looked up, nothing is contacted."""
+    options = redis.connection.parse_url(url)
+    host = options.get("host")  # none for a unix socket
+    if host is None or options.get("password") or host.rstrip(".").lower() == "localhost":
+        return None
+    try:
+        return None if ipaddress.ip_address(host).is_loopback else host
+    except ValueError:  # a name
+        return host
+
+
+def check_redis_url(args: Args):
+    """--redis-url must be a Redis URL, and one of a server that only the run's own machines can write to:
+    on this machine or with a password, unless --allow-open-redis says an open one is meant (whoever reaches
+    it can push chunks and weights into the run). Checked before any connection is tried."""
+    if args.redis_url is None:
+        return
+    try:
+        host = open_redis_host(args.redis_url)
+    except ValueError as e:
+        fail(f"--redis-url {redact(args.redis_url)} is not a Redis URL ({e}); e.g. redis://:PASSWORD@HOST:6379/0")
+    if host is not None and not args.allow_open_redis:
+        fail(f"--redis-url {redact(args.redis_url)}: the server on {host} has no password, so anyone who can reach "
+             "it could push chunks and weights into this run; give it one (redis-server --requirepass PASSWORD, "
+             "then redis://:PASSWORD@HOST:PORT/DB), or pass --allow-open-redis to use it as it is")
+
+
+def check_args(args: Args):
+    """Reject arguments that would crash or silently misbehave later. A learner's environment is made once to
+    check that it exists, can be made here and is one this file can train."""
+    check_redis_url(args)
+    if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
+        fail(f"--run-id {args.run_id!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    if args.role == "sampler":
+        if args.redis_url is None or args.run_id is None:
+            fail("--role sampler needs --redis-url and --run-id (the learner prints the command)")
+        return
+    check_numbers(args)
+    for name in ("total_timesteps", "num_chunks", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.obs_clip <= 0 or args.reward_clip <= 0 or args.sampler_timeout <= 0:
+        fail("--obs-clip, --reward-clip and --sampler-timeout must be positive")
+    if args.checkpoint_every < 0 or args.torch_threads < 0 or args.num_samplers < 0:
+        fail("--checkpoint-every, --torch-threads and --num-samplers must not be negative")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             f"(--num-chunks {args.num_chunks} x --num-steps {args.num_steps})")
+    if args.batch_size // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
+    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
+    check_tracking(args)
+    if args.resume is None and args.evaluate is None:
+        check_runs_dir(args.runs_dir)
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    env_spaces(args)
+
+
+def env_spaces(args: Args) -> tuple[tuple, int]:
+    """The observation shape and the action dimension of the samplers' environment, from one made and closed
+    here (make_envs refuses in one line one that cannot be made here or trained by this file)."""
+    envs = make_envs(args, "", -1)  # index -1: no video
+    spaces = envs.single_observation_space.shape, envs.single_action_space.shape[0]
+    envs.close()
+    return spaces
+
+
+# THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
+
+
+def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
+    """The run's arguments, folder and checkpoint: a new folder for a new run; for --resume the checkpoint's
+    folder, arguments (with the flags that may change, and the server of this command line: the saved URL has
+    its password redacted) and the checkpoint itself."""
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        saved = resume_args(args, checkpoint)
+        saved.redis_url, saved.allow_open_redis, saved.run_id = args.redis_url, args.allow_open_redis, args.run_id
+        return saved, str(Path(args.resume).parent), checkpoint
+    run_dir = f"{args.runs_dir}/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if os.path.exists(run_dir):
+        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+             "pass another --exp-name")
+    return args, run_dir, None
+
+
+def make_run_dir(run_dir: str):
+    """Creates the run folder, or ends in one line saying why it cannot."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
+
+
+# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before checkpoints
+# named their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and
+# converted by as_data)
+CHECKPOINT_FORMAT = 3
 
 
 def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int,
@@ -648,16 +908,31 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
+def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
+                      run_dir: str, **statistics):
+    """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration, with the statistics."""
+    if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+        save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, **statistics)
+
+
 def write_checkpoint_file(checkpoint: dict, path: str):
     """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
     one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
-    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes."""
+    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes.
+    A write the file system refuses (disk full, file too large, read-only) removes `path.tmp` and raises
+    the OSError, naming `path`; the previous checkpoint stays as it was."""
+    data = io.BytesIO()
+    torch.save(checkpoint, data)  # in memory first: a failed write is then the file system's OSError
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, path) from None
     folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(folder)
@@ -667,9 +942,23 @@ def write_checkpoint_file(checkpoint: dict, path: str):
         stale.unlink(missing_ok=True)
 
 
+def as_data(value):
+    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
+    a checkpoint may hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {key: as_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_data(item) for item in value)
+    return value
+
+
 def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from; CUDA's too when the run uses it."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The random states a resumed run continues from, as data; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": as_data(np.random.get_state()), "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -677,20 +966,38 @@ def rng_state(device: torch.device) -> dict:
 
 def set_rng_state(state: dict, device: torch.device):
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, key, *rest = state["numpy"]
+    np.random.set_state((kind, key.numpy(), *rest))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+# What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
+# statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
+FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
+                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+
+
 def read_checkpoint(path: str) -> dict | str:
-    """Reads a checkpoint written by this script's `save_checkpoint`; returns the problem, in words, if the
-    file is not one (empty or truncated, not a checkpoint, of another script, of another format)."""
+    """Reads a checkpoint written by this script's `save_checkpoint`, as data only: torch.load with
+    weights_only=True rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so
+    opening a file never runs code from it. Returns the problem, in words, if the file is not a checkpoint
+    (empty or truncated, holding code or other objects, of another script, of another format)."""
     head = b""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else
+            with torch.serialization.safe_globals(FORMAT_2_NUMPY):
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
+            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+        return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
             return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
@@ -699,12 +1006,14 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format {CHECKPOINT_FORMAT} (older checkpoints do not say which "
-                "script wrote them); retrain, or read it with the version of the scripts that wrote it")
+        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+                "them); retrain, or read it with the version of the scripts that wrote it")
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
+    if checkpoint.get("format") == 2:
+        checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads format "
+        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
                 f"{CHECKPOINT_FORMAT}")
     return checkpoint
 
@@ -721,7 +1030,8 @@ def load_checkpoint(path: str) -> dict:
 # checkpoint's value
 CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
                         "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs", "redis_url", "run_id", "num_samplers", "sampler_timeout")
+                        "eval_every", "eval_deterministic", "compile", "cudagraphs", "redis_url", "allow_open_redis",
+                        "run_id", "num_samplers", "sampler_timeout")
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -743,6 +1053,30 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
         fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
              "pass a larger --total-timesteps to train longer")
     return saved
+
+
+def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, *,
+            obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler) -> tuple[int, int]:
+    """--resume: the weights, the optimizer's state, the normalisation statistics and the random streams of
+    `checkpoint`; returns the first iteration to run and the global step (1 and 0 for a new run)."""
+    if checkpoint is None:
+        return 1, 0
+    learning_rate = optimizer.param_groups[0]["lr"]  # the tensor that annealing fills
+    agent.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
+    obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
+    # format 2 of this file held the reward statistics' mean and variance as NumPy scalars, which as_data
+    # reads as floats: as 0-d float64 tensors, they are what format 3 holds
+    reward_rms = checkpoint["reward_rms"]
+    reward_scaler.rms.load_state_dict({**reward_rms, **{name: torch.as_tensor(reward_rms[name], dtype=torch.float64)
+                                                        for name in ("mean", "var")}})
+    set_rng_state(checkpoint["rng"], next(agent.parameters()).device)
+    print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {checkpoint['global_step']}")
+    return checkpoint["iteration"] + 1, checkpoint["global_step"]
+
+
+# EVALUATION --------------------------------------------------------------------------------------
 
 
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int, device: torch.device,
@@ -781,6 +1115,26 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return returns
 
 
+def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
+                    run_dir: str, log: "RunLog", **statistics):
+    """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
+    environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation),
+    with the training's observation statistics frozen; the best evaluation's model is kept as
+    `run_dir/best_model.pt`."""
+    if not args.eval_every or iteration % args.eval_every:
+        return
+    eval_start = time.perf_counter()
+    # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                       args.seed + 100_000, torch.device("cpu"), obs_normalizer=statistics["obs_normalizer"])
+    log.evaluation(returns, global_step)
+    if np.mean(returns) > log.best_return:
+        log.best_return = float(np.mean(returns))
+        save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step, **statistics)
+    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+
+
 def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
     """A saved model or checkpoint as the policy it was in training: weights and frozen statistics."""
     checkpoint = load_checkpoint(path)
@@ -809,7 +1163,235 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     return returns
 
 
-# THE WIRE FORMAT AND THE SERVER -------------------------------------------------------------------
+# LOGGING AND THE END OF A RUN --------------------------------------------------------------------
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+class RunLog:
+    """What a run reports: the run folder and its TensorBoard scalars (charts/, losses/, debug/, perf/,
+    eval/), the per-iteration line, and Weights & Biases with --track. Creating it creates the run folder."""
+
+    def __init__(self, args: Args, run_dir: str, global_step: int):
+        make_run_dir(run_dir)
+        print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
+        if args.track:
+            import wandb  # imported only when used
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(run_dir)
+        self.writer.add_text("hyperparameters",
+                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
+        self.start_time, self.start_step = time.time(), global_step
+        self.episode_returns = []  # of the episodes that ended in this iteration
+        self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
+
+    def episode(self, step: int, episodic_return: float, episodic_length: int):
+        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
+        self.writer.add_scalar("charts/episodic_length", episodic_length, step)
+        self.episode_returns.append(episodic_return)
+
+    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
+                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
+                  received: "Received", publish_time: float, policy_bytes: int):
+        """The iteration's scalars (the statistics copied from the device at once) with this file's: the
+        samplers' and the server's, and, when due, its line."""
+        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+        first_ratio_deviation = stats.pop("ratio_deviation")
+        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        eta = timedelta(seconds=int((self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1)))
+        batch_size, writer = self.args.batch_size, self.writer
+        writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        # steps per second of the samplers while the learner waited, and of the learner's update
+        writer.add_scalar("charts/experience_SPS", batch_size / max(rollout_time + received.transfer_time, 1e-9),
+                          global_step)
+        writer.add_scalar("charts/learner_SPS", batch_size / update_time, global_step)
+        # through Redis per step: the chunks popped, and the version each contributing sampler fetched
+        writer.add_scalar("charts/bytes_per_step", (received.nbytes + policy_bytes * received.samplers) / batch_size,
+                          global_step)
+        writer.add_scalar("charts/samplers_per_update", received.samplers, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        writer.add_scalar("debug/stale_chunks", received.stale, global_step)
+        writer.add_scalar("debug/malformed_chunks", received.malformed, global_step)
+        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        writer.add_scalar("perf/transfer_time", received.transfer_time, global_step)
+        writer.add_scalar("perf/update_time", update_time, global_step)
+        writer.add_scalar("perf/publish_time", publish_time, global_step)
+        line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
+        self.episode_returns = []
+        if line:
+            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, transfer "
+                  f"{received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers})",
+                  flush=True)
+
+    def evaluation(self, returns: list[float], global_step: int):
+        """An evaluation's scalars at the global step it was made: every episode's return as
+        `eval/episodic_return` and their mean as `eval/mean_return`."""
+        for episodic_return in returns:
+            self.writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+        self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+    def close(self):
+        self.writer.close()
+        if self.args.track:
+            finish_tracking(self.run_dir)
+
+
+def finish_tracking(run_dir: str):
+    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
+    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
+    they are written)."""
+    import wandb  # imported only when used
+
+    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
+        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
+    wandb.finish()
+
+
+def finish(args: Args, client: redis.Redis, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str,
+           global_step: int, log: RunLog, **statistics):
+    """The end of a run: the run ended on the server (the samplers go while the model is evaluated); with
+    --save-model the final model saved (with the statistics) and evaluated; the logs closed."""
+    end_run(client, args.run_id)
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step, **statistics)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"), obs_normalizer=statistics["obs_normalizer"])
+        log.evaluation(returns, global_step)
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    log.close()
+
+
+# CTRL-C AND FULL DISKS ---------------------------------------------------------------------------
+
+
+def resume_hint(run_dir: str) -> str:
+    """Where a stopped run can go on from: its last checkpoint and the command that resumes it."""
+    checkpoint = Path(run_dir) / "checkpoint.pt"
+    if checkpoint.is_file():
+        return f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
+    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+
+
+def exit_on_ctrl_c(run_dir: str):
+    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
+    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
+    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
+
+    def handler(signum, frame):
+        print(f"{Path(sys.argv[0]).name}: interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
+# a read-only file system, a quota exceeded
+WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
+
+
+def quiet_write_errors(hook_args):
+    """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
+    error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
+    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
+        threading.__excepthook__(hook_args)
+
+
+@contextlib.contextmanager
+def exit_on_write_error(run_dir: str):
+    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
+    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
+    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
+    threading.excepthook = quiet_write_errors
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in WRITE_ERRORS:
+            raise
+        file = e.filename or f"the TensorBoard events in {run_dir}"
+        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+# RUNNING STATISTICS (of ObsNormalizer and RewardScaler) ------------------------------------------
+
+
+class RunningMeanStd:
+    """Running mean and variance of a stream of batches (the parallel algorithm of Chan et al.)."""
+
+    def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = epsilon
+
+    def update(self, x: np.ndarray):
+        """Adds a batch x of shape (B,) + shape. It runs at every environment step, so it avoids
+        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers, and
+        skips the batch's own spread where the batch is one sample (one environment's step)."""
+        n = x.shape[0]
+        batch_mean = np.add.reduce(x, axis=0) / n
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean = self.mean + delta * (n / total)
+        # the summed squared deviations from the mean: the old ones, the batch's own, and the shift's
+        squares = self.var * self.count + np.square(delta) * (self.count * n / total)
+        if n > 1:
+            squares += np.add.reduce(np.square(x - batch_mean), axis=0)
+        self.var = squares / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        """The statistics as data (tensors and a number), as a checkpoint holds them."""
+        return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": self.count}  # copies
+
+    def load_state_dict(self, state: dict):
+        self.mean, self.var = state["mean"].numpy().copy(), state["var"].numpy().copy()
+        self.count = float(state["count"])
+
+
+# THE WIRE FORMAT ---------------------------------------------------------------------------------
 
 HEADER_LIMIT = 1 << 16  # bytes of JSON header a message may have
 HEARTBEAT_TTL = 5  # seconds a learner's heartbeat or a sampler's alive key lives unless refreshed
@@ -819,10 +1401,6 @@ POP_TIMEOUT = 0.5  # seconds one blocking pop waits, so the waiting loops beat a
 
 class BadMessage(ValueError):
     """A message from the network that fails a check: it is dropped and counted, never used."""
-
-
-class RunOver(Exception):
-    """The learner ended the run or is gone: a sampler's cue to exit."""
 
 
 def key(run_id: str, *parts) -> str:
@@ -944,6 +1522,9 @@ def decode_chunk(message: bytes, run_id: str, schema: dict) -> tuple[dict, dict]
     return header, chunk
 
 
+# THE SERVER AND THE PROCESSES --------------------------------------------------------------------
+
+
 def connect(url: str) -> redis.Redis:
     """A client of the server at `url`, checked with a PING: an unreachable server is bad input (exit 2)."""
     # the socket timeout outlasts a blocking pop (POP_TIMEOUT); a server that stops answering ends the run
@@ -985,7 +1566,7 @@ def start_redis_server() -> tuple[subprocess.Popen, str]:
 
 
 def stop_processes(processes: list[subprocess.Popen]):
-    """SIGTERM to every process, SIGKILL to those still there after 5 seconds, and wait: none is left."""
+    """SIGTERM to every process, SIGKILL to those still there after five seconds, and wait: none is left."""
     for process in processes:
         if process.poll() is None:
             process.terminate()
@@ -999,8 +1580,14 @@ def stop_processes(processes: list[subprocess.Popen]):
 
 
 def sampler_command(url: str, run_id: str, python: str = "python", script: str = Path(__file__).name) -> list[str]:
-    """The command that starts a sampler for this run: printed for other machines, run for local ones."""
-    return [python, script, "--role", "sampler", "--redis-url", url, "--run-id", run_id]
+    """The command that starts a sampler for this run: printed for other machines, run for local ones (with
+    --allow-open-redis where the learner was given it for an open server)."""
+    allow = ["--allow-open-redis"] if open_redis_host(url) is not None else []
+    return [python, script, "--role", "sampler", "--redis-url", url, "--run-id", run_id, *allow]
+
+
+class RunOver(Exception):
+    """The learner ended the run or is gone: a sampler's cue to exit."""
 
 
 class Heartbeat:
@@ -1047,73 +1634,58 @@ def beating(beat: Heartbeat, fn, *args):
         thread.join()
 
 
-# SAMPLER -----------------------------------------------------------------------------------------
+@dataclass
+class Lab:
+    """A learner's side of the server: the client, the URL the samplers connect to, the run's id, and the
+    local processes started for the run (the samplers, then the embedded server), which `redis_lab` stops."""
+    client: redis.Redis
+    url: str
+    run_id: str
+    processes: list = field(default_factory=list)
+
+    def start_samplers(self, count: int) -> str:
+        """Prints the command that starts a sampler of this run on another machine, runs it `count` times on
+        this one, and returns it (the learner repeats it when no chunk comes)."""
+        hint = shlex.join(sampler_command(self.url, self.run_id))
+        print(f"run {self.run_id} on {redact(self.url)}; samplers join with: {hint}", flush=True)
+        # before the server in the list: stop_processes stops them first
+        self.processes[:0] = [subprocess.Popen(sampler_command(self.url, self.run_id, sys.executable, __file__),
+                                               start_new_session=True) for _ in range(count)]
+        return hint
 
 
-class Sampler:
-    """One environment stepped with the published versions of the policy, a chunk at a time."""
+@contextlib.contextmanager
+def redis_lab(args: Args):
+    """The learner's server: the one of --redis-url, or a redis-server of its own; the run's id (--run-id or a
+    fresh one) checked free there and a dead learner's leftovers under it cleared. However the run ends, the
+    run is then ended on the server (samplers elsewhere exit by themselves) and the local samplers and server
+    are stopped; a server lost meanwhile ends the run in one line (exit 1)."""
+    run_id = args.run_id or uuid.uuid4().hex[:12]
+    lab, url = None, args.redis_url
+    processes = []
+    try:
+        if url is None:
+            server, url = start_redis_server()
+            processes.append(server)
+        client = connect(url)
+        if client.exists(key(run_id, "heartbeat")):
+            fail(f"run id {run_id} is in use on {redact(url)} (its learner is alive); pass another --run-id")
+        lab = Lab(client, url, run_id, processes)
+        leftovers = list(client.scan_iter(match=key(run_id, "*")))  # of a dead learner with this run id
+        if leftovers:
+            client.delete(*leftovers)
+        # what is saved, logged and published names the server without its password
+        args.run_id, args.redis_url = run_id, None if args.redis_url is None else redact(url)
+        yield lab
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        abort(f"lost the Redis server at {redact(url)} ({type(e).__name__}: {e})")
+    finally:
+        if lab is not None:
+            end_run(lab.client, run_id)
+        stop_processes(processes)
 
-    def __init__(self, args: Args, sampler_id: int, run_dir: str):
-        self.args, self.sampler_id = args, sampler_id
-        self.envs = make_envs(args, run_dir, sampler_id - 1)
-        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
-        self.act_dim = self.envs.single_action_space.shape[0]
-        self.low, self.high = self.envs.single_action_space.low, self.envs.single_action_space.high
-        self.agent = Agent(self.obs_dim, self.act_dim)
-        self.obs_normalizer = ObsNormalizer((self.obs_dim,), args.obs_clip)
-        self.reward_scaler = RewardScaler(1, args.gamma, args.reward_clip)  # only its discounted return
-        self.version, self.next_obs = 0, None
 
-    def load_policy(self, message: bytes | None, run_id: str, version: int) -> bool:
-        """Acts with the published version from now on; False if `message` is not that version."""
-        num_params = sum(p.numel() for p in self.agent.parameters())
-        try:
-            header, policy = decode_message(message or b"", run_id, policy_schema(num_params, self.obs_dim))
-        except BadMessage as e:
-            print(f"sampler {self.sampler_id}: unusable policy of version {version} ({e})", file=sys.stderr)
-            return False
-        if header["version"] != version:
-            return False
-        nn.utils.vector_to_parameters(torch.from_numpy(policy["weights"].copy()), self.agent.parameters())
-        self.obs_normalizer.rms.mean, self.obs_normalizer.rms.var = policy["obs_mean"].copy(), policy["obs_var"].copy()
-        if self.next_obs is None:  # the first version: seeded by sampler and version, so a resumed run differs
-            seed = self.args.seed + 1000 * self.sampler_id + version
-            torch.manual_seed(seed)
-            self.next_obs = self.envs.reset(seed=seed)[0].astype(np.float32)
-        self.version = version
-        return True
-
-    def collect(self, beat) -> dict[str, np.ndarray]:
-        """`num_steps` steps with the current version; the arrays of chunk_schema. `beat` runs every step."""
-        T, normalize = self.args.num_steps, self.obs_normalizer
-        chunk = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
-                 chunk_schema(T, self.obs_dim, self.act_dim).items() if name != "episodes"}
-        episodes = []
-        for step in range(T):
-            beat()
-            chunk["obs"][step] = self.next_obs[0]
-            x = torch.as_tensor(normalize(self.next_obs, update=False))
-            action, logprob, value = (y.numpy() for y in self.agent.act(x))
-            chunk["actions"][step], chunk["logprobs"][step], chunk["values"][step] = action[0], logprob[0], value[0]
-            # the environment gets the action clipped to its bounds; the chunk keeps the sample
-            next_obs, reward, terminated, truncated, infos = self.envs.step(
-                np.clip(chunk["actions"][step:step + 1], self.low, self.high))
-            done = terminated | truncated
-            chunk["rewards"][step], chunk["dones"][step], chunk["terminated"][step] = reward[0], done[0], terminated[0]
-            chunk["returns"][step] = self.reward_scaler.track(reward, done)[0]
-            # Gymnasium's TimeLimit sets truncated on the last allowed step even when the episode also
-            # terminated there: such a step is a termination (value 0), so only truncated-and-not-terminated
-            # steps bootstrap, with V(final observation) normalised with this version's statistics
-            if self.args.bootstrap_truncation and truncated[0] and not terminated[0]:
-                final_obs = normalize(infos["final_obs"][0][None].astype(np.float32), update=False)
-                with torch.no_grad():
-                    chunk["final_values"][step] = self.agent.get_value(torch.as_tensor(final_obs))[0]
-            episodes += [(step, episodic_return, length) for _, episodic_return, length in finished_episodes(infos)]
-            self.next_obs = next_obs.astype(np.float32)
-        with torch.no_grad():
-            chunk["last_value"][0] = self.agent.get_value(torch.as_tensor(normalize(self.next_obs, update=False)))[0]
-        chunk["episodes"] = np.array(episodes, np.float64).reshape(-1, 3)
-        return chunk
+# THE SAMPLER'S PROCESS ---------------------------------------------------------------------------
 
 
 def wait_for_run(client: redis.Redis, run_id: str, timeout: float) -> dict:
@@ -1179,13 +1751,15 @@ def run_sampler(args: Args):
                 pass
 
 
-# LEARNER -----------------------------------------------------------------------------------------
+# THE LEARNER'S SIDE OF THE SERVER ----------------------------------------------------------------
 
 
 def publish_policy(client: redis.Redis, run_id: str, version: int, agent: Agent, obs_normalizer: ObsNormalizer,
-                   num_chunks: int) -> int:
+                   num_chunks: int) -> tuple[int, float]:
     """Publishes `version` (weights and observation statistics) with `num_chunks` tickets for it, in one
-    transaction that also drops the tickets left of the version before. Returns the message's size."""
+    transaction that also drops the tickets left of the version before. Returns the message's size and the
+    seconds it took."""
+    start = time.perf_counter()
     weights = nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
     message = encode_message({"run_id": run_id, "version": version},
                              {"weights": weights, "obs_mean": obs_normalizer.rms.mean, "obs_var": obs_normalizer.rms.var})
@@ -1194,7 +1768,7 @@ def publish_policy(client: redis.Redis, run_id: str, version: int, agent: Agent,
     pipe.delete(key(run_id, "tickets"))
     pipe.rpush(key(run_id, "tickets"), *[version] * num_chunks)
     pipe.execute()
-    return len(message)
+    return len(message), time.perf_counter() - start
 
 
 def requeue_lost_tickets(client: redis.Redis, run_id: str):
@@ -1283,349 +1857,23 @@ def end_run(client: redis.Redis | None, run_id: str):
         pass
 
 
-class ProgressLine:
-    """When to print the per-iteration line: at the first and the last iteration, and in between at most
-    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
-    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
-    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
-
-    def __init__(self, every: float = 5.0):
-        self.every = every
-        self.printed_at = None  # time.monotonic() of the last line
-        self.returns = []  # the returns of the episodes that ended since the last line
-
-    def due(self, episode_returns, last: bool) -> str | None:
-        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
-        self.returns.extend(episode_returns)
-        now = time.monotonic()
-        if not last and self.printed_at is not None and now - self.printed_at < self.every:
-            return None
-        self.printed_at = now
-        mean = np.mean(self.returns) if self.returns else float("nan")
-        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
-        return line
+# THE ENTRY POINT ---------------------------------------------------------------------------------
 
 
-def log_evaluation(writer, returns: list[float], global_step: int):
-    """An evaluation's scalars at the global step it was made: every episode's return as
-    `eval/episodic_return` and their mean as `eval/mean_return`."""
-    for episodic_return in returns:
-        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
-
-
-def finish_tracking(run_dir: str):
-    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
-    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
-    they are written)."""
-    import wandb  # imported only when used
-
-    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
-        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
-    wandb.finish()
-
-
-# TRAINING ----------------------------------------------------------------------------------------
-
-
-def make_run_dir(run_dir: str):
-    """Creates the run folder, or ends in one line saying why it cannot."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
-
-
-def exit_on_ctrl_c(run_dir: str):
-    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
-    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
-    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
-
-    def handler(signum, frame):
-        checkpoint = Path(run_dir) / "checkpoint.pt"
-        if checkpoint.is_file():
-            where = f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
-        else:
-            where = f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-        print(f"{Path(sys.argv[0]).name}: interrupted: {where}", file=sys.stderr, flush=True)
-        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(130)
-
-    signal.signal(signal.SIGINT, handler)
-
-
-def main(args: Args):
-    obs_shape, act_dim = check_args(args)
+def main(args: Args) -> str | list[float] | None:
+    """Checks the arguments; then runs a sampler (--role sampler), or trains (returns the run folder), or with
+    --evaluate evaluates (returns the episodes' returns)."""
+    check_args(args)
     if args.role == "sampler":
         return run_sampler(args)
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     if args.evaluate is not None:
         return run_evaluation(args.evaluate, args)
-
-    checkpoint = None
-    if args.resume is not None:
-        checkpoint = load_checkpoint(args.resume)
-        given, args = args, resume_args(args, checkpoint)
-        # the run continues with its saved arguments, on the server and samplers of this command line (the
-        # saved URL has its password redacted)
-        args.redis_url, args.run_id = given.redis_url, given.run_id
-        obs_shape, act_dim = check_args(args)  # the spaces of the saved run's environment
-        run_dir = str(Path(args.resume).parent)
-    else:
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = f"{args.runs_dir}/{run_name}"
-        if os.path.exists(run_dir):
-            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-                 "pass another --exp-name")
+    args, run_dir, checkpoint = prepare_run(args)
     exit_on_ctrl_c(run_dir)
-
-    run_id = args.run_id or uuid.uuid4().hex[:12]
-    server, samplers, client, ours, url = None, [], None, False, args.redis_url
-    try:
-        if url is None:
-            server, url = start_redis_server()
-        client = connect(url)
-        if client.exists(key(run_id, "heartbeat")):
-            fail(f"run id {run_id} is in use on {redact(url)} (its learner is alive); pass another --run-id")
-        ours = True
-        leftovers = list(client.scan_iter(match=key(run_id, "*")))  # of a dead learner with this run id
-        if leftovers:
-            client.delete(*leftovers)
-        # what is saved, logged and published names the server without its password
-        args.run_id, args.redis_url = run_id, None if args.redis_url is None else redact(url)
-        return train(args, checkpoint, run_dir, obs_shape, act_dim, client, url, samplers)
-    except (redis.ConnectionError, redis.TimeoutError) as e:
-        abort(f"lost the Redis server at {redact(url)} ({type(e).__name__}: {e})")
-    finally:
-        if ours:
-            end_run(client, run_id)
-        stop_processes(samplers + ([server] if server is not None else []))
-
-
-def train(args: Args, checkpoint: dict | None, run_dir: str, obs_shape: tuple, act_dim: int, client: redis.Redis,
-          url: str, samplers: list) -> str:
-    """The learner's training loop; `samplers` receives the local sampler processes it starts (main
-    stops them). Returns the run folder."""
-    run_id = args.run_id
-    # Seeding: same seed, same machine, same thread count, one sampler -> same numbers
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
-    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
-    # at the first minibatch is 1 to float precision
-    if args.torch_deterministic:
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # Distribution argument checks cost more than the sampling itself on these tiny batches
-    torch.distributions.Distribution.set_default_validate_args(False)
-
-    obs_dim = int(np.prod(obs_shape))
-    agent = Agent(obs_dim, act_dim).to(device)
-    obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
-    reward_scaler = RewardScaler(0, args.gamma, args.reward_clip)  # the learner only scales and merges
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
-    # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
-    learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
-
-
-    start_iteration, global_step = 1, 0
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
-        obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
-        reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        set_rng_state(checkpoint["rng"], device)
-        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
-
-    make_run_dir(run_dir)
-    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
-    if args.track:
-        import wandb  # imported only when used
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=Path(run_dir).name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-
-    # The run on the server: its Args for the samplers, the learner's heartbeat, the first version; then
-    # the local samplers, started with the very command another machine runs
-    beat = Heartbeat(client, key(run_id, "heartbeat"))
-    beat()
-    client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run_dir}))
-    publish_start = time.perf_counter()
-    policy_bytes = publish_policy(client, run_id, start_iteration, agent, obs_normalizer, args.num_chunks)
-    publish_time = time.perf_counter() - publish_start
-    hint = shlex.join(sampler_command(url, run_id))
-    print(f"run {run_id} on {redact(url)}; samplers join with: {hint}", flush=True)
-    for _ in range(args.num_samplers):
-        samplers.append(subprocess.Popen(sampler_command(url, run_id, sys.executable, __file__), start_new_session=True))
-    schema = chunk_schema(args.num_steps, obs_dim, act_dim)
-
-    # THE FAST PATH: --compile runs the same update step through torch.compile; --cudagraphs also
-    # records its kernels in a CUDA graph and replays it (mode="reduce-overhead"), one launch per call
-    # instead of one per operation; it copies inputs into static buffers and reuses its outputs' memory
-    # at the next call, so the loop clones the statistics it keeps. The samplers act on the CPU, eagerly.
-    # A thread keeps the heartbeat while a compiled step runs (its first call compiles, see `beating`).
-    update = update_step
-    if args.compile or args.cudagraphs:
-        compiled = torch.compile(update_step, mode="reduce-overhead" if args.cudagraphs else None)
-
-        def update(*step_args):
-            return beating(beat, compiled, *step_args)
-
-    T, K = args.num_steps, args.num_chunks
-    progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
-    start_time, start_step = time.time(), global_step
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            learning_rate.fill_(frac * args.learning_rate)
-
-        # COLLECT TRAJECTORIES (the samplers act with version `iteration`; the learner receives) ---
-        rollout_start = time.perf_counter()
-        received = receive_chunks(client, run_id, iteration, args, schema, beat, hint)
-        rollout_time = time.perf_counter() - rollout_start - received.transfer_time
-
-        # The chunks are the K columns of the batch: arrays (T, K, ...). Observations are normalised and
-        # rewards scaled with exactly the statistics of the version the samplers acted with
-        def columns(name: str) -> np.ndarray:
-            return np.stack([chunk[name] for chunk in received.chunks], axis=1)
-
-        raw_obs = columns("obs").reshape(T * K, obs_dim)
-        raw_returns = columns("returns")
-        obs = torch.from_numpy(obs_normalizer(raw_obs, update=False))
-        actions = torch.from_numpy(columns("actions").reshape(T * K, act_dim))
-        rewards = torch.from_numpy(reward_scaler(columns("rewards")).astype(np.float32))  # logged returns stay raw
-        logprobs, values, dones, final_values = (torch.from_numpy(columns(name).astype(np.float32))
-                                                 for name in ("logprobs", "values", "dones", "final_values"))
-        last_value = torch.from_numpy(columns("last_value")[0])
-        base_step, global_step = global_step, global_step + args.batch_size
-        episode_returns = []
-        for k, chunk in enumerate(received.chunks):
-            for step, episodic_return, episodic_length in chunk["episodes"]:
-                episode_step = base_step + k * T + int(step) + 1  # the step this episode ended at
-                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
-                episode_returns.append(episodic_return)
-
-        # CALCULATE ADVANTAGES ------------------------------------------------------------------
-        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
-                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
-
-        # UPDATE THE NETWORK --------------------------------------------------------------------
-        update_start = time.perf_counter()
-        b_obs = obs.to(device)
-        b_actions = actions.to(device)
-        b_logprobs = logprobs.reshape(-1).to(device)
-        b_advantages = advantages.reshape(-1).to(device)
-        b_returns = returns.reshape(-1).to(device)
-        b_values = values.reshape(-1).to(device)
-
-        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
-        for epoch in range(args.update_epochs):
-            b_inds = torch.randperm(args.batch_size, device=device)
-            for start in range(0, args.batch_size, args.minibatch_size):
-                beat()  # the samplers wait for the next version meanwhile: they must not think us gone
-                mb_inds = b_inds[start : start + args.minibatch_size]
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()
-                stats = update(agent, optimizer, args, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
-                               b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds])
-                stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
-                if epoch == 0 and start == 0:
-                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
-                    # deviation means the stored log-probs do not belong to the stored observations
-                    first_ratio_deviation = stats["ratio_deviation"]
-                clipfracs.append(stats["clipfrac"])
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # a sync, only if asked
-                break
-        # the trained chunks' statistics join the running ones only now (a named difference from
-        # ppo_continuous_action.py, which adds every step's): the next version carries them
-        obs_normalizer.rms.update(raw_obs.astype(np.float64))
-        reward_scaler.rms.update(raw_returns.reshape(-1).astype(np.float64))
-        update_time = time.perf_counter() - update_start
-
-        # LOGGING -------------------------------------------------------------------------------
-        # the losses and KLs of the last minibatch, the clip fraction over the whole update, in one copy
-        stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-        first_ratio_deviation = stats.pop("ratio_deviation")
-        sps = int((global_step - start_step) / (time.time() - start_time))
-        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
-        writer.add_scalar("charts/learning_rate", frac * args.learning_rate if args.anneal_lr else args.learning_rate,
-                          global_step)
-        for name, value in stats.items():
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        # steps per second of the samplers while the learner waited, and of the learner's update
-        writer.add_scalar("charts/experience_SPS", args.batch_size / max(rollout_time + received.transfer_time, 1e-9), global_step)
-        writer.add_scalar("charts/learner_SPS", args.batch_size / update_time, global_step)
-        # through Redis per step: the chunks popped, and the version each contributing sampler fetched
-        writer.add_scalar("charts/bytes_per_step", (received.nbytes + policy_bytes * received.samplers) / args.batch_size, global_step)
-        writer.add_scalar("charts/samplers_per_update", received.samplers, global_step)
-        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-        writer.add_scalar("debug/stale_chunks", received.stale, global_step)
-        writer.add_scalar("debug/malformed_chunks", received.malformed, global_step)
-        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-        writer.add_scalar("perf/transfer_time", received.transfer_time, global_step)
-        writer.add_scalar("perf/update_time", update_time, global_step)
-        writer.add_scalar("perf/publish_time", publish_time, global_step)
-        line = progress.due(episode_returns, last=iteration == args.num_iterations)
-        if line:
-            print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, transfer "
-                  f"{received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers})", flush=True)
-
-        # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
-        # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
-        if args.eval_every and iteration % args.eval_every == 0:
-            eval_start = time.perf_counter()
-            # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-            eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                                    args.seed + 100_000, torch.device("cpu"), obs_normalizer=obs_normalizer)
-            log_evaluation(writer, eval_returns, global_step)
-            if np.mean(eval_returns) > best_return:
-                best_return = float(np.mean(eval_returns))
-                save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step,
-                                obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
-            print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
-                  f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
-
-        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
-                            obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
-        if iteration < args.num_iterations:  # the next version, which the samplers act with
-            publish_start = time.perf_counter()
-            policy_bytes = publish_policy(client, run_id, iteration + 1, agent, obs_normalizer, args.num_chunks)
-            publish_time = time.perf_counter() - publish_start
-
-    end_run(client, run_id)  # the samplers go while the model is evaluated
-    if args.save_model:
-        model_path = f"{run_dir}/model.pt"
-        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step,
-                        obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
-        print(f"model saved to {model_path}")
-        agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"), obs_normalizer=obs_normalizer)
-        log_evaluation(writer, returns, global_step)
-        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    writer.close()
-    if args.track:
-        finish_tracking(run_dir)
-    return run_dir
+    with exit_on_write_error(run_dir), redis_lab(args) as lab:
+        return train(args, run_dir, checkpoint, lab)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,23 @@
 """ppo_continuous_action_redis.py against a real redis-server on a free loopback port: end to end from the
 command line, samplers killed and joining, the learner starved, killed or without its server, malformed
-and foreign chunks, the chunk accounting (trained + stale == sent, per version), bad --redis-url, and
-the wire format's checks. Samplers and learners run as the commands a user types."""
+and foreign chunks, the chunk accounting (trained + stale == sent, per version), bad --redis-url, an
+open server refused (tested with a host under the reserved .invalid domain: no test contacts another
+machine), the embedded server on loopback only and without persistence, a refused write ending the
+learner, its samplers and its server in one line, and the wire format's checks. Samplers and learners
+run as the commands a user types."""
 
 import importlib
+import ipaddress
 import os
+import resource
 import signal
+import socket
 import subprocess
+import sys
 import time
 import types
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -354,3 +362,167 @@ def test_evaluation_records_every_episode_on_video(tmp_path):
     script.evaluate(agent, args, 1, False, 0, torch.device("cpu"), obs_normalizer=normalizer, video_prefix=str(prefix))
     (video,) = (tmp_path / "videos").glob("model-eval-episode-*.mp4")
     assert video.name == "model-eval-episode-0.mp4" and video.stat().st_size > 1000
+
+
+def test_an_environment_that_cannot_be_made_here_is_refused_in_one_line(tmp_path):
+    """Pusher-v4 needs mujoco<3 (gymnasium raises ImportError): one line naming the environment, exit 2,
+    for the learner's check before any work and for a sampler's environment."""
+    mujoco = pytest.importorskip("mujoco")
+    if int(mujoco.__version__.split(".")[0]) < 3:
+        pytest.skip("Pusher-v4 can be made with this mujoco")
+    result = run_script(NAME, "--env-id", "Pusher-v4", cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    # above it only gymnasium's deprecation warning for a -v4 id (Hopper-v4's too), no traceback
+    lines = [line for line in result.stderr.splitlines() if "Warning" not in line and "logger.deprecation" not in line]
+    assert len(lines) == 1 and lines[0].startswith(f"{NAME}.py: error: cannot make Pusher-v4 here: "), result.stderr
+    assert "mujoco<3" in lines[0] and "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        script.Sampler(script.Args(env_id="Pusher-v4"), 1, str(tmp_path))
+    assert exit_info.value.code == 2
+
+
+# THE EMBEDDED SERVER AND OPEN SERVERS (issue 26) --------------------------------------------------
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the sockets listening on TCP `port` of this machine (/proc/net/tcp and tcp6:
+    each address in hex, 32-bit words in host byte order; state 0A is LISTEN)."""
+    found = set()
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        table = Path("/proc/net") / name
+        if not table.exists():
+            continue
+        for line in table.read_text().splitlines()[1:]:
+            fields = line.split()
+            address, port_hex = fields[1].split(":")
+            if fields[3] == "0A" and int(port_hex, 16) == port:
+                raw = b"".join(int(address[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(address), 8))
+                found.add(socket.inet_ntop(family, raw))
+    return found
+
+
+def outward_address() -> str | None:
+    """This machine's own address towards other machines, if it has one: the source address the kernel
+    picks for a UDP socket connected to TEST-NET-1 (connecting a UDP socket sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:  # no route: no network at all
+            return None
+        address = probe.getsockname()[0]
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+def test_the_embedded_server_listens_on_loopback_only_and_keeps_nothing(server, client):
+    """The redis-server a learner starts for itself (start_redis_server) listens on 127.0.0.1 and nowhere else,
+    so no other machine can push chunks or weights into the run, and it writes no files (no snapshots, no
+    append-only log: it inherits the learner's limits, a file-size limit included)."""
+    port = int(server.rsplit(":", 1)[1].split("/")[0])
+    assert client.ping()
+    assert listening_addresses(port) == {"127.0.0.1"}
+    assert client.config_get("save") == {"save": ""} and client.config_get("appendonly") == {"appendonly": "no"}
+    address = outward_address()
+    if address is not None:  # the machine's own address on its network: refused, as from another machine
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((address, port), timeout=5).close()
+
+
+def test_listening_addresses_sees_a_socket_on_every_address():
+    """The helper above finds what it must refuse: a socket bound to all addresses."""
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        assert listening_addresses(listener.getsockname()[1]) == {"0.0.0.0"}
+
+
+OPEN = "redis://lab.invalid:6379/0"  # .invalid never resolves (RFC 6761): no test reaches a machine
+
+
+@pytest.mark.parametrize("url, host", [
+    (OPEN, "lab.invalid"),
+    ("redis://user@lab.invalid:6379/0", "lab.invalid"),
+    ("redis://:@lab.invalid/0", "lab.invalid"),
+    ("rediss://10.1.2.3:6380/0", "10.1.2.3"),
+    ("redis://[2001:db8::1]:6379/0", "2001:db8::1"),
+    ("redis://:PASSWORD@lab.invalid:6379/0", None),
+    ("redis://user:PASSWORD@lab.invalid:6379/0", None),
+    ("redis://lab.invalid:6379/0?password=PASSWORD", None),
+    ("redis://127.0.0.1:6379/0", None),
+    ("redis://127.8.9.10:6379/0", None),
+    ("redis://localhost:6379/0", None),
+    ("redis://LOCALHOST.:6379/0", None),
+    ("redis://[::1]:6379/0", None),
+    ("unix:///run/redis/redis.sock", None),
+])
+def test_a_server_is_open_on_another_machine_without_a_password(url, host):
+    assert script.open_redis_host(url) == host
+    allow = ["--allow-open-redis"] if host else []  # the command printed for the samplers passes it on
+    assert script.sampler_command(url, "r") == ["python", f"{NAME}.py", "--role", "sampler", "--redis-url", url,
+                                               "--run-id", "r", *allow]
+
+
+@pytest.mark.parametrize("role", ["learner", "sampler"])
+def test_an_open_server_is_refused_in_one_line_before_any_connection(role, tmp_path, monkeypatch, capsys):
+    def no_network(*args, **kwargs):
+        raise AssertionError("a connection or name lookup was tried")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(script.Args(env_id=ENV, role=role, redis_url=OPEN, run_id="r", runs_dir=str(tmp_path / "runs"),
+                                cuda=False))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and f": error: --redis-url {OPEN}: " in lines[0], lines
+    for words in ("the server on lab.invalid has no password", "push chunks and weights", "--allow-open-redis"):
+        assert words in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("argv", [[], ["--allow-open-redis"], ["--role", "sampler", "--run-id", "r"],
+                                  ["--role", "sampler", "--run-id", "r", "--allow-open-redis"]])
+def test_an_open_server_from_the_command_line(tmp_path, argv):
+    """Refused without --allow-open-redis; with it, the server is tried and cannot be reached: the usual
+    one line (no traceback), exit 2, for the learner and a sampler."""
+    result = run_script(NAME, "--env-id", ENV, "--redis-url", OPEN, *argv, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{NAME}.py: error: --redis-url {OPEN}: "), result.stderr
+    expected = "cannot reach the Redis server" if "--allow-open-redis" in argv else "--allow-open-redis"
+    assert expected in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_password_or_the_flag_lets_an_open_server_through_the_check():
+    script.check_redis_url(script.Args(redis_url="redis://:PASSWORD@lab.invalid:6379/0"))
+    script.check_redis_url(script.Args(redis_url=OPEN, allow_open_redis=True))
+
+
+# A FULL DISK ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit, checkpoint_every, file", [
+    (100_000, 1, "{run_dir}/checkpoint.pt"),  # below a checkpoint's size (136 KB here): its first write fails
+    (1_000, 0, "the TensorBoard events in {run_dir}"),  # below the first events written
+])
+def test_a_refused_write_ends_the_learner_its_samplers_and_its_server_in_one_line(tmp_path, limit, checkpoint_every,
+                                                                                  file):
+    """Under a file-size limit (inherited by every process of the run; Python ignores SIGXFSZ, so a write
+    fails with EFBIG): the learner's one line naming the file and the run's state, exit 1, no .tmp left, and
+    its samplers and embedded server (which writes no files) gone without a line of their own."""
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    argv = [*FAST, "--num-samplers", 2, "--total-timesteps", 10 ** 6, "--checkpoint-every", checkpoint_every]
+    with open(tmp_path / "learner.out", "w") as out, open(tmp_path / "learner.err", "w") as err:
+        learner = subprocess.Popen(script_command(NAME, *argv), cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                   stdout=out, stderr=err, preexec_fn=limited)
+    seen = wait_watching(learner, 120)
+    time.sleep(1)  # anything the samplers or the server would still say
+    stderr = output(tmp_path, "learner")[1]
+    run_dir = only_run_dir(tmp_path / "runs").relative_to(tmp_path)
+    assert learner.returncode == 1, stderr
+    assert stderr.splitlines() == [f"{NAME}.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
+                                   f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"]
+    assert not list((tmp_path / run_dir).glob("*.tmp"))
+    assert seen and not running(seen), "a process of the run is left"
