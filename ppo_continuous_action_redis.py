@@ -943,12 +943,10 @@ def write_checkpoint_file(checkpoint: dict, path: str):
 
 
 def as_data(value):
-    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
-    a checkpoint may hold (read_checkpoint reads nothing else)."""
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
-    if isinstance(value, np.generic):
-        return value.item()
+    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
+    hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return torch.tensor(value)  # a copy, with the same dtype
     if isinstance(value, dict):
         return {key: as_data(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -957,8 +955,11 @@ def as_data(value):
 
 
 def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from, as data; CUDA's too when the run uses it."""
-    state = {"torch": torch.get_rng_state(), "numpy": as_data(np.random.get_state()), "python": random.getstate()}
+    """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
+    pickle); CUDA's too when the run uses it."""
+    kind, key, *rest = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+             "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -967,7 +968,7 @@ def rng_state(device: torch.device) -> dict:
 def set_rng_state(state: dict, device: torch.device):
     torch.set_rng_state(state["torch"])
     kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, key.numpy(), *rest))
+    np.random.set_state((kind, key.numpy().astype(np.uint32), *rest))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
@@ -1066,11 +1067,7 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
     optimizer.load_state_dict(checkpoint["optimizer"])
     optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
     obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
-    # format 2 of this file held the reward statistics' mean and variance as NumPy scalars, which as_data
-    # reads as floats: as 0-d float64 tensors, they are what format 3 holds
-    reward_rms = checkpoint["reward_rms"]
-    reward_scaler.rms.load_state_dict({**reward_rms, **{name: torch.as_tensor(reward_rms[name], dtype=torch.float64)
-                                                        for name in ("mean", "var")}})
+    reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
     set_rng_state(checkpoint["rng"], next(agent.parameters()).device)
     print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {checkpoint['global_step']}")
     return checkpoint["iteration"] + 1, checkpoint["global_step"]
