@@ -717,6 +717,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     # to the workers as they start
     buffer, weights = allocate_shared_memory(args, agent, observation_space)
     with rollout_workers(args, buffer, weights, run_dir, global_step) as (workers, conns):
+        log.start_clock()  # SPS counts from here, the workers started
         for iteration in range(start_iteration, args.num_iterations + 1):
             lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
             learning_rate.fill_(lr)  # annealed linearly to 0 over the run
@@ -1236,6 +1237,10 @@ class RunLog:
         self.start_time, self.start_step = time.time(), global_step
         self.episode_returns = []  # of the episodes that ended in this iteration
         self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
+
+    def start_clock(self):
+        """SPS and ETA count the time from here on: from when the workers are ready, not from start-up."""
+        self.start_time = time.time()
 
     def episode(self, step: int, episodic_return: float, episodic_length: int):
         self.writer.add_scalar("charts/episodic_return", episodic_return, step)
