@@ -1555,14 +1555,16 @@ def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: to
 def share(tensors: dict[str, torch.Tensor], what: str) -> dict[str, torch.Tensor]:
     """The tensors moved into shared memory. Each becomes a file in /dev/shm (PyTorch's file_descriptor
     strategy removes its name at once, so nothing is left there), which a file-size limit (`ulimit -f`)
-    refuses as it refuses a checkpoint: then an OSError naming `what`, which ends the run in one line as a
-    refused checkpoint does (exit_on_write_error), instead of PyTorch's RuntimeError."""
+    refuses as it refuses a checkpoint: then the file PyTorch left is removed, and an OSError naming `what`
+    ends the run in one line as a refused checkpoint does (exit_on_write_error), not PyTorch's RuntimeError."""
     try:
         return {name: x.share_memory_() for name, x in tensors.items()}
     except RuntimeError as e:  # "unable to resize file </torch_...> to the right size: File too large (27)"
-        code = re.search(r"\((\d+)\)$", str(e))
+        code, file = re.search(r"\((\d+)\)$", str(e)), re.search(r"<(/torch_[\w-]+)>", str(e))
         if code is None or int(code[1]) not in WRITE_ERRORS:
             raise
+        if file is not None:
+            Path(f"/dev/shm{file[1]}").unlink(missing_ok=True)
         raise OSError(int(code[1]), os.strerror(int(code[1])),
                       f"{what} in /dev/shm ({mib(tensors.values()):.2f} MiB)") from None
 
