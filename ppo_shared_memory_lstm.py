@@ -5,67 +5,57 @@ Run:
     python ppo_shared_memory_lstm.py --env-id CartPole-v1 --hide-velocity  # positions only: needs the memory
     python ppo_shared_memory_lstm.py --env-id Pong --num-workers 4 --num-envs-per-worker 2 --seq-len 128 \\
         --clip-coef 0.1 --learning-rate 2.5e-4 --torch-threads 2 --total-timesteps 10000000   # Atari, CNN + LSTM
-    tensorboard --logdir runs
 
-The defaults are for classic control: ppo.py's settings (4 minibatches, 4 epochs, clip 0.2, 128 steps)
-with 2 workers x 4 envs, 16-step chunks, and a learning rate of 1e-3 instead of 2.5e-4 (measured: see
-the README, Results, "Memory: CartPole without velocities"). For Atari change the flags of the Pong
-line: 8 games x 128 steps, whole 128-step sequences, clip 0.1, learning rate 2.5e-4 and 2 learner
-threads are ppo_atari_lstm.py's settings, so the two files then train the same algorithm.
+The defaults are for classic control (ppo.py's settings, 2 workers x 4 envs, 16-step chunks, learning rate
+1e-3: see the README, Results, "Memory: CartPole without velocities"); the Pong line is ppo_atari_lstm.py's
+settings, so the two files then train the same algorithm.
 
-What this file shows: how PPO's data collection is spread over processes on one machine without
-changing the algorithm. The learner (this process) owns the network and the optimizer. Each rollout
-worker (a process started with "spawn", one PyTorch thread) owns `--num-envs-per-worker` environments
-and a CPU copy of the policy. One iteration, synchronous:
+What this file shows: PPO's data collection spread over processes on one machine, the algorithm unchanged.
+The learner (this process) owns the network and the optimizer; each rollout worker (a "spawn" process, one
+PyTorch thread) owns `--num-envs-per-worker` environments and a CPU copy of the policy. One iteration:
 
     learner: publish weights -> Start to every worker -> wait for every Done -> check the slices
              -> GAE -> PPO update -> publish ...
-    worker:  copy the weights in -> `--num-steps` steps of its envs -> write its slice of the
-             shared rollout buffer -> Done(episodes, timings, checksum of its slice)
+    worker:  copy the weights in -> `collect_rollout`: `--num-steps` steps of its envs into its slice of
+             the shared rollout buffer -> Done(episodes, timings, checksum of its slice)
 
-Every rollout is collected by the policy the learner is about to update: no stale data, no
-off-policy correction. The rollout buffer and the weights are tensors in shared memory, allocated
-once at start-up and handed to the workers when they are created; the pipes between the processes
-carry only small named records, never tensors. No lock guards the shared tensors: the handoff rule
-(who writes what, and when) is written once, at the SHARED MEMORY section below.
-
-The algorithm comes first in this file (environments, network, rollout, GAE, loss, checkpoint,
-evaluation, as in the single-process scripts), then the process plumbing (shared memory, workers),
-then `main`.
+Every rollout comes from the policy the learner is about to update: no stale data, no off-policy correction.
+The buffer and the weights are tensors in shared memory, allocated once; the pipes carry small named records,
+never tensors, and take turns instead of a lock. PPO ends at the banner after `train`; below it are the
+machinery and the processes (shared memory and its handoff rule, the workers, starting and stopping them).
 
 What is special in this file:
-- Recurrent PPO with truncated back-propagation through time: a rollout of `--num-steps` steps is
-  cut into chunks of `--seq-len` steps; the worker saves the LSTM state at the start of every chunk,
-  the state is reset where an episode starts inside a chunk, a minibatch is a set of whole chunks,
-  and the update replays each chunk from its saved state, so the first minibatch's ratio is 1.
-- Reliability: a worker that raises sends its traceback and exits; a worker that dies (killed,
-  crashed) is seen through its exit code; a worker's slice whose checksum differs from the one it
-  reported means the batch is not what it wrote; in each case the learner names the worker, stops
-  every worker and exits non-zero within seconds, before training on the batch. Ctrl-C or an error
-  in the learner stops every worker too, and a worker whose learner died exits by itself. With
-  PyTorch's default `file_descriptor` sharing strategy the shared memory is unlinked as soon as it
-  is created: nothing is left in /dev/shm.
-- `--hide-velocity` makes CartPole partially observed (positions only) and `--no-memory` resets the
-  LSTM at every step: the pair shows what the memory is for.
-- Same-step autoreset, truncation bootstrapped with the LSTM state the final observation was reached
-  with (a step that is also a termination is not), every episode logged at its own step with its
-  true score, as in ppo_atari_lstm.py.
-- `--torch-deterministic` (the default) also turns TF32 off in the learner's cuDNN convolutions and
-  LSTMs, so on a GPU the ratio at the first minibatch stays 1 to float precision.
+- Recurrent PPO with truncated back-propagation through time: the rollout is cut into chunks of `--seq-len`
+  steps, the worker saves the LSTM state at the start of every chunk, the state is reset where an episode
+  starts inside a chunk, a minibatch is a set of whole chunks replayed from their saved states (ratio 1).
+- Reliability: a worker that raises, dies, or leaves a slice other than it reported (a checksum) makes the
+  learner name it and stop every worker, before training on the batch; so do Ctrl-C, a full disk and an
+  error of the learner; a worker whose learner died exits by itself. Nothing is left in /dev/shm.
+- `--hide-velocity` (CartPole, positions only) and `--no-memory` (the LSTM reset at every step) show what the
+  memory is for.
+- Same-step autoreset, truncation bootstrapped with the LSTM state the final observation was reached with,
+  every episode logged at its own step with its true score, as in ppo_atari_lstm.py; `--torch-deterministic`
+  turns TF32 off in the learner's cuDNN, so on a GPU the first minibatch's ratio stays 1 to float precision.
 """
 
+import contextlib
 import copy
-import datetime
+import errno
+import io
 import math
 import os
+import pickle
 import random
+import re
 import signal
 import sys
+import threading
 import time
 import traceback
 import warnings
 import zlib
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import NamedTuple
@@ -85,52 +75,7 @@ ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on s
 
 @dataclass
 class Args:
-    exp_name: str = Path(__file__).stem
-    """the name of this experiment (part of the run folder's name)"""
-    seed: int = 1
-    """seed of the experiment (environments, PyTorch, NumPy, Python; each worker draws from its own stream)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, the learner uses cuda when available (the workers always act on the CPU)"""
-    torch_threads: int = 1
-    """CPU threads of the learner's PyTorch (each worker uses 1); 0 keeps PyTorch's default"""
-    compile: bool = False
-    """torch.compile the learner's update step (the workers' policy step stays eager). Off by default: on a
-    2-core CPU it did not pay (one thread, CPU-time medians, CartPole defaults: the update step of 16 chunks x
-    16 steps 22.6 ms eager, 35.6 ms compiled, which runs the LSTM step by step; compiling 107 s cold on a busy
-    machine); a worker's policy step of 4 envs took 0.85 ms eager, 1.06 ms compiled; meant for GPU learners"""
-    cudagraphs: bool = False
-    """capture the compiled update step in CUDA graphs (CUDA only; implies --compile; the workers act on the CPU)"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights & Biases"""
-    wandb_project_name: str = "ppo-lab"
-    """the Weights & Biases project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the Weights & Biases project"""
-    capture_video: bool = False
-    """if toggled, videos of worker 0's environment 0 are saved to `runs/<run>/videos`"""
-    save_model: bool = False
-    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
-    checkpoint_every: int = 0
-    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
-    resume: str | None = None
-    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
-    evaluate: str | None = None
-    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
-    eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
-    as ppo.py's on CartPole, 0.7 s for 10 episodes of an untrained agent, and on Atari as ppo_atari.py's,
-    54 s, in benchmark/results/evaluation.md)"""
-    eval_episodes: int = 10
-    """number of episodes of an evaluation"""
-    eval_deterministic: bool = False
-    """if toggled, evaluation takes the most probable action instead of sampling"""
-    runs_dir: str = "runs"
-    """folder under which each run writes its own folder"""
-
-    # Algorithm specific arguments
+    # PPO's hyperparameters (the defaults are for classic control; the Pong line at the top gives Atari's)
     env_id: str = "CartPole-v1"
     """a classic-control id (`CartPole-v1`) or an Atari game (`Pong`, read as `PongNoFrameskip-v4`, or a full id)"""
     hide_velocity: bool = False
@@ -179,6 +124,51 @@ class Args:
     max_episode_steps: int = 27_000
     """Atari only: agent steps after which a game is truncated (ALE stops it at 4x this many frames)"""
 
+    # The run: where it goes, what it records, how it runs
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python; each worker draws from its own stream)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, the learner uses cuda when available (the workers always act on the CPU)"""
+    torch_threads: int = 1
+    """CPU threads of the learner's PyTorch (each worker uses 1); 0 keeps PyTorch's default"""
+    compile: bool = False
+    """torch.compile the learner's update step (the workers' policy step stays eager). Off by default: on a
+    2-core CPU it did not pay, for the update step (compiled, it runs the LSTM step by step) nor for a worker's
+    policy step, and compiling takes long (the measurements that chose this: commit fb31925); meant for GPU
+    learners"""
+    cudagraphs: bool = False
+    """capture the compiled update step in CUDA graphs (CUDA only; implies --compile; the workers act on the CPU)"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """if toggled, videos of worker 0's environment 0 are saved to `runs/<run>/videos`"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; its cost,
+    as ppo.py's on CartPole and as ppo_atari.py's on Atari, is in benchmark/results/evaluation.md)"""
+    eval_episodes: int = 10
+    """number of episodes of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the most probable action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
     @property
     def num_envs(self) -> int:
         """environments over all workers: num_workers * num_envs_per_worker"""
@@ -200,215 +190,7 @@ class Args:
         return self.total_timesteps // self.batch_size
 
 
-def fail(message: str):
-    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def atari_id(env_id: str) -> str:
-    """`Pong` -> `PongNoFrameskip-v4`; full ids (`CartPole-v1`, `PongNoFrameskip-v4`, `ALE/Pong-v5`) as given."""
-    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
-
-
-def is_atari(env_id: str) -> bool:
-    """Whether the id names an ale-py game (else it is a vector-observation environment). Ids of the
-    form `module:Name-v0` import `module` first, as `gym.make` does, so it can register the id."""
-    if ":" in env_id:
-        module, env_id = env_id.split(":", 1)
-        __import__(module)
-    return str(gym.spec(atari_id(env_id)).entry_point).startswith("ale_py")
-
-
-def check_numbers(args: Args):
-    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
-    coefficient or a NaN learning rate trains without an error, on nonsense."""
-    for name, value in asdict(args).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
-        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
-        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
-    ):
-        if not valid:
-            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
-
-
-def check_tracking(args: Args):
-    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
-    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
-        return
-    import wandb  # imported only when used
-
-    if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
-
-
-def check_runs_dir(runs_dir: str):
-    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
-    reports what the OS says if creating it fails all the same)."""
-    path = Path(runs_dir).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
-
-
-def check_args(args: Args) -> tuple[gym.Space, gym.Space]:
-    """Reject arguments that would crash or silently misbehave later; returns the observation and
-    action spaces of one environment (made with this file's wrappers)."""
-    check_numbers(args)
-    for name in ("total_timesteps", "num_workers", "num_envs_per_worker", "num_steps", "seq_len", "num_minibatches",
-                 "update_epochs", "eval_episodes", "max_episode_steps"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.checkpoint_every < 0 or args.torch_threads < 0:
-        fail("--checkpoint-every and --torch-threads must not be negative")
-    if args.num_steps % args.seq_len != 0:
-        fail(f"--seq-len {args.seq_len} does not divide --num-steps {args.num_steps} (the rollout is cut into chunks)")
-    if args.num_chunks % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the {args.num_chunks} chunks "
-             f"(--num-workers {args.num_workers} x --num-envs-per-worker {args.num_envs_per_worker} x "
-             f"--num-steps {args.num_steps} / --seq-len {args.seq_len}; a minibatch is a set of whole chunks)")
-    if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
-    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.eval_every < 0:
-        fail(f"--eval-every must not be negative, got {args.eval_every}")
-    check_tracking(args)
-    if args.resume is None and args.evaluate is None:
-        check_runs_dir(args.runs_dir)
-    for name in ("resume", "evaluate"):
-        path = getattr(args, name)
-        if path is not None and not Path(path).is_file():
-            fail(f"--{name}: no such file: {path}")
-    try:
-        atari = is_atari(args.env_id)
-    except (gym.error.Error, ImportError) as e:
-        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}: {e}; gymnasium.pprint_registry() lists "
-             "the ids: CartPole-v1, ..., and the Atari games as Pong, PongNoFrameskip-v4 or ALE/Pong-v5)")
-    if args.hide_velocity and (atari or "CartPole" not in args.env_id):
-        fail(f"--hide-velocity is for CartPole only, not {args.env_id}")
-    envs = make_envs(args, 1, "")
-    observation_space, action_space = envs.single_observation_space, envs.single_action_space
-    envs.close()
-    if not isinstance(action_space, gym.spaces.Discrete):
-        fail(f"{args.env_id} has action space {action_space}; this script supports Discrete actions only "
-             "(ppo_continuous_action.py trains Box actions)")
-    return observation_space, action_space
-
-
 # ENVIRONMENTS ------------------------------------------------------------------------------------
-
-
-def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
-    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
-    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
-    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
-    obs, _, terminated, truncated, step_info = env.step(action)
-    episode = info.get("episode")
-    if terminated or truncated:
-        episode = step_info.get("episode", episode)
-        obs, step_info = env.reset()
-    return obs, step_info if episode is None else {**step_info, "episode": episode}
-
-
-class NoopReset(gym.Wrapper):
-    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
-    seeded RNG, so the games start in different states."""
-
-    def __init__(self, env: gym.Env, noop_max: int = 30):
-        super().__init__(env)
-        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
-        self.noop_max = noop_max
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
-            obs, info = step_in_reset(self.env, 0, info)
-        return obs, info
-
-
-class MaxAndSkip(gym.Wrapper):
-    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
-    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
-    an episode end, still with the max of the last two frames (the earlier one from the step before
-    when the end came at the first frame)."""
-
-    def __init__(self, env: gym.Env, skip: int = 4):
-        super().__init__(env)
-        self.skip, self.frame = skip, None
-
-    def reset(self, **kwargs):
-        self.frame, info = self.env.reset(**kwargs)
-        return self.frame, info
-
-    def step(self, action):
-        total_reward = 0.0
-        for _ in range(self.skip):
-            previous = self.frame
-            self.frame, reward, terminated, truncated, info = self.env.step(action)
-            total_reward += float(reward)
-            if terminated or truncated:
-                break
-        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
-
-
-class EpisodicLife(gym.Wrapper):
-    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
-    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
-    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
-    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.lives, self.game_over = 0, True
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.game_over = terminated or truncated
-        lives = self.unwrapped.ale.lives()
-        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
-            terminated = True
-        self.lives = lives
-        return obs, reward, terminated, truncated, info
-
-    def reset(self, **kwargs):
-        if self.game_over or kwargs.get("seed") is not None:
-            obs, info = self.env.reset(**kwargs)
-        else:
-            obs, info = step_in_reset(self.env, 0, {})
-        self.game_over = False
-        self.lives = self.unwrapped.ale.lives()
-        return obs, info
-
-
-class FireReset(gym.Wrapper):
-    """Ours. Games that wait for FIRE to start get FIRE after every reset, then action 2, as the usual
-    wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife, it also fires after each
-    lost life."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        obs, info = step_in_reset(self.env, self.fire, info)
-        return step_in_reset(self.env, 2, info)
 
 
 class HideVelocity(gym.ObservationWrapper):
@@ -446,8 +228,8 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
     | FrameStackObservation(1)  | Gymnasium  | one frame, (1, 84, 84) uint8: the LSTM remembers        |
 
     with grayscale from ALE itself and the v4 NoFrameskip settings passed explicitly, so `Pong`,
-    `PongNoFrameskip-v4` and `ALE/Pong-v5` are the same environment (see ppo_atari_lstm.py).
-    Other environments get RecordEpisodeStatistics (return and length) and, with `hide_velocity`,
+    `PongNoFrameskip-v4` and `ALE/Pong-v5` are the same environment (see ppo_atari_lstm.py); our
+    wrappers are written out below the banner, under ATARI GAMES. Other environments get RecordEpisodeStatistics (return and length) and, with `hide_velocity`,
     HideVelocity below it.
     """
     atari, env_id = is_atari(env_id), atari_id(env_id)
@@ -678,8 +460,7 @@ class Agent(nn.Module):
         action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
         return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value, state
 
-
-# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+# THE ALGORITHM -----------------------------------------------------------------------------------
 
 
 class Episode(NamedTuple):
@@ -748,21 +529,6 @@ def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str,
     return (next_obs, next_start, state), episodes, act_time, env_time
 
 
-def to_chunks(x: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """(T, N, ...) -> (seq_len, K * N, ...) with K = T / seq_len: chunk c = k * N + n holds steps
-    [k * seq_len, (k + 1) * seq_len) of environment n, in time order; the same c indexes the chunk
-    states `chunk_h.reshape(1, K * N, H)`."""
-    T, N = x.shape[:2]
-    K = T // seq_len
-    return x.reshape((K, seq_len, N) + x.shape[2:]).transpose(0, 1).reshape((seq_len, K * N) + x.shape[2:])
-
-
-def chunk_minibatches(num_chunks: int, num_minibatches: int, device: torch.device) -> list[torch.Tensor]:
-    """A random partition of the chunks into `num_minibatches` equal minibatches (recurrent detail 4:
-    a minibatch is a set of whole chunks, so each is replayed in time order from its saved state)."""
-    return list(torch.randperm(num_chunks, device=device).chunk(num_minibatches))
-
-
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -799,8 +565,7 @@ def compute_gae(
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values)
     deltas = rewards + gamma * next_values - values
-    # the recursion runs in NumPy on the CPU: a step of it costs ~25 us as torch operations, ~3 us in
-    # NumPy (Hopper's 2,048-step rollout: 54 ms -> 7 ms per update)
+    # the recursion runs in NumPy on the CPU: a step of it as torch operations costs several times more
     deltas, decay = deltas.cpu().numpy(), (gamma * gae_lambda * (1.0 - dones)).cpu().numpy()
     advantages = np.zeros_like(deltas)
     lastgaelam = np.zeros_like(deltas[0])
@@ -809,6 +574,27 @@ def compute_gae(
         advantages[t] = lastgaelam
     advantages = torch.from_numpy(advantages).to(values.device)
     return advantages, advantages + values
+
+
+def to_chunks(x: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """(T, N, ...) -> (seq_len, K * N, ...) with K = T / seq_len: chunk c = k * N + n holds steps
+    [k * seq_len, (k + 1) * seq_len) of environment n, in time order; the same c indexes the chunk
+    states `chunk_h.reshape(1, K * N, H)`."""
+    T, N = x.shape[:2]
+    K = T // seq_len
+    return x.reshape((K, seq_len, N) + x.shape[2:]).transpose(0, 1).reshape((seq_len, K * N) + x.shape[2:])
+
+
+def chunk_minibatches(num_chunks: int, num_minibatches: int, device: torch.device) -> list[torch.Tensor]:
+    """A random partition of the chunks into `num_minibatches` equal minibatches (recurrent detail 4:
+    a minibatch is a set of whole chunks, so each is replayed in time order from its saved state)."""
+    return list(torch.randperm(num_chunks, device=device).chunk(num_minibatches))
+
+
+def episode_cuts(starts: torch.Tensor) -> list[int]:
+    """The time steps after 0 where some sequence starts an episode, from a CPU tensor (T, B) of
+    episode starts: where `Agent.run_lstm` cuts the sequence."""
+    return (torch.nonzero(starts[1:].any(dim=1)).squeeze(1) + 1).tolist()
 
 
 def ppo_loss(
@@ -893,37 +679,257 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
     return stats
 
 
-def episode_cuts(starts: torch.Tensor) -> list[int]:
-    """The time steps after 0 where some sequence starts an episode, from a CPU tensor (T, B) of
-    episode starts: where `Agent.run_lstm` cuts the sequence."""
-    return (torch.nonzero(starts[1:].any(dim=1)).squeeze(1) + 1).tolist()
+# TRAINING ----------------------------------------------------------------------------------------
 
 
-def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
-    var_y = np.var(y_true)
-    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
+    """PPO on args.env_id from scratch, or on from `checkpoint` (--resume), with the rollouts collected by
+    the worker processes; everything the run writes goes to run_dir, which it returns."""
+    observation_space, action_space = env_spaces(args)
+    # Seeding: same seed, same machine, same thread count -> same numbers (each worker seeds its own stream)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_deterministic:  # cuDNN's float32 convolutions and LSTMs in full float32, not TF32
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
+
+    agent = Agent(observation_space.shape, int(action_space.n)).to(device)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
+    # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees the
+    # same input every iteration and does not recompile; CUDA graphs need the step count on the device too
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True,
+                                 capturable=args.cudagraphs)
+    # --compile: the same update step, compiled; --cudagraphs also records its kernels in CUDA graphs and
+    # replays them. The compiled update runs the LSTM step by step (`cuts` None): one graph, wherever
+    # episodes start
+    update = update_step
+    if args.compile or args.cudagraphs:
+        update = torch.compile(update_step, mode="reduce-overhead" if args.cudagraphs else None)
+    start_iteration, global_step = restore(checkpoint, agent, optimizer, args)  # 1, 0 for a new run
+    log = RunLog(args, run_dir, global_step)
+
+    # The rollout buffer and the weights, in shared memory once (the handoff rule: at SHARED MEMORY), handed
+    # to the workers as they start
+    buffer, weights = allocate_shared_memory(args, agent, observation_space)
+    with rollout_workers(args, buffer, weights, run_dir, global_step) as (workers, conns):
+        log.start_clock()  # SPS counts from here, the workers started
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
+            learning_rate.fill_(lr)  # annealed linearly to 0 over the run
+
+            # COLLECT TRAJECTORIES --------------------------------------------------------------
+            # The workers step their environments with the weights published last; the learner waits
+            rollout_start = time.perf_counter()
+            send_to_all(conns, Start(iteration, global_step))
+            replies = wait_for_workers(workers, conns, Done)
+            rollout_time = time.perf_counter() - rollout_start
+            global_step += args.batch_size
+
+            update_start = time.perf_counter()
+            check_slices(buffer, replies, args.num_envs_per_worker, iteration)  # before any use of the batch
+            for episode in (episode for done in replies for episode in done.episodes):
+                log.episode(episode.step, episode.episodic_return, episode.episodic_length)  # at its own step
+
+            # CALCULATE ADVANTAGES --------------------------------------------------------------
+            advantages, returns = compute_gae(rewards=buffer["rewards"], values=buffer["values"],
+                                              dones=buffer["dones"], last_value=buffer["last_values"][0],
+                                              gamma=args.gamma, gae_lambda=args.gae_lambda,
+                                              final_values=buffer["final_values"])
+
+            # UPDATE THE NETWORK ----------------------------------------------------------------
+            # Recurrent detail 4: a minibatch is a set of whole chunks, each replayed in time order
+            # from the state the worker saved at its start (recurrent detail 5).
+            c_obs, c_starts, c_actions, c_logprobs, c_values, c_advantages, c_returns = (
+                to_chunks(x, args.seq_len).to(device) for x in (
+                    buffer["obs"], buffer["starts"], buffer["actions"], buffer["logprobs"], buffer["values"],
+                    advantages, returns))
+            H = agent.lstm.hidden_size
+            c_state = (buffer["chunk_h"].reshape(1, -1, H).to(device), buffer["chunk_c"].reshape(1, -1, H).to(device))
+            # where the eager update cuts the LSTM's sequences: where some chunk starts an episode (found
+            # in the CPU copy of the starts; right for every minibatch, some cuts may be extra)
+            cuts = None if args.compile or args.cudagraphs else episode_cuts(to_chunks(buffer["starts"], args.seq_len))
+            clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
+            for epoch in range(args.update_epochs):
+                for k, mb in enumerate(chunk_minibatches(args.num_chunks, args.num_minibatches, device)):
+                    if args.cudagraphs:
+                        torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
+                    stats = update(agent, optimizer, args, c_obs[:, mb], c_starts[:, mb],
+                                   (c_state[0][:, mb], c_state[1][:, mb]), c_actions[:, mb], c_logprobs[:, mb],
+                                   c_advantages[:, mb], c_returns[:, mb], c_values[:, mb], cuts)
+                    if args.cudagraphs:
+                        stats = {k: v.clone() for k, v in stats.items()}  # the next replay overwrites its outputs
+                    clipfracs.append(stats["clipfrac"])
+                    if epoch == 0 and k == 0:
+                        # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                        # deviation means the replayed recurrent states differ from the workers'
+                        first_ratio_deviation = stats["ratio_deviation"]
+                if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # the one wait per epoch
+                    break
+            update_time = time.perf_counter() - update_start
+
+            publish_start = time.perf_counter()
+            publish_weights(agent, weights)  # the next rollout's policy
+            publish_time = time.perf_counter() - publish_start
+
+            # the losses and KLs of the last minibatch, the clip fraction over the whole update
+            stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+            log.iteration(iteration, global_step, stats, lr, buffer["values"], returns, rollout_time, update_time,
+                          publish_time=publish_time, replies=replies)
+            evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
+            checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)
+
+    finish(args, agent, optimizer, run_dir, global_step, log)
+    return run_dir
 
 
-def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from; CUDA's too when the run uses it."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+# ==================================================================================================
+# PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
+# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, the Atari wrappers,
+# the processes (shared memory, the rollout workers) and the entry point. None of it changes what PPO
+# computes.
+# ==================================================================================================
 
 
-def set_rng_state(state: dict, device: torch.device):
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+# INPUT CHECKS ------------------------------------------------------------------------------------
 
 
-# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before
-# checkpoints named their script and format)
-CHECKPOINT_FORMAT = 2
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_numbers(args: Args):
+    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
+    coefficient or a NaN learning rate trains without an error, on nonsense."""
+    for name, value in asdict(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for name, valid, meaning in (
+        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
+                                                  "offsets added to it must stay below 2**31)"),
+        ("learning_rate", args.learning_rate > 0, "positive"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
+        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
+        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
+        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
+    ):
+        if not valid:
+            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
+
+
+def check_tracking(args: Args):
+    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
+    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return
+    import wandb  # imported only when used
+
+    if not wandb.login(prompt=False, verify=False):
+        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+
+
+def check_runs_dir(runs_dir: str):
+    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
+    reports what the OS says if creating it fails all the same)."""
+    path = Path(runs_dir).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
+
+def env_spaces(args: Args) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of one environment, made with this file's wrappers."""
+    envs = make_envs(args, 1, "")
+    spaces = envs.single_observation_space, envs.single_action_space
+    envs.close()
+    return spaces
+
+
+def check_args(args: Args):
+    """Reject arguments that would crash or silently misbehave later."""
+    check_numbers(args)
+    for name in ("total_timesteps", "num_workers", "num_envs_per_worker", "num_steps", "seq_len", "num_minibatches",
+                 "update_epochs", "eval_episodes", "max_episode_steps"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.checkpoint_every < 0 or args.torch_threads < 0:
+        fail("--checkpoint-every and --torch-threads must not be negative")
+    if args.num_steps % args.seq_len != 0:
+        fail(f"--seq-len {args.seq_len} does not divide --num-steps {args.num_steps} (the rollout is cut into chunks)")
+    if args.num_chunks % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the {args.num_chunks} chunks "
+             f"(--num-workers {args.num_workers} x --num-envs-per-worker {args.num_envs_per_worker} x "
+             f"--num-steps {args.num_steps} / --seq-len {args.seq_len}; a minibatch is a set of whole chunks)")
+    if args.batch_size // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
+    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
+    check_tracking(args)
+    if args.resume is None and args.evaluate is None:
+        check_runs_dir(args.runs_dir)
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    try:
+        atari = is_atari(args.env_id)
+    except (gym.error.Error, ImportError) as e:
+        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}: {e}; gymnasium.pprint_registry() lists "
+             "the ids: CartPole-v1, ..., and the Atari games as Pong, PongNoFrameskip-v4 or ALE/Pong-v5)")
+    if args.hide_velocity and (atari or "CartPole" not in args.env_id):
+        fail(f"--hide-velocity is for CartPole only, not {args.env_id}")
+    action_space = env_spaces(args)[1]
+    if not isinstance(action_space, gym.spaces.Discrete):
+        fail(f"{args.env_id} has action space {action_space}; this script supports Discrete actions only "
+             "(ppo_continuous_action.py trains Box actions)")
+
+
+# THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
+
+
+def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
+    """The run's arguments, folder and checkpoint: a new folder for a new run; for --resume the checkpoint's
+    folder, arguments (with the flags that may change, checked again: the saved run's environment) and the
+    checkpoint itself."""
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        args = resume_args(args, checkpoint)
+        check_args(args)
+        return args, str(Path(args.resume).parent), checkpoint
+    name = atari_id(args.env_id).replace("/", "-").replace(":", "-")
+    run_dir = f"{args.runs_dir}/{name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if os.path.exists(run_dir):
+        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+             "pass another --exp-name")
+    return args, run_dir, None
+
+
+def make_run_dir(run_dir: str):
+    """Creates the run folder, or ends in one line saying why it cannot."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
+
+
+# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before checkpoints
+# named their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and
+# converted by as_data)
+CHECKPOINT_FORMAT = 3
 
 
 def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
@@ -946,16 +952,31 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
+def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
+                      run_dir: str):
+    """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration."""
+    if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+        save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
+
+
 def write_checkpoint_file(checkpoint: dict, path: str):
     """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
     one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
-    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes."""
+    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes.
+    A write the file system refuses (disk full, file too large, read-only) removes `path.tmp` and raises
+    the OSError, naming `path`; the previous checkpoint stays as it was."""
+    data = io.BytesIO()
+    torch.save(checkpoint, data)  # in memory first: a failed write is then the file system's OSError
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, path) from None
     folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(folder)
@@ -965,14 +986,62 @@ def write_checkpoint_file(checkpoint: dict, path: str):
         stale.unlink(missing_ok=True)
 
 
+def as_data(value):
+    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
+    a checkpoint may hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {key: as_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_data(item) for item in value)
+    return value
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from, as data; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": as_data(np.random.get_state()), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    kind, key, *rest = state["numpy"]
+    np.random.set_state((kind, key.numpy(), *rest))
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
+# statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
+FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
+                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+
+
 def read_checkpoint(path: str) -> dict | str:
-    """Reads a checkpoint written by this script's `save_checkpoint`; returns the problem, in words, if the
-    file is not one (empty or truncated, not a checkpoint, of another script, of another format)."""
+    """Reads a checkpoint written by this script's `save_checkpoint`, as data only: torch.load with
+    weights_only=True rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so
+    opening a file never runs code from it. Returns the problem, in words, if the file is not a checkpoint
+    (empty or truncated, holding code or other objects, of another script, of another format)."""
     head = b""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else
+            with torch.serialization.safe_globals(FORMAT_2_NUMPY):
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
+            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+        return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
             return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
@@ -981,12 +1050,14 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format {CHECKPOINT_FORMAT} (older checkpoints do not say which "
-                "script wrote them); retrain, or read it with the version of the scripts that wrote it")
+        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+                "them); retrain, or read it with the version of the scripts that wrote it")
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
+    if checkpoint.get("format") == 2:
+        checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads format "
+        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
                 f"{CHECKPOINT_FORMAT}")
     return checkpoint
 
@@ -1027,6 +1098,23 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
     return saved
 
 
+def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> tuple[int, int]:
+    """--resume: the weights, the optimizer's state and the random streams of `checkpoint`; returns the first
+    iteration to run and the global step (1 and 0 for a new run)."""
+    if checkpoint is None:
+        return 1, 0
+    learning_rate = optimizer.param_groups[0]["lr"]  # the tensor that annealing fills
+    agent.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
+    set_rng_state(checkpoint["rng"], next(agent.parameters()).device)
+    print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {checkpoint['global_step']}")
+    return checkpoint["iteration"] + 1, checkpoint["global_step"]
+
+
+# EVALUATION --------------------------------------------------------------------------------------
+
+
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
              device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole episodes (Atari: games, all lives), one per environment, in this process
@@ -1058,13 +1146,31 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return returns.tolist()
 
 
+def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
+                    run_dir: str, log: "RunLog"):
+    """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
+    environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation);
+    the best evaluation's model is kept as `run_dir/best_model.pt`."""
+    if not args.eval_every or iteration % args.eval_every:
+        return
+    eval_start = time.perf_counter()
+    # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                       args.seed + 100_000, torch.device("cpu"))
+    log.evaluation(returns, global_step)
+    if np.mean(returns) > log.best_return:
+        log.best_return = float(np.mean(returns))
+        save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
+    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+
+
 def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint on the environment it was trained on."""
     checkpoint = load_checkpoint(path)
     saved = Args(**checkpoint["args"])
-    envs = make_envs(saved, 1, "")
-    agent = Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
-    envs.close()
+    observation_space, action_space = env_spaces(saved)
+    agent = Agent(observation_space.shape, int(action_space.n))
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same episodes as the evaluation reported right after training
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
@@ -1076,6 +1182,310 @@ def run_evaluation(path: str, args: Args) -> list[float]:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
+
+
+# LOGGING AND THE END OF A RUN --------------------------------------------------------------------
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+class RunLog:
+    """What a run reports: the run folder and its TensorBoard scalars (charts/, losses/, debug/, perf/,
+    eval/), the per-iteration line, and Weights & Biases with --track. Creating it creates the run folder."""
+
+    def __init__(self, args: Args, run_dir: str, global_step: int):
+        make_run_dir(run_dir)
+        print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
+        if args.track:
+            import wandb  # imported only when used
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(run_dir)
+        self.writer.add_text("hyperparameters",
+                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
+        self.start_time, self.start_step = time.time(), global_step
+        self.episode_returns = []  # of the episodes that ended in this iteration
+        self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
+
+    def start_clock(self):
+        """SPS and ETA count the time from here on: from when the workers are ready, not from start-up."""
+        self.start_time = time.time()
+
+    def episode(self, step: int, episodic_return: float, episodic_length: int):
+        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
+        self.writer.add_scalar("charts/episodic_length", episodic_length, step)
+        self.episode_returns.append(episodic_return)
+
+    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
+                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
+                  publish_time: float, replies: list["Done"]):
+        """The iteration's scalars (the statistics copied from the device at once) and, when due, its line;
+        besides the scalars of every script, the transitions per second of the rollout and of the update,
+        the time the weights took to publish, and the workers' own split of the rollout (`replies`: their
+        Done records; means over the workers)."""
+        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+        first_ratio_deviation = stats.pop("ratio_deviation")
+        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        eta = timedelta(seconds=int((self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1)))
+        self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+        for name, value in stats.items():
+            self.writer.add_scalar(f"losses/{name}", value, global_step)
+        self.writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()),
+                               global_step)
+        self.writer.add_scalar("charts/SPS", sps, global_step)
+        self.writer.add_scalar("charts/experience_SPS", self.args.batch_size / rollout_time, global_step)
+        self.writer.add_scalar("charts/learning_SPS", self.args.batch_size / update_time, global_step)
+        self.writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        self.writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        self.writer.add_scalar("perf/update_time", update_time, global_step)
+        self.writer.add_scalar("perf/publish_time", publish_time, global_step)
+        self.writer.add_scalar("perf/act_time", np.mean([done.act_time for done in replies]), global_step)
+        self.writer.add_scalar("perf/env_time", np.mean([done.env_time for done in replies]), global_step)
+        line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
+        self.episode_returns = []
+        if line:
+            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, publish {publish_time:.4f}s)",
+                  flush=True)
+
+    def evaluation(self, returns: list[float], global_step: int):
+        """An evaluation's scalars at the global step it was made: every episode's return as
+        `eval/episodic_return` and their mean as `eval/mean_return`."""
+        for episodic_return in returns:
+            self.writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+        self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+    def close(self):
+        self.writer.close()
+        if self.args.track:
+            finish_tracking(self.run_dir)
+
+
+def finish_tracking(run_dir: str):
+    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
+    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
+    they are written)."""
+    import wandb  # imported only when used
+
+    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
+        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
+    wandb.finish()
+
+
+def finish(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
+           log: RunLog):
+    """The end of a run, after the workers stopped: with --save-model the final model saved and evaluated;
+    the logs closed."""
+    if args.save_model:
+        model_path = f"{run_dir}/model.pt"
+        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
+        print(f"model saved to {model_path}")
+        agent.cpu()
+        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
+                           torch.device("cpu"))
+        log.evaluation(returns, global_step)
+        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    log.close()
+
+
+# CTRL-C AND FULL DISKS ---------------------------------------------------------------------------
+
+
+def resume_hint(run_dir: str) -> str:
+    """Where a stopped run can go on from: its last checkpoint and the command that resumes it."""
+    checkpoint = Path(run_dir) / "checkpoint.pt"
+    if checkpoint.is_file():
+        return f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
+    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+
+
+def exit_on_ctrl_c(run_dir: str):
+    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
+    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
+    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
+
+    def handler(signum, frame):
+        print(f"{Path(sys.argv[0]).name}: interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
+# a read-only file system, a quota exceeded
+WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
+
+
+def quiet_write_errors(hook_args):
+    """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
+    error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
+    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
+        threading.__excepthook__(hook_args)
+
+
+@contextlib.contextmanager
+def exit_on_write_error(run_dir: str):
+    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
+    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
+    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
+    threading.excepthook = quiet_write_errors
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in WRITE_ERRORS:
+            raise
+        file = e.filename or f"the TensorBoard events in {run_dir}"
+        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+# ATARI GAMES -----------------------------------------------------------------------------------
+# The ids of the Atari games and the wrappers of make_env that are ours (make_env's table says what each does).
+
+
+def atari_id(env_id: str) -> str:
+    """`Pong` -> `PongNoFrameskip-v4`; full ids (`CartPole-v1`, `PongNoFrameskip-v4`, `ALE/Pong-v5`) as given."""
+    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether the id names an ale-py game (else it is a vector-observation environment). Ids of the
+    form `module:Name-v0` import `module` first, as `gym.make` does, so it can register the id."""
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        __import__(module)
+    return str(gym.spec(atari_id(env_id)).entry_point).startswith("ale_py")
+
+
+def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
+    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
+    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
+    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
+    obs, _, terminated, truncated, step_info = env.step(action)
+    episode = info.get("episode")
+    if terminated or truncated:
+        episode = step_info.get("episode", episode)
+        obs, step_info = env.reset()
+    return obs, step_info if episode is None else {**step_info, "episode": episode}
+
+
+class NoopReset(gym.Wrapper):
+    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
+    seeded RNG, so the games start in different states."""
+
+    def __init__(self, env: gym.Env, noop_max: int = 30):
+        super().__init__(env)
+        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, info = step_in_reset(self.env, 0, info)
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
+    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
+    an episode end, still with the max of the last two frames (the earlier one from the step before
+    when the end came at the first frame)."""
+
+    def __init__(self, env: gym.Env, skip: int = 4):
+        super().__init__(env)
+        self.skip, self.frame = skip, None
+
+    def reset(self, **kwargs):
+        self.frame, info = self.env.reset(**kwargs)
+        return self.frame, info
+
+    def step(self, action):
+        total_reward = 0.0
+        for _ in range(self.skip):
+            previous = self.frame
+            self.frame, reward, terminated, truncated, info = self.env.step(action)
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
+    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
+    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
+    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, info = step_in_reset(self.env, 0, {})
+        self.game_over = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Ours. Games that wait for FIRE to start get FIRE after every reset, then action 2, as the usual
+    wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife, it also fires after each
+    lost life."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, info = step_in_reset(self.env, self.fire, info)
+        return step_in_reset(self.env, 2, info)
 
 
 # SHARED MEMORY -----------------------------------------------------------------------------------
@@ -1090,6 +1500,18 @@ def run_evaluation(path: str, args: Args) -> list[float]:
 # So no byte is written while another process reads it; a pipe's send and receive are system calls,
 # which order the memory, so what was written before a message is seen after it. The checksum a
 # worker sends with Done, compared by the learner before training (`slice_checksum`), checks the rule.
+
+
+def allocate_shared_memory(args: Args, agent: Agent, observation_space: gym.Space) -> tuple[dict, torch.Tensor]:
+    """The rollout buffer and the flat weight vector in shared memory, the agent's weights published in it;
+    a line says how large they are."""
+    obs_dtype = torch.uint8 if observation_space.dtype == np.uint8 else torch.float32
+    buffer = allocate_shared_buffer(args, observation_space.shape, obs_dtype, agent.lstm.hidden_size)
+    weights = share({"weights": torch.zeros(sum(p.numel() for p in agent.parameters()))}, "the weights")["weights"]
+    publish_weights(agent, weights)
+    print(f"shared memory: rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB; "
+          f"{args.num_workers} workers x {args.num_envs_per_worker} envs", flush=True)
+    return buffer, weights
 
 
 def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
@@ -1127,7 +1549,24 @@ def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: to
     buffer["last_values"] = torch.zeros(1, N)
     buffer["chunk_h"] = torch.zeros(K, N, hidden_size)
     buffer["chunk_c"] = torch.zeros(K, N, hidden_size)
-    return {name: x.share_memory_() for name, x in buffer.items()}
+    return share(buffer, "the rollout buffer")
+
+
+def share(tensors: dict[str, torch.Tensor], what: str) -> dict[str, torch.Tensor]:
+    """The tensors moved into shared memory. Each becomes a file in /dev/shm (PyTorch's file_descriptor
+    strategy removes its name at once, so nothing is left there), which a file-size limit (`ulimit -f`)
+    refuses as it refuses a checkpoint: then the file PyTorch left is removed, and an OSError naming `what`
+    ends the run in one line as a refused checkpoint does (exit_on_write_error), not PyTorch's RuntimeError."""
+    try:
+        return {name: x.share_memory_() for name, x in tensors.items()}
+    except RuntimeError as e:  # "unable to resize file </torch_...> to the right size: File too large (27)"
+        code, file = re.search(r"\((\d+)\)$", str(e)), re.search(r"<(/torch_[\w-]+)>", str(e))
+        if code is None or int(code[1]) not in WRITE_ERRORS:
+            raise
+        if file is not None:
+            Path(f"/dev/shm{file[1]}").unlink(missing_ok=True)
+        raise OSError(int(code[1]), os.strerror(int(code[1])),
+                      f"{what} in /dev/shm ({mib(tensors.values()):.2f} MiB)") from None
 
 
 def mib(tensors) -> float:
@@ -1258,6 +1697,42 @@ class WorkerFailed(Exception):
     """A rollout worker raised an exception, died, or left a slice that is not what it wrote."""
 
 
+@contextlib.contextmanager
+def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.Tensor, run_dir: str,
+                    start_step: int):
+    """Starts the rollout workers, each a fresh interpreter ("spawn": safe with a CUDA learner) given the
+    shared buffer and weights as it is created, waits for every Ready, and yields (processes, pipes). On
+    leaving, every worker is stopped, also on an error, a refused write or Ctrl-C of the learner (no process
+    is left behind), and a WorkerFailed ends the run in one line, exit code 1."""
+    context = mp.get_context("spawn")
+    workers, conns, finished = [], [], False
+    try:
+        for w in range(args.num_workers):
+            conn, child_conn = context.Pipe()
+            process = context.Process(target=rollout_worker, name=f"rollout-worker-{w}", daemon=True,
+                                      args=(w, args, buffer, weights, child_conn, os.getpid(), start_step, run_dir))
+            process.start()
+            child_conn.close()
+            workers.append(process)
+            conns.append(conn)
+        wait_for_workers(workers, conns, Ready)
+        yield workers, conns
+        finished = True
+    except WorkerFailed as e:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: error: {e}; stopped all workers") from None
+    finally:
+        stop_workers(workers, conns, graceful=finished)
+
+
+def send_to_all(conns: list, message: Start | Stop):
+    """`message` to every worker; one that died (a broken pipe) is named by wait_for_workers."""
+    for conn in conns:
+        try:
+            conn.send(message)
+        except OSError:  # that worker is gone
+            pass
+
+
 def wait_for_workers(workers: list, conns: list, expected: type) -> list:
     """One reply of type `expected` (Ready or Done) from each worker, in worker order. Waits on the
     pipes and on the processes themselves (their sentinels), so a worker that dies without a word
@@ -1302,12 +1777,8 @@ def check_slices(buffer: dict[str, torch.Tensor], replies: list[Done], num_envs_
 def stop_workers(workers: list, conns: list, graceful: bool):
     """Stops every worker: with `graceful`, Stop and a moment to close their environments; then
     SIGTERM for those still there, SIGKILL after a grace period, and join, so no process is left."""
-    for conn in conns:
-        try:
-            if graceful:
-                conn.send(Stop())
-        except OSError:  # that worker is gone
-            pass
+    if graceful:
+        send_to_all(conns, Stop())
     deadline = time.monotonic() + (5.0 if graceful else 0.0)
     for process in workers:
         process.join(max(0.0, deadline - time.monotonic()))
@@ -1324,308 +1795,21 @@ def stop_workers(workers: list, conns: list, graceful: bool):
         conn.close()
 
 
-class ProgressLine:
-    """When to print the per-iteration line: at the first and the last iteration, and in between at most
-    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
-    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
-    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
-
-    def __init__(self, every: float = 5.0):
-        self.every = every
-        self.printed_at = None  # time.monotonic() of the last line
-        self.returns = []  # the returns of the episodes that ended since the last line
-
-    def due(self, episode_returns, last: bool) -> str | None:
-        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
-        self.returns.extend(episode_returns)
-        now = time.monotonic()
-        if not last and self.printed_at is not None and now - self.printed_at < self.every:
-            return None
-        self.printed_at = now
-        mean = np.mean(self.returns) if self.returns else float("nan")
-        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
-        return line
+# THE ENTRY POINT ---------------------------------------------------------------------------------
 
 
-def log_evaluation(writer, returns: list[float], global_step: int):
-    """An evaluation's scalars at the global step it was made: every episode's return as
-    `eval/episodic_return` and their mean as `eval/mean_return`."""
-    for episodic_return in returns:
-        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
-
-
-def finish_tracking(run_dir: str):
-    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
-    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
-    they are written)."""
-    import wandb  # imported only when used
-
-    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
-        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
-    wandb.finish()
-
-
-# TRAINING ----------------------------------------------------------------------------------------
-
-
-def make_run_dir(run_dir: str):
-    """Creates the run folder, or ends in one line saying why it cannot."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
-
-
-def exit_on_ctrl_c(run_dir: str):
-    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
-    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
-    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
-
-    def handler(signum, frame):
-        checkpoint = Path(run_dir) / "checkpoint.pt"
-        if checkpoint.is_file():
-            where = f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
-        else:
-            where = f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-        print(f"{Path(sys.argv[0]).name}: interrupted: {where}", file=sys.stderr, flush=True)
-        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(130)
-
-    signal.signal(signal.SIGINT, handler)
-
-
-def main(args: Args):
-    observation_space, action_space = check_args(args)
+def main(args: Args) -> str | list[float]:
+    """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates (returns the
+    episodes' returns)."""
+    check_args(args)
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     if args.evaluate is not None:
         return run_evaluation(args.evaluate, args)
-
-    checkpoint = None
-    if args.resume is not None:
-        checkpoint = load_checkpoint(args.resume)
-        args = resume_args(args, checkpoint)  # the saved arguments, with the flags that may change
-        run_dir = str(Path(args.resume).parent)
-        observation_space, action_space = check_args(args)  # the saved run's environment
-    else:
-        run_name = f"{atari_id(args.env_id).replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = f"{args.runs_dir}/{run_name}"
-        if os.path.exists(run_dir):
-            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-                 "pass another --exp-name")
+    args, run_dir, checkpoint = prepare_run(args)
     exit_on_ctrl_c(run_dir)
-
-    # Seeding: same seed, same machine, same thread count -> same numbers
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
-    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
-    # at the first minibatch is 1 to float precision
-    if args.torch_deterministic:
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.distributions.Distribution.set_default_validate_args(False)
-
-    obs_shape = observation_space.shape
-    agent = Agent(obs_shape, int(action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees
-    # the same input every iteration and does not recompile; CUDA graphs need the step count on the
-    # device too (capturable)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
-                                 fused=True, capturable=args.cudagraphs)
-    # The fast path: the same update step, compiled; --cudagraphs ("reduce-overhead") also records the
-    # compiled kernels in CUDA graphs and replays them. The compiled update runs the LSTM step by step
-    # (`cuts` None): one graph, wherever episodes start
-    update = update_step
-    if args.compile or args.cudagraphs:
-        update = torch.compile(update_step, mode="reduce-overhead" if args.cudagraphs else None)
-
-    start_iteration, global_step = 1, 0
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        optimizer.param_groups[0]["lr"] = torch.as_tensor(optimizer.param_groups[0]["lr"], device=device)
-        set_rng_state(checkpoint["rng"], device)
-        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
-
-    make_run_dir(run_dir)
-    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
-    # Shared memory, allocated once: the rollout buffer and the weights, handed to the workers at creation
-    # (the handoff rule: at the SHARED MEMORY section)
-    obs_dtype = torch.uint8 if observation_space.dtype == np.uint8 else torch.float32
-    buffer = allocate_shared_buffer(args, obs_shape, obs_dtype, agent.lstm.hidden_size)
-    weights = torch.zeros(sum(p.numel() for p in agent.parameters())).share_memory_()
-    publish_weights(agent, weights)
-    print(f"shared memory: rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB; "
-          f"{args.num_workers} workers x {args.num_envs_per_worker} envs", flush=True)
-
-    context = mp.get_context("spawn")  # a fresh interpreter per worker: safe with a CUDA learner
-    workers, conns = [], []
-    finished = False
-    try:
-        for w in range(args.num_workers):
-            conn, child_conn = context.Pipe()
-            process = context.Process(target=rollout_worker, name=f"rollout-worker-{w}", daemon=True,
-                                      args=(w, args, buffer, weights, child_conn, os.getpid(), global_step, run_dir))
-            process.start()
-            child_conn.close()
-            workers.append(process)
-            conns.append(conn)
-        # while the workers start (a fresh interpreter imports PyTorch: seconds), the learner opens its logs
-        if args.track:
-            import wandb  # imported only when used
-
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(run_dir)
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-        wait_for_workers(workers, conns, Ready)
-
-        progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
-        start_time, start_step = time.time(), global_step
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            if args.anneal_lr:
-                frac = 1.0 - (iteration - 1.0) / args.num_iterations
-                optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)
-
-            # COLLECT TRAJECTORIES --------------------------------------------------------------
-            # The workers step their environments with the weights published last; the learner waits.
-            rollout_start = time.perf_counter()
-            for conn in conns:
-                try:
-                    conn.send(Start(iteration, global_step))
-                except OSError:  # that worker died (a broken pipe): wait_for_workers names it
-                    pass
-            replies = wait_for_workers(workers, conns, Done)
-            rollout_time = time.perf_counter() - rollout_start
-            global_step += args.batch_size
-
-            update_start = time.perf_counter()
-            check_slices(buffer, replies, args.num_envs_per_worker, iteration)  # before any use of the batch
-            episode_returns = []
-            for done in replies:
-                for episode in done.episodes:  # each at the global step it ended at
-                    writer.add_scalar("charts/episodic_return", episode.episodic_return, episode.step)
-                    writer.add_scalar("charts/episodic_length", episode.episodic_length, episode.step)
-                    episode_returns.append(episode.episodic_return)
-
-            # CALCULATE ADVANTAGES --------------------------------------------------------------
-            advantages, returns = compute_gae(rewards=buffer["rewards"], values=buffer["values"],
-                                              dones=buffer["dones"], last_value=buffer["last_values"][0],
-                                              gamma=args.gamma, gae_lambda=args.gae_lambda,
-                                              final_values=buffer["final_values"])
-
-            # UPDATE THE NETWORK ----------------------------------------------------------------
-            # Recurrent detail 4: a minibatch is a set of whole chunks, each replayed in time order
-            # from the state the worker saved at its start (recurrent detail 5).
-            c_obs, c_starts, c_actions, c_logprobs, c_values, c_advantages, c_returns = (
-                to_chunks(x, args.seq_len).to(device) for x in (
-                    buffer["obs"], buffer["starts"], buffer["actions"], buffer["logprobs"], buffer["values"],
-                    advantages, returns))
-            H = agent.lstm.hidden_size
-            c_state = (buffer["chunk_h"].reshape(1, -1, H).to(device), buffer["chunk_c"].reshape(1, -1, H).to(device))
-            # where the eager update cuts the LSTM's sequences: where some chunk starts an episode (found
-            # in the CPU copy of the starts; right for every minibatch, some cuts may be extra)
-            cuts = None if args.compile or args.cudagraphs else episode_cuts(to_chunks(buffer["starts"], args.seq_len))
-            clipfracs = []
-            for epoch in range(args.update_epochs):
-                for k, mb in enumerate(chunk_minibatches(args.num_chunks, args.num_minibatches, device)):
-                    if args.cudagraphs:
-                        torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
-                    stats = update(agent, optimizer, args, c_obs[:, mb], c_starts[:, mb],
-                                   (c_state[0][:, mb], c_state[1][:, mb]), c_actions[:, mb], c_logprobs[:, mb],
-                                   c_advantages[:, mb], c_returns[:, mb], c_values[:, mb], cuts)
-                    if args.cudagraphs:
-                        stats = {k: v.clone() for k, v in stats.items()}  # the next replay overwrites its outputs
-                    clipfracs.append(stats["clipfrac"])
-                    if epoch == 0 and k == 0:
-                        # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
-                        # deviation means the replayed recurrent states differ from the workers'
-                        first_ratio_deviation = stats["ratio_deviation"]
-                if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # the one wait per epoch
-                    break
-            update_time = time.perf_counter() - update_start
-
-            publish_start = time.perf_counter()
-            publish_weights(agent, weights)  # the next rollout's policy
-            publish_time = time.perf_counter() - publish_start
-
-            # LOGGING ---------------------------------------------------------------------------
-            # losses/clipfrac is the mean over all the update's minibatches (what CleanRL logs); the
-            # other losses/* are the last minibatch's, as in CleanRL
-            # (one copy from the device for all of them, the first minibatch's ratio deviation and the
-            # learning rate included)
-            stats = {**stats, "clipfrac": torch.stack(clipfracs).mean(), "ratio_deviation": first_ratio_deviation,
-                     "learning_rate": optimizer.param_groups[0]["lr"]}
-            stats = dict(zip(stats, torch.stack(list(stats.values())).cpu().tolist()))
-            first_ratio_deviation, learning_rate = stats.pop("ratio_deviation"), stats.pop("learning_rate")
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            eta = datetime.timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
-            writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-            for name, value in stats.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("losses/explained_variance",
-                              explained_variance(buffer["values"].numpy(), returns.numpy()), global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/experience_SPS", args.batch_size / rollout_time, global_step)
-            writer.add_scalar("charts/learning_SPS", args.batch_size / update_time, global_step)
-            writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-            writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-            writer.add_scalar("perf/update_time", update_time, global_step)
-            writer.add_scalar("perf/publish_time", publish_time, global_step)
-            # the workers' own split of the rollout (means over workers)
-            writer.add_scalar("perf/act_time", np.mean([done.act_time for done in replies]), global_step)
-            writer.add_scalar("perf/env_time", np.mean([done.env_time for done in replies]), global_step)
-            line = progress.due(episode_returns, last=iteration == args.num_iterations)
-            if line:
-                print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                      f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, "
-                      f"publish {publish_time:.4f}s)", flush=True)
-
-            # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
-            # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
-            if args.eval_every and iteration % args.eval_every == 0:
-                eval_start = time.perf_counter()
-                # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-                eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                                        args.seed + 100_000, torch.device("cpu"))
-                log_evaluation(writer, eval_returns, global_step)
-                if np.mean(eval_returns) > best_return:
-                    best_return = float(np.mean(eval_returns))
-                    save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
-                print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
-                      f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
-
-            if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-                save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
-        finished = True
-    except WorkerFailed as e:
-        raise SystemExit(f"{Path(sys.argv[0]).name}: error: {e}; stopped all workers") from None
-    finally:  # also on Ctrl-C and on any error of the learner: no worker is left behind
-        stop_workers(workers, conns, graceful=finished)
-
-    if args.save_model:
-        model_path = f"{run_dir}/model.pt"
-        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
-        print(f"model saved to {model_path}")
-        agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"))
-        log_evaluation(writer, returns, global_step)
-        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    writer.close()
-    if args.track:
-        finish_tracking(run_dir)
-    return run_dir
+    with exit_on_write_error(run_dir):
+        return train(args, run_dir, checkpoint)
 
 
 if __name__ == "__main__":

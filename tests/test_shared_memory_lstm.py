@@ -1,12 +1,15 @@
 """ppo_shared_memory_lstm.py: a short run with 2 workers (files, metrics, every worker's episodes, ratio
 1), no bootstrap on a step both terminated and truncated, the recurrent chunks (saved states, resets
 inside a chunk, chunk and minibatch indexing), bad input, and what happens when a worker raises or is
-killed, when a worker's slice is not what it wrote, when the learner gets Ctrl-C or is killed: a
-bounded stop, no process and no shared memory left."""
+killed, when a worker's slice is not what it wrote, when the learner gets Ctrl-C or is killed, when the
+file system refuses a checkpoint, the TensorBoard events or the shared memory: a bounded stop, no process and
+no shared memory left.""" 
 
 import os
 import re
+import resource
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import torch
 
 import ppo_shared_memory_lstm as script
 from helpers import (LINE, METRICS, assert_evaluation_videos, assert_progress_lines, check_resume_after_interruption,
-                     load, only_run_dir, process_table, read_scalars, run_script, start_script)
+                     load, only_run_dir, process_table, read_scalars, run_script, script_command, start_script)
 
 NAME = "ppo_shared_memory_lstm"
 WORKERS, ENVS_PER_WORKER, STEPS = 2, 2, 32
@@ -65,10 +68,31 @@ def torch_shm() -> set[str]:
 def interrupted_run(cwd, action, *argv):
     """Starts a long run of the script with 2 workers, waits until its first checkpoint (an iteration
     done, so the workers are at work), does `action(learner_pid, worker_pids)` (None: nothing), and
-    waits at most 30 s for the learner to end. Returns (returncode, stderr, the learner's descendants
-    seen while it ran, the worker pids); leaves nothing running even when the test fails."""
+    waits at most 30 s for the learner to end. Returns (returncode, stderr, the worker pids); leaves
+    nothing running even when the test fails."""
     shm_before = torch_shm()
     proc = start_script(NAME, *SMALL, "--total-timesteps", 10**7, "--checkpoint-every", 1, *argv, cwd=cwd)
+    return watched(proc, cwd, action, shm_before)
+
+
+def run_under_a_file_size_limit(cwd, limit: int, *argv):
+    """The script (its whole command line in `argv`) under a file-size limit, as `ulimit -f` sets it: the
+    kernel refuses a write past `limit` bytes (EFBIG; Python ignores SIGXFSZ), the workers' too, and
+    PyTorch's shared memory is files in /dev/shm, limited alike. Returns what `interrupted_run` does."""
+    def limit_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    shm_before = torch_shm()
+    proc = subprocess.Popen(script_command(NAME, *argv), cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit_files)
+    return watched(proc, cwd, None, shm_before)
+
+
+def watched(proc: subprocess.Popen, cwd, action, shm_before: set[str]):
+    """Watches the learner `proc` and every process it starts until its first checkpoint or its end, does
+    `action` (see interrupted_run), waits at most 30 s for the learner to end and 10 s more for every
+    process it started; checks that none is left and nothing in /dev/shm. Kills what is left if the test
+    fails."""
     seen, workers = set(), set()
     try:
         deadline = time.monotonic() + 120
@@ -413,6 +437,56 @@ def test_workers_end_by_themselves_when_the_learner_is_killed(tmp_path):
     returncode, _, workers = interrupted_run(tmp_path, lambda learner, workers: os.kill(learner, signal.SIGKILL))
     assert len(workers) == WORKERS
     assert returncode == -signal.SIGKILL  # and interrupted_run saw every worker end (within 10 s)
+
+
+# A full disk: a write the file system refuses ends the run in one line (as in every script) and stops every
+# worker. PyTorch's shared memory is files in /dev/shm, so a file-size limit refuses them too: the weights are
+# the largest (CartPole's towers and LSTMs), the checkpoint (weights, Adam's moments, ...) about three times
+# as large, so a limit between them refuses the checkpoint and nothing before it
+WEIGHTS_BYTES = 4 * sum(p.numel() for p in script.Agent((4,), 2).parameters())
+NO_CHECKPOINT = "no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+
+
+def refused_write(tmp_path, limit: int, *argv) -> tuple[str, Path, list[int]]:
+    """A run under the file-size limit that ends in exit code 1: its one line on stderr, its run folder (as
+    the line names it) and its workers' pids."""
+    returncode, stderr, workers = run_under_a_file_size_limit(tmp_path, limit, *argv)
+    assert returncode == 1, stderr
+    (line,) = stderr.splitlines()  # the learner's line; the workers are quiet
+    return line, only_run_dir(tmp_path / "runs").relative_to(tmp_path), workers
+
+
+def test_a_refused_checkpoint_ends_the_run_in_one_line_and_stops_every_worker(tmp_path):
+    limit = 500_000
+    assert WEIGHTS_BYTES < limit
+    line, run_dir, workers = refused_write(tmp_path, limit, *SMALL, "--total-timesteps", 10**7, "--checkpoint-every", 1)
+    assert len(workers) == WORKERS
+    assert line == (f"{NAME}.py: error: cannot write {run_dir}/checkpoint.pt: File too large; "
+                    + NO_CHECKPOINT.format(run_dir=run_dir))
+    assert [p.name for p in (tmp_path / run_dir).iterdir() if not p.name.startswith("events.")] == []  # no .tmp
+
+
+def test_refused_tensorboard_events_end_the_run_in_one_line_and_stop_every_worker(tmp_path):
+    """Episodes of 3 steps, logged each: the events file outgrows a limit above the shared memory's files."""
+    limit = 320_000
+    assert WEIGHTS_BYTES < limit
+    line, run_dir, workers = refused_write(
+        tmp_path, limit, "--env-id", "tests.fake_envs:FixedLength-v0", "--num-workers", WORKERS, "--num-envs-per-worker",
+        4, "--num-steps", 128, "--update-epochs", 1, "--total-timesteps", 10**7)
+    assert len(workers) == WORKERS
+    assert line == (f"{NAME}.py: error: cannot write the TensorBoard events in {run_dir}: File too large; "
+                    + NO_CHECKPOINT.format(run_dir=run_dir))
+    (events,) = (tmp_path / run_dir).iterdir()
+    assert events.name.startswith("events.") and events.stat().st_size <= limit
+
+
+def test_refused_shared_memory_ends_the_run_in_one_line_before_any_worker_starts(tmp_path):
+    limit = 150_000
+    assert WEIGHTS_BYTES > limit
+    line, run_dir, workers = refused_write(tmp_path, limit, *SMALL, "--total-timesteps", 10**7)
+    assert workers == []
+    assert line == (f"{NAME}.py: error: cannot write the weights in /dev/shm ({WEIGHTS_BYTES / 2**20:.2f} MiB): "
+                    "File too large; " + NO_CHECKPOINT.format(run_dir=run_dir))
 
 
 def test_classic_control_actor_and_critic_towers_are_separate():
