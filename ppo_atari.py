@@ -106,7 +106,7 @@ class Args:
     above), keeps up with 1 beside a busy core (benchmark/results/speed.md, Pixel scripts); 0: PyTorch's default"""
     compile: bool = False
     """torch.compile the policy step and the update step; on the CPU it pays back its compile time only over
-    millions of steps (`python benchmark/fast_path.py ppo_atari`), so it is off for short runs and tests"""
+    millions of steps (benchmark/results/speed_cpu.md), so it is off for short runs and tests"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False

@@ -115,7 +115,8 @@ class Args:
     ppo_atari.py (benchmark/results/speed.md, Pixel scripts; not measured for this script); 0: PyTorch's default"""
     compile: bool = False
     """torch.compile the policy step and the update step; off by default: on a 2-core CPU it did not pay (the
-    compiled update runs the LSTM step by step, the eager one in stretches); meant for GPUs"""
+    compiled update runs the LSTM step by step, the eager one in stretches: benchmark/results/speed_cpu.md);
+    meant for GPUs"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False

@@ -138,7 +138,7 @@ class Args:
     compile: bool = False
     """torch.compile the learner's update step (the workers' policy step stays eager). Off by default: on a
     2-core CPU it did not pay, for the update step (compiled, it runs the LSTM step by step) nor for a worker's
-    policy step, and compiling takes long (the measurements that chose this: commit fb31925); meant for GPU
+    policy step, and compiling takes long (benchmark/results/speed_cpu.md); meant for GPU
     learners"""
     cudagraphs: bool = False
     """capture the compiled update step in CUDA graphs (CUDA only; implies --compile; the workers act on the CPU)"""
@@ -987,12 +987,10 @@ def write_checkpoint_file(checkpoint: dict, path: str):
 
 
 def as_data(value):
-    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
-    a checkpoint may hold (read_checkpoint reads nothing else)."""
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
-    if isinstance(value, np.generic):
-        return value.item()
+    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
+    hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return torch.tensor(value)  # a copy, with the same dtype
     if isinstance(value, dict):
         return {key: as_data(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -1001,8 +999,11 @@ def as_data(value):
 
 
 def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from, as data; CUDA's too when the run uses it."""
-    state = {"torch": torch.get_rng_state(), "numpy": as_data(np.random.get_state()), "python": random.getstate()}
+    """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
+    pickle); CUDA's too when the run uses it."""
+    kind, key, *rest = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+             "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -1011,7 +1012,7 @@ def rng_state(device: torch.device) -> dict:
 def set_rng_state(state: dict, device: torch.device):
     torch.set_rng_state(state["torch"])
     kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, key.numpy(), *rest))
+    np.random.set_state((kind, key.numpy().astype(np.uint32), *rest))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
