@@ -46,10 +46,8 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
-# Before PyTorch loads its OpenMP runtime: a thread of its pool that has finished its share of an operation
-# sleeps instead of spinning. When another process keeps a core busy, a spinning thread takes CPU time from
-# the thread the pool is waiting for and from envpool's threads (benchmark/results/speed.md, Pixel scripts).
-# An OMP_WAIT_POLICY of your own is kept.
+# Before PyTorch loads OpenMP: idle threads of its pool sleep, not spin, so a busy core's time goes to the threads
+# that work (benchmark/results/speed.md, Pixel scripts). An OMP_WAIT_POLICY of your own is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import envpool
@@ -209,11 +207,8 @@ class VideoRecorder:
         self.folder, self.name, self.game, self.frames = folder, name, 0, []
         os.makedirs(folder, exist_ok=True)
 
-    def recording(self) -> bool:
-        return round(self.game ** (1 / 3)) ** 3 == self.game
-
     def add(self, obs: np.ndarray, game_over: bool):
-        if self.recording():
+        if round(self.game ** (1 / 3)) ** 3 == self.game:
             self.frames.append(np.repeat(obs[-1][:, :, None], 3, axis=2))
         if game_over:
             if self.frames:
@@ -480,11 +475,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8,
                       pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
     actions = torch.zeros((T, N), dtype=torch.long)
-    logprobs = torch.zeros((T, N))
-    rewards = torch.zeros((T, N))
-    terminations = torch.zeros((T, N))
-    dones = torch.zeros((T, N))
-    values = torch.zeros((T, N))
+    logprobs, rewards, terminations, dones, values = (torch.zeros((T, N)) for _ in range(5))
     valid = torch.zeros((T, N), dtype=torch.bool)  # False on envpool's reset rows
     actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
         x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
