@@ -1194,7 +1194,7 @@ class RunningMeanStd:
 
     def load_state_dict(self, state: dict):
         # tensors, or floats where a format-2 checkpoint held NumPy scalars (as_data made them Python's)
-        self.mean, self.var = np.array(state["mean"], np.float64), np.array(state["var"], np.float64)
+        self.mean, self.var = (torch.as_tensor(state[k], dtype=torch.float64).numpy().copy() for k in ("mean", "var"))
         self.count = float(state["count"])
 
 
