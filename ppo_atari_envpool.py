@@ -7,7 +7,8 @@ Run:
 What this file shows: PPO with the 9 Atari details of "The 37 Implementation Details of PPO" (Huang
 et al. 2022): no-op reset (up to 30), max-and-skip 4, episodic life, fire on reset, 84x84 grayscale,
 reward clipping to the sign, frame stack 4, a Nature CNN shared by actor and critic, pixels scaled to
-[0, 1]. envpool applies the first seven inside its C++ threads; the last two are in `Agent`.
+[0, 1]. envpool applies the first seven inside its C++ threads; the last two are in `Agent`. PPO ends
+at the banner after `train`; below it is the machinery a run needs (checks, checkpoints, evaluation).
 
 What is special in this file (the places where envpool scripts usually go wrong):
 - envpool resets a finished episode on the *next* step: the step after `terminated` or `truncated`
@@ -23,27 +24,30 @@ What is special in this file (the places where envpool scripts usually go wrong)
 - Observations stay uint8 (4x84x84 per step, a quarter of float32) in a channels-last buffer; they are
   scaled to [0, 1] on the fly, and the CNN runs channels-last, the layout oneDNN's CPU convolutions
   are fastest in (`benchmark/throughput.py` measures it).
-- Checkpoints hold everything needed to resume; `--resume` continues a killed run and `--evaluate`
-  scores a saved model with the same preprocessing.
-- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
+- Checkpoints hold everything needed to resume and are data only; `--resume` continues a killed run
+  and `--evaluate` scores a saved model with the same preprocessing.
 """
 
+import contextlib
 import copy
+import errno
+import io
 import math
 import os
+import pickle
 import random
 import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
-# Before PyTorch loads its OpenMP runtime: a thread of its pool that has finished its share of an operation
-# sleeps instead of spinning (by default it spins up to 300,000 times first). When another process keeps a
-# core busy, a spinning thread takes CPU time from the thread the pool is waiting for and from envpool's
-# threads. An OMP_WAIT_POLICY of your own is kept. Measured: README, Speed, Pixel scripts.
+# Before PyTorch loads OpenMP: idle threads of its pool sleep, not spin, so a busy core's time goes to the threads
+# that work (benchmark/results/speed.md, Pixel scripts). An OMP_WAIT_POLICY of your own is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import envpool
@@ -56,55 +60,7 @@ from torch.distributions.categorical import Categorical
 
 @dataclass
 class Args:
-    exp_name: str = Path(__file__).stem
-    """the name of this experiment (part of the run folder's name)"""
-    seed: int = 1
-    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
-    cuda: bool = True
-    """if toggled, cuda is used when available"""
-    torch_threads: int = 2
-    """CPU threads for PyTorch; 2: the CNN update, most of the time, uses both cores of an idle machine, and
-    with the pool's threads sleeping when idle (OMP_WAIT_POLICY above) 2 kept up with 1 beside a process busy
-    on one core (measured: README, Speed, Pixel scripts); 0 keeps PyTorch's default"""
-    compile: bool = False
-    """torch.compile the policy step and the update step. Off by default: on a 2-core CPU it did not pay (one
-    thread, CPU-time medians: a 256-frame update step 240 ms eager, 253 ms compiled; the 8-frame policy step
-    3.8 ms, 4.1 ms; compiling 39 s with a warm cache, 4 min cold on a busy machine); meant for GPUs"""
-    cudagraphs: bool = False
-    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
-    envpool_threads: int = 0
-    """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights & Biases"""
-    wandb_project_name: str = "ppo-lab"
-    """the Weights & Biases project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the Weights & Biases project"""
-    capture_video: bool = False
-    """envpool cannot render the game: this saves the agent's own 84x84 grayscale frames of env 0 as
-    videos in `runs/<run>/videos` (games 0, 1, 8, 27, ... of env 0)"""
-    save_model: bool = False
-    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
-    checkpoint_every: int = 0
-    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
-    resume: str | None = None
-    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
-    evaluate: str | None = None
-    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
-    eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, measured
-    39 s for 10 games of an untrained agent, more for longer games in benchmark/results/evaluation.md)"""
-    eval_episodes: int = 10
-    """number of episodes (whole games, all lives) of an evaluation"""
-    eval_deterministic: bool = False
-    """if toggled, evaluation takes the most probable action instead of sampling"""
-    runs_dir: str = "runs"
-    """folder under which each run writes its own folder"""
-
-    # Algorithm specific arguments
+    # PPO's hyperparameters (the defaults are the published ones)
     env_id: str = "Breakout-v5"
     """the envpool id of the game (`Breakout` is read as `Breakout-v5`)"""
     total_timesteps: int = 10_000_000
@@ -144,6 +100,53 @@ class Args:
     max_episode_steps: int = 27_000
     """agent steps after which a game is truncated (27,000 = 108,000 frames, the usual limit)"""
 
+    # The run: where it goes, what it records, how it runs
+    exp_name: str = Path(__file__).stem
+    """the name of this experiment (part of the run folder's name)"""
+    seed: int = 1
+    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    torch_threads: int = 2
+    """CPU threads for PyTorch (0 keeps PyTorch's default); 2 keeps up with 1 beside a busy process and is faster
+    on an idle machine (OMP_WAIT_POLICY above; benchmark/results/speed_cpu.md, seventh and eighth measurements)"""
+    compile: bool = False
+    """torch.compile the policy step and the update step; off by default: on a 2-core CPU neither step got
+    faster and compiling takes minutes (README, The fast path); meant for GPUs"""
+    cudagraphs: bool = False
+    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
+    envpool_threads: int = 0
+    """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights & Biases"""
+    wandb_project_name: str = "ppo-lab"
+    """the Weights & Biases project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the Weights & Biases project"""
+    capture_video: bool = False
+    """envpool cannot render the game: this saves the agent's own 84x84 grayscale frames of env 0 as
+    videos in `runs/<run>/videos` (games 0, 1, 8, 27, ... of env 0)"""
+    save_model: bool = False
+    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
+    checkpoint_every: int = 0
+    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
+    resume: str | None = None
+    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
+    evaluate: str | None = None
+    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
+    eval_every: int = 0
+    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
+    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training, longer for
+    longer games; its cost is in benchmark/results/evaluation.md)"""
+    eval_episodes: int = 10
+    """number of episodes (whole games, all lives) of an evaluation"""
+    eval_deterministic: bool = False
+    """if toggled, evaluation takes the most probable action instead of sampling"""
+    runs_dir: str = "runs"
+    """folder under which each run writes its own folder"""
+
     @property
     def batch_size(self) -> int:
         """transitions per update: num_envs * num_steps (reset rows included, see the docstring)"""
@@ -155,96 +158,12 @@ class Args:
         return self.total_timesteps // self.batch_size
 
 
-def fail(message: str):
-    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
+# ENVIRONMENTS ------------------------------------------------------------------------------------
 
 
 def envpool_id(env_id: str) -> str:
     """`Breakout` -> `Breakout-v5`; other ids as given."""
     return env_id if "-v" in env_id else f"{env_id}-v5"
-
-
-def check_numbers(args: Args):
-    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
-    coefficient or a NaN learning rate trains without an error, on nonsense."""
-    for name, value in asdict(args).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
-        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
-        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
-    ):
-        if not valid:
-            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
-
-
-def check_tracking(args: Args):
-    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
-    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
-        return
-    import wandb  # imported only when used
-
-    if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
-
-
-def check_runs_dir(runs_dir: str):
-    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
-    reports what the OS says if creating it fails all the same)."""
-    path = Path(runs_dir).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
-
-
-def check_args(args: Args):
-    """Reject arguments that would crash or silently misbehave later."""
-    check_numbers(args)
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
-                 "max_episode_steps"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if min(args.checkpoint_every, args.torch_threads, args.envpool_threads) < 0:
-        fail("--checkpoint-every, --torch-threads and --envpool-threads must not be negative")
-    if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
-    if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
-    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.eval_every < 0:
-        fail(f"--eval-every must not be negative, got {args.eval_every}")
-    check_tracking(args)
-    if args.resume is None and args.evaluate is None:
-        check_runs_dir(args.runs_dir)
-    for name in ("resume", "evaluate"):
-        path = getattr(args, name)
-        if path is not None and not Path(path).is_file():
-            fail(f"--{name}: no such file: {path}")
-    env_id = envpool_id(args.env_id)
-    if env_id not in envpool.list_all_envs():
-        fail(f"unknown envpool id '{env_id}' (python -c 'import envpool; print(envpool.list_all_envs())' lists them)")
-    if "episodic_life" not in envpool.make_spec(env_id).config._fields:
-        fail(f"{env_id} is not an Atari game; ppo_atari_envpool.py trains Atari games only")
-
-
-# ENVIRONMENTS ------------------------------------------------------------------------------------
 
 
 def make_envs(args: Args, num_envs: int, seed: int, episodic_life: bool = True):
@@ -255,24 +174,10 @@ def make_envs(args: Args, num_envs: int, seed: int, episodic_life: bool = True):
     grayscale, reward_clip (sign), stack_num=4. Sticky actions are off (repeat_action_probability=0),
     as in the published v4 results. Env i is seeded with seed + i.
     """
-    return envpool.make(
-        envpool_id(args.env_id),
-        env_type="gymnasium",
-        num_envs=num_envs,
-        seed=seed,
-        num_threads=args.envpool_threads,
-        episodic_life=episodic_life,
-        reward_clip=True,
-        noop_max=30,
-        frame_skip=4,
-        stack_num=4,
-        img_height=84,
-        img_width=84,
-        gray_scale=True,
-        use_fire_reset=True,
-        repeat_action_probability=0.0,
-        max_episode_steps=args.max_episode_steps,
-    )
+    return envpool.make(envpool_id(args.env_id), env_type="gymnasium", num_envs=num_envs, seed=seed,
+                        num_threads=args.envpool_threads, episodic_life=episodic_life, reward_clip=True, noop_max=30,
+                        frame_skip=4, stack_num=4, img_height=84, img_width=84, gray_scale=True, use_fire_reset=True,
+                        repeat_action_probability=0.0, max_episode_steps=args.max_episode_steps)
 
 
 class EpisodeStatistics:
@@ -302,11 +207,8 @@ class VideoRecorder:
         self.folder, self.name, self.game, self.frames = folder, name, 0, []
         os.makedirs(folder, exist_ok=True)
 
-    def recording(self) -> bool:
-        return round(self.game ** (1 / 3)) ** 3 == self.game
-
     def add(self, obs: np.ndarray, game_over: bool):
-        if self.recording():
+        if round(self.game ** (1 / 3)) ** 3 == self.game:
             self.frames.append(np.repeat(obs[-1][:, :, None], 3, axis=2))
         if game_over:
             if self.frames:
@@ -379,7 +281,7 @@ class Agent(nn.Module):
         return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), self.critic(hidden).squeeze(-1)
 
 
-# THE ALGORITHM'S PIECES --------------------------------------------------------------------------
+# THE ALGORITHM -----------------------------------------------------------------------------------
 
 
 def compute_gae(
@@ -416,8 +318,7 @@ def compute_gae(
     """
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
     deltas = rewards + gamma * (1.0 - terminations) * next_values - values
-    # the recursion runs in NumPy on the CPU: a step of it costs ~25 us as torch operations, ~3 us in
-    # NumPy (Hopper's 2,048-step rollout: 54 ms -> 7 ms per update)
+    # the recursion runs in NumPy on the CPU: a step of it as torch operations costs several times more
     deltas, decay = deltas.cpu().numpy(), (gamma * gae_lambda * (1.0 - dones)).cpu().numpy()
     advantages = np.zeros_like(deltas)
     lastgaelam = np.zeros_like(deltas[0])
@@ -529,16 +430,259 @@ def minibatch_indices(valid: torch.Tensor, num_minibatches: int) -> torch.Tensor
     return keys.argsort().reshape(-1, num_minibatches).T
 
 
-
-def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
-    var_y = np.var(y_true)
-    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+# TRAINING ----------------------------------------------------------------------------------------
 
 
-# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before
-# checkpoints named their script and format)
-CHECKPOINT_FORMAT = 2
+def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
+    """PPO on args.env_id from scratch, or on from `checkpoint` (--resume); everything the run writes goes
+    to run_dir, which it returns."""
+    # Seeding: same seed, same machine, same thread count -> same numbers
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_deterministic:  # cuDNN's float32 convolutions and LSTMs in full float32, not TF32
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
+
+    # A resumed run reseeds its environments differently, so it does not replay the first games
+    envs = make_envs(args, args.num_envs, args.seed + (checkpoint["global_step"] if checkpoint else 0))
+    agent = Agent(envs.action_space.n).to(device)
+    # fused: one kernel for all parameters. The learning rate is a tensor that annealing overwrites in place,
+    # so a compiled update step does not recompile; CUDA graphs need the step count on the device (capturable)
+    learning_rate = torch.tensor(args.learning_rate, device=device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True,
+                                 capturable=args.cudagraphs)
+    start_iteration, global_step = restore(checkpoint, agent, optimizer, args)  # 1, 0 for a new run
+    log = RunLog(args, run_dir, global_step)
+    video = VideoRecorder(f"{run_dir}/videos") if args.capture_video else None
+
+    # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
+    # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them)
+    act, update = agent.act, partial(update_step, agent, optimizer, args)
+    if args.compile or args.cudagraphs:
+        mode = "reduce-overhead" if args.cudagraphs else None
+        act, update = torch.compile(agent.act, mode=mode), partial(torch.compile(update_step, mode=mode), agent,
+                                                                   optimizer, args)
+
+    # Rollout storage on the CPU, shared with NumPy. Observations are uint8 and channels-last: the buffer is
+    # allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84), so writing a step transposes 8 small frames
+    # once and every minibatch is in the CNN's layout (pinned on CUDA: copied to the GPU without a wait)
+    T, N = args.num_steps, args.num_envs
+    obs_shape = envs.observation_space.shape  # (4, 84, 84)
+    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8,
+                      pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
+    actions = torch.zeros((T, N), dtype=torch.long)
+    logprobs, rewards, terminations, dones, values = (torch.zeros((T, N)) for _ in range(5))
+    valid = torch.zeros((T, N), dtype=torch.bool)  # False on envpool's reset rows
+    actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
+        x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
+
+    episode_stats = EpisodeStatistics(N)
+    next_obs, _ = envs.reset()
+    next_done = np.zeros(N, dtype=bool)  # did the previous step end an episode (then this one is a reset row)
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
+        learning_rate.fill_(lr)  # annealed linearly to 0 over the run (detail 4)
+
+        # COLLECT TRAJECTORIES ------------------------------------------------------------------
+        rollout_start = time.perf_counter()
+        act_time = env_time = 0.0
+        for step in range(T):
+            global_step += N
+            obs[step] = torch.from_numpy(next_obs)
+            valid_np[step] = ~next_done
+            tick = time.perf_counter()
+            # one copy to the device (from pinned memory on CUDA, without waiting) and one copy back:
+            # action, log-prob and value stacked
+            action, logprob, value = act(obs[step].to(device, non_blocking=True))
+            actions_np[step], logprobs_np[step], values_np[step] = (
+                torch.stack([action.float(), logprob, value]).cpu().numpy())
+            tock = time.perf_counter()
+            next_obs, reward, terminated, truncated, info = envs.step(actions_np[step])
+            env_time += time.perf_counter() - tock
+            act_time += tock - tick
+
+            rewards_np[step] = reward  # clipped to the sign by envpool
+            next_done = terminated | truncated
+            dones_np[step] = next_done
+            terminations_np[step] = terminated if args.bootstrap_truncation else next_done
+            if video is not None:
+                video.add(next_obs[0], bool(info["terminated"][0] or truncated[0]))
+            for i, episodic_return, episodic_length in episode_stats.step(truncated, info):
+                log.episode(global_step - N + i + 1, episodic_return, episodic_length)  # at the step it ended
+
+        # CALCULATE ADVANTAGES ------------------------------------------------------------------
+        with torch.no_grad():
+            last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
+        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
+                                          gamma=args.gamma, gae_lambda=args.gae_lambda, terminations=terminations)
+        rollout_time = time.perf_counter() - rollout_start
+
+        # UPDATE THE NETWORK --------------------------------------------------------------------
+        update_start = time.perf_counter()
+        b_valid = valid.reshape(-1).to(device)
+        b_mask = b_valid.float()
+        b_obs = obs.reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
+        b_actions = actions.reshape(-1).to(device)
+        b_logprobs = logprobs.reshape(-1).to(device)
+        b_advantages = advantages.reshape(-1).to(device)
+        b_returns = returns.reshape(-1).to(device)
+        b_values = values.reshape(-1).to(device)
+
+        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
+        for epoch in range(args.update_epochs):
+            for minibatch, mb_inds in enumerate(minibatch_indices(b_valid, args.num_minibatches)):
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
+                stats = update(b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
+                               b_returns[mb_inds], b_values[mb_inds], b_mask[mb_inds])
+                stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
+                if epoch == 0 and minibatch == 0:
+                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
+                    # deviation means the stored log-probs do not belong to the stored observations
+                    first_ratio_deviation = stats["ratio_deviation"]
+                clipfracs.append(stats["clipfrac"])
+            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # the one wait per epoch
+                break
+        update_time = time.perf_counter() - update_start
+
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update; the critic's
+        # explained variance and the reset rows from `valid`
+        stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+        log.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time, valid=valid,
+                      act_time=act_time, env_time=env_time)
+        evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
+        checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)
+
+    finish(args, envs, agent, optimizer, run_dir, global_step, log)
+    return run_dir
+
+
+# ==================================================================================================
+# PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
+# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, and the entry
+# point. None of it changes what PPO computes.
+# ==================================================================================================
+
+
+# INPUT CHECKS ------------------------------------------------------------------------------------
+
+
+def fail(message: str):
+    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_numbers(args: Args):
+    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
+    coefficient or a NaN learning rate trains without an error, on nonsense."""
+    for name, value in asdict(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    for name, valid, meaning in (
+        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
+                                                  "offsets added to it must stay below 2**31)"),
+        ("learning_rate", args.learning_rate > 0, "positive"),
+        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
+        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
+        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
+        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
+        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
+        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
+        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
+    ):
+        if not valid:
+            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
+
+
+def check_tracking(args: Args):
+    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
+    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return
+    import wandb  # imported only when used
+
+    if not wandb.login(prompt=False, verify=False):
+        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+
+
+def check_runs_dir(runs_dir: str):
+    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
+    reports what the OS says if creating it fails all the same)."""
+    path = Path(runs_dir).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
+
+
+def check_args(args: Args):
+    """Reject arguments that would crash or silently misbehave later."""
+    check_numbers(args)
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
+                 "max_episode_steps"):
+        if getattr(args, name) <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if min(args.checkpoint_every, args.torch_threads, args.envpool_threads) < 0:
+        fail("--checkpoint-every, --torch-threads and --envpool-threads must not be negative")
+    if args.batch_size % args.num_minibatches != 0:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+    if args.batch_size // args.num_minibatches < 2:
+        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
+    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
+        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
+    if args.eval_every < 0:
+        fail(f"--eval-every must not be negative, got {args.eval_every}")
+    check_tracking(args)
+    if args.resume is None and args.evaluate is None:
+        check_runs_dir(args.runs_dir)
+    for name in ("resume", "evaluate"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            fail(f"--{name}: no such file: {path}")
+    env_id = envpool_id(args.env_id)
+    if env_id not in envpool.list_all_envs():
+        fail(f"unknown envpool id '{env_id}' (python -c 'import envpool; print(envpool.list_all_envs())' lists them)")
+    if "episodic_life" not in envpool.make_spec(env_id).config._fields:
+        fail(f"{env_id} is not an Atari game; ppo_atari_envpool.py trains Atari games only")
+
+
+# THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
+
+
+def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
+    """The run's arguments, folder and checkpoint: a new folder for a new run; for --resume the checkpoint's
+    folder, arguments (with the flags that may change) and the checkpoint itself."""
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        return resume_args(args, checkpoint), str(Path(args.resume).parent), checkpoint
+    run_dir = f"{args.runs_dir}/{envpool_id(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if os.path.exists(run_dir):
+        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+             "pass another --exp-name")
+    return args, run_dir, None
+
+
+def make_run_dir(run_dir: str):
+    """Creates the run folder, or ends in one line saying why it cannot."""
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
+
+
+# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before checkpoints
+# named their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and
+# converted by as_data)
+CHECKPOINT_FORMAT = 3
 
 
 def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
@@ -560,16 +704,31 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
+def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
+                      run_dir: str):
+    """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration."""
+    if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+        save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
+
+
 def write_checkpoint_file(checkpoint: dict, path: str):
     """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
     one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
-    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes."""
+    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes.
+    A write the file system refuses (disk full, file too large, read-only) removes `path.tmp` and raises
+    the OSError, naming `path`; the previous checkpoint stays as it was."""
+    data = io.BytesIO()
+    torch.save(checkpoint, data)  # in memory first: a failed write is then the file system's OSError
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, path) from None
     folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
     try:
         os.fsync(folder)
@@ -579,9 +738,23 @@ def write_checkpoint_file(checkpoint: dict, path: str):
         stale.unlink(missing_ok=True)
 
 
+def as_data(value):
+    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
+    a checkpoint may hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {key: as_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_data(item) for item in value)
+    return value
+
+
 def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from; CUDA's too when the run uses it."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The random states a resumed run continues from, as data; CUDA's too when the run uses it."""
+    state = {"torch": torch.get_rng_state(), "numpy": as_data(np.random.get_state()), "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -589,20 +762,38 @@ def rng_state(device: torch.device) -> dict:
 
 def set_rng_state(state: dict, device: torch.device):
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, key, *rest = state["numpy"]
+    np.random.set_state((kind, key.numpy(), *rest))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+# What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
+# statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
+FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
+                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+
+
 def read_checkpoint(path: str) -> dict | str:
-    """Reads a checkpoint written by this script's `save_checkpoint`; returns the problem, in words, if the
-    file is not one (empty or truncated, not a checkpoint, of another script, of another format)."""
+    """Reads a checkpoint written by this script's `save_checkpoint`, as data only: torch.load with
+    weights_only=True rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so
+    opening a file never runs code from it. Returns the problem, in words, if the file is not a checkpoint
+    (empty or truncated, holding code or other objects, of another script, of another format)."""
     head = b""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else
+            with torch.serialization.safe_globals(FORMAT_2_NUMPY):
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
+            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+        return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
             return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
@@ -611,12 +802,14 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format {CHECKPOINT_FORMAT} (older checkpoints do not say which "
-                "script wrote them); retrain, or read it with the version of the scripts that wrote it")
+        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+                "them); retrain, or read it with the version of the scripts that wrote it")
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
+    if checkpoint.get("format") == 2:
+        checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads format "
+        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
                 f"{CHECKPOINT_FORMAT}")
     return checkpoint
 
@@ -657,6 +850,23 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
     return saved
 
 
+def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> tuple[int, int]:
+    """--resume: the weights, the optimizer's state and the random streams of `checkpoint`; returns the first
+    iteration to run and the global step (1 and 0 for a new run)."""
+    if checkpoint is None:
+        return 1, 0
+    learning_rate = optimizer.param_groups[0]["lr"]  # the tensor that annealing fills
+    agent.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
+    set_rng_state(checkpoint["rng"], next(agent.parameters()).device)
+    print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {checkpoint['global_step']}")
+    return checkpoint["iteration"] + 1, checkpoint["global_step"]
+
+
+# EVALUATION --------------------------------------------------------------------------------------
+
+
 def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
              device: torch.device, *, video_prefix: str | None = None) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
@@ -686,6 +896,25 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return scores.tolist()
 
 
+def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
+                    run_dir: str, log: "RunLog"):
+    """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
+    environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation);
+    the best evaluation's model is kept as `run_dir/best_model.pt`."""
+    if not args.eval_every or iteration % args.eval_every:
+        return
+    eval_start = time.perf_counter()
+    # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
+    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
+                       args.seed + 100_000, torch.device("cpu"))
+    log.evaluation(returns, global_step)
+    if np.mean(returns) > log.best_return:
+        log.best_return = float(np.mean(returns))
+        save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
+    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+
+
 def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint on the game it was trained on."""
     checkpoint = load_checkpoint(path)
@@ -702,6 +931,15 @@ def run_evaluation(path: str, args: Args) -> list[float]:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
     return returns
+
+
+# LOGGING AND THE END OF A RUN --------------------------------------------------------------------
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
 
 
 class ProgressLine:
@@ -727,12 +965,72 @@ class ProgressLine:
         return line
 
 
-def log_evaluation(writer, returns: list[float], global_step: int):
-    """An evaluation's scalars at the global step it was made: every episode's return as
-    `eval/episodic_return` and their mean as `eval/mean_return`."""
-    for episodic_return in returns:
-        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-    writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+class RunLog:
+    """What a run reports: the run folder and its TensorBoard scalars (charts/, losses/, debug/, perf/,
+    eval/), the per-iteration line, and Weights & Biases with --track. Creating it creates the run folder."""
+
+    def __init__(self, args: Args, run_dir: str, global_step: int):
+        make_run_dir(run_dir)
+        print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
+        if args.track:
+            import wandb  # imported only when used
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(run_dir)
+        self.writer.add_text("hyperparameters",
+                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
+        self.start_time, self.start_step = time.time(), global_step
+        self.episode_returns = []  # of the episodes that ended in this iteration
+        self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
+
+    def episode(self, step: int, episodic_return: float, episodic_length: int):
+        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
+        self.writer.add_scalar("charts/episodic_length", episodic_length, step)
+        self.episode_returns.append(episodic_return)
+
+    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
+                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
+                  valid: torch.Tensor, act_time: float, env_time: float):
+        """The iteration's scalars (the statistics copied from the device at once) and, when due, its line.
+        The critic's explained variance is over the real transitions (`valid`), without envpool's reset rows,
+        whose number is `debug/reset_rows`; the rollout's time splits into the policy's and envpool's."""
+        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+        first_ratio_deviation = stats.pop("ratio_deviation")
+        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        eta = timedelta(seconds=int((self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1)))
+        self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+        for name, value in stats.items():
+            self.writer.add_scalar(f"losses/{name}", value, global_step)
+        self.writer.add_scalar("losses/explained_variance",
+                               explained_variance(values[valid].numpy(), returns[valid].numpy()), global_step)
+        self.writer.add_scalar("charts/SPS", sps, global_step)
+        self.writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        self.writer.add_scalar("debug/reset_rows", valid.numel() - int(valid.sum()), global_step)
+        self.writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        self.writer.add_scalar("perf/act_time", act_time, global_step)
+        self.writer.add_scalar("perf/env_time", env_time, global_step)
+        self.writer.add_scalar("perf/update_time", update_time, global_step)
+        line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
+        self.episode_returns = []
+        if line:
+            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+
+    def evaluation(self, returns: list[float], global_step: int):
+        """An evaluation's scalars at the global step it was made: every episode's return as
+        `eval/episodic_return` and their mean as `eval/mean_return`."""
+        for episodic_return in returns:
+            self.writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+        self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+    def close(self):
+        self.writer.close()
+        if self.args.track:
+            finish_tracking(self.run_dir)
 
 
 def finish_tracking(run_dir: str):
@@ -746,251 +1044,10 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-# TRAINING ----------------------------------------------------------------------------------------
-
-
-def make_run_dir(run_dir: str):
-    """Creates the run folder, or ends in one line saying why it cannot."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
-
-
-def exit_on_ctrl_c(run_dir: str):
-    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
-    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
-    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
-
-    def handler(signum, frame):
-        checkpoint = Path(run_dir) / "checkpoint.pt"
-        if checkpoint.is_file():
-            where = f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
-        else:
-            where = f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-        print(f"{Path(sys.argv[0]).name}: interrupted: {where}", file=sys.stderr, flush=True)
-        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(130)
-
-    signal.signal(signal.SIGINT, handler)
-
-
-def main(args: Args):
-    check_args(args)
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
-    if args.evaluate is not None:
-        return run_evaluation(args.evaluate, args)
-
-    checkpoint = None
-    if args.resume is not None:
-        checkpoint = load_checkpoint(args.resume)
-        args = resume_args(args, checkpoint)  # the saved arguments, with the flags that may change
-        run_dir = str(Path(args.resume).parent)
-    else:
-        run_name = f"{envpool_id(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = f"{args.runs_dir}/{run_name}"
-        if os.path.exists(run_dir):
-            fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-                 "pass another --exp-name")
-    exit_on_ctrl_c(run_dir)
-
-    # Seeding: same seed, same machine, same thread count -> same numbers
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    # cuDNN computes float32 convolutions and LSTMs in TF32 by default (a 10-bit mantissa): with
-    # --torch-deterministic they run in full float32, so same seed gives same numbers and the ratio
-    # at the first minibatch is 1 to float precision
-    if args.torch_deterministic:
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # Distribution argument checks are pure overhead in the rollout's many small calls
-    torch.distributions.Distribution.set_default_validate_args(False)
-
-    # A resumed run reseeds its environments differently, so it does not replay the first games
-    envs = make_envs(args, args.num_envs, args.seed + checkpoint["global_step"] if checkpoint else args.seed)
-    agent = Agent(envs.action_space.n).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees
-    # the same input every iteration and does not recompile; CUDA graphs need the step count on the
-    # device too (capturable)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate, device=device), eps=1e-5,
-                                 fused=True, capturable=args.cudagraphs)
-
-    start_iteration, global_step = 1, 0
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_iteration, global_step = checkpoint["iteration"] + 1, checkpoint["global_step"]
-        optimizer.param_groups[0]["lr"] = torch.as_tensor(optimizer.param_groups[0]["lr"], device=device)
-        set_rng_state(checkpoint["rng"], device)
-        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {global_step}")
-
-    make_run_dir(run_dir)
-    print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
-    if args.track:
-        import wandb  # imported only when used
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=asdict(args), name=Path(run_dir).name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
-    video = VideoRecorder(f"{run_dir}/videos") if args.capture_video else None
-
-    # The fast path: the same two functions, compiled. --cudagraphs ("reduce-overhead") also records
-    # the compiled kernels in CUDA graphs and replays them, one launch instead of hundreds
-    act, update = agent.act, update_step
-    if args.compile or args.cudagraphs:
-        mode = "reduce-overhead" if args.cudagraphs else None
-        act, update = torch.compile(agent.act, mode=mode), torch.compile(update_step, mode=mode)
-
-    # Rollout storage on the CPU, shared with NumPy. Observations are uint8 and channels-last: the
-    # buffer is allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84), so writing a step
-    # transposes 8 small frames once, and every minibatch is already in the CNN's layout.
-    T, N = args.num_steps, args.num_envs
-    obs_shape = envs.observation_space.shape  # (4, 84, 84)
-    # (pinned on CUDA: a step's observations then go to the GPU without a wait)
-    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8,
-                      pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
-    actions = torch.zeros((T, N), dtype=torch.long)
-    logprobs = torch.zeros((T, N))
-    rewards = torch.zeros((T, N))
-    terminations = torch.zeros((T, N))
-    dones = torch.zeros((T, N))
-    values = torch.zeros((T, N))
-    valid = torch.zeros((T, N), dtype=torch.bool)  # False on envpool's reset rows
-    actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
-        x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
-
-    episode_stats = EpisodeStatistics(N)
-    next_obs, _ = envs.reset()
-    next_done = np.zeros(N, dtype=bool)  # did the previous step end an episode (then this one is a reset row)
-    progress, best_return = ProgressLine(), float("-inf")  # the line's timer; the best evaluation's mean
-    start_time, start_step = time.time(), global_step
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)
-
-        # COLLECT TRAJECTORIES ------------------------------------------------------------------
-        rollout_start = time.perf_counter()
-        act_time = env_time = 0.0
-        episode_returns = []
-        for step in range(T):
-            global_step += N
-            obs[step] = torch.from_numpy(next_obs)
-            valid_np[step] = ~next_done
-            tick = time.perf_counter()
-            # one copy to the device (from pinned memory on CUDA, without waiting) and one copy back:
-            # action, log-prob and value stacked
-            action, logprob, value = act(obs[step].to(device, non_blocking=True))
-            actions_np[step], logprobs_np[step], values_np[step] = (
-                torch.stack([action.float(), logprob, value]).cpu().numpy())
-            tock = time.perf_counter()
-            next_obs, reward, terminated, truncated, info = envs.step(actions_np[step])
-            env_time += time.perf_counter() - tock
-            act_time += tock - tick
-
-            rewards_np[step] = reward  # clipped to the sign by envpool
-            next_done = terminated | truncated
-            dones_np[step] = next_done
-            terminations_np[step] = terminated if args.bootstrap_truncation else next_done
-            if video is not None:
-                video.add(next_obs[0], bool(info["terminated"][0] or truncated[0]))
-            for i, episodic_return, episodic_length in episode_stats.step(truncated, info):
-                episode_step = global_step - N + i + 1  # the step this game ended at
-                writer.add_scalar("charts/episodic_return", episodic_return, episode_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, episode_step)
-                episode_returns.append(episodic_return)
-
-        # CALCULATE ADVANTAGES ------------------------------------------------------------------
-        with torch.no_grad():
-            last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
-        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
-                                          gamma=args.gamma, gae_lambda=args.gae_lambda, terminations=terminations)
-        rollout_time = time.perf_counter() - rollout_start
-
-        # UPDATE THE NETWORK --------------------------------------------------------------------
-        update_start = time.perf_counter()
-        b_valid = valid.reshape(-1).to(device)
-        b_mask = b_valid.float()
-        b_obs = obs.reshape((-1,) + obs_shape).to(device)  # a view: still channels-last
-        b_actions = actions.reshape(-1).to(device)
-        b_logprobs = logprobs.reshape(-1).to(device)
-        b_advantages = advantages.reshape(-1).to(device)
-        b_returns = returns.reshape(-1).to(device)
-        b_values = values.reshape(-1).to(device)
-
-        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
-        for epoch in range(args.update_epochs):
-            for minibatch, mb_inds in enumerate(minibatch_indices(b_valid, args.num_minibatches)):
-                if args.cudagraphs:
-                    torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
-                stats = update(agent, optimizer, args, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
-                               b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds], b_mask[mb_inds])
-                if args.cudagraphs:
-                    stats = {k: v.clone() for k, v in stats.items()}  # the next replay overwrites its outputs
-                if epoch == 0 and minibatch == 0:
-                    # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
-                    # deviation means the stored log-probs do not belong to the stored observations
-                    first_ratio_deviation = stats["ratio_deviation"]
-                clipfracs.append(stats["clipfrac"])
-            if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # the one wait per epoch
-                break
-        update_time = time.perf_counter() - update_start
-
-        # LOGGING -------------------------------------------------------------------------------
-        # the losses and KLs of the last minibatch, the clip fraction over the whole update
-        # (one copy from the device for all of them, the first minibatch's ratio deviation and the
-        # learning rate included)
-        stats = {**stats, "clipfrac": torch.stack(clipfracs).mean(), "ratio_deviation": first_ratio_deviation,
-                 "learning_rate": optimizer.param_groups[0]["lr"]}
-        stats = dict(zip(stats, torch.stack(list(stats.values())).cpu().tolist()))
-        first_ratio_deviation, learning_rate = stats.pop("ratio_deviation"), stats.pop("learning_rate")
-        sps = int((global_step - start_step) / (time.time() - start_time))
-        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
-        writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-        for name, value in stats.items():
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        real = valid.reshape(-1)
-        writer.add_scalar("losses/explained_variance",
-                          explained_variance(values.reshape(-1)[real].numpy(), returns.reshape(-1)[real].numpy()),
-                          global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-        writer.add_scalar("debug/reset_rows", args.batch_size - int(real.sum()), global_step)
-        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-        writer.add_scalar("perf/act_time", act_time, global_step)
-        writer.add_scalar("perf/env_time", env_time, global_step)
-        writer.add_scalar("perf/update_time", update_time, global_step)
-        line = progress.due(episode_returns, last=iteration == args.num_iterations)
-        if line:
-            print(f"iteration {iteration}/{args.num_iterations} global_step={global_step} "
-                  f"{line} SPS={sps} ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
-
-        # EVALUATE (--eval-every): the policy as it is now, on a separate environment with its own seeded
-        # RNG stream (the same episodes every time, those of the final evaluation); the best is kept
-        if args.eval_every and iteration % args.eval_every == 0:
-            eval_start = time.perf_counter()
-            # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-            eval_returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                                    args.seed + 100_000, torch.device("cpu"))
-            log_evaluation(writer, eval_returns, global_step)
-            if np.mean(eval_returns) > best_return:
-                best_return = float(np.mean(eval_returns))
-                save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
-            print(f"evaluation at global_step={global_step}: mean return {np.mean(eval_returns):.2f} (best, in "
-                  f"best_model.pt: {best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
-
-        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
-
+def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
+           log: RunLog):
+    """The end of a run: the environments closed; with --save-model the final model saved and evaluated;
+    the logs closed."""
     envs.close()
     if args.save_model:
         model_path = f"{run_dir}/model.pt"
@@ -999,12 +1056,80 @@ def main(args: Args):
         agent.cpu()
         returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
                            torch.device("cpu"))
-        log_evaluation(writer, returns, global_step)
+        log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    writer.close()
-    if args.track:
-        finish_tracking(run_dir)
-    return run_dir
+    log.close()
+
+
+# CTRL-C AND FULL DISKS ---------------------------------------------------------------------------
+
+
+def resume_hint(run_dir: str) -> str:
+    """Where a stopped run can go on from: its last checkpoint and the command that resumes it."""
+    checkpoint = Path(run_dir) / "checkpoint.pt"
+    if checkpoint.is_file():
+        return f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
+    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+
+
+def exit_on_ctrl_c(run_dir: str):
+    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
+    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
+    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
+
+    def handler(signum, frame):
+        print(f"{Path(sys.argv[0]).name}: interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
+# a read-only file system, a quota exceeded
+WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
+
+
+def quiet_write_errors(hook_args):
+    """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
+    error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
+    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
+        threading.__excepthook__(hook_args)
+
+
+@contextlib.contextmanager
+def exit_on_write_error(run_dir: str):
+    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
+    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
+    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
+    threading.excepthook = quiet_write_errors
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in WRITE_ERRORS:
+            raise
+        file = e.filename or f"the TensorBoard events in {run_dir}"
+        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+# THE ENTRY POINT ---------------------------------------------------------------------------------
+
+
+def main(args: Args) -> str | list[float]:
+    """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates (returns the
+    episodes' returns)."""
+    check_args(args)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.evaluate is not None:
+        return run_evaluation(args.evaluate, args)
+    args, run_dir, checkpoint = prepare_run(args)
+    exit_on_ctrl_c(run_dir)
+    with exit_on_write_error(run_dir):
+        return train(args, run_dir, checkpoint)
 
 
 if __name__ == "__main__":

@@ -184,6 +184,23 @@ def test_resume_continues_with_the_saved_reward_statistics(e2e, tmp_path):
     assert resumed["reward_rms"]["count"] == pytest.approx(checkpoint["reward_rms"]["count"] + BATCH - new_reset_rows)
 
 
+def test_resume_reads_the_reward_statistics_of_a_format_2_checkpoint(e2e, tmp_path):
+    """Format 2 held the statistics as NumPy scalars (read as Python floats) and NumPy's RNG key as an array."""
+    run_dir = tmp_path / e2e["run_dir"].name
+    shutil.copytree(e2e["run_dir"], run_dir)
+    checkpoint = load(run_dir / "checkpoint.pt")
+    kind, key, *rest = checkpoint["rng"]["numpy"]
+    old = dict(checkpoint, format=2, rng=dict(checkpoint["rng"], numpy=(kind, key.numpy(), *rest)),
+               reward_rms={name: np.float64(value) for name, value in checkpoint["reward_rms"].items()})
+    old["args"].update(total_timesteps=(ITERATIONS + 1) * BATCH, save_model=False)  # one more iteration
+    torch.save(old, run_dir / "checkpoint.pt")
+    script.main(script.Args(resume=str(run_dir / "checkpoint.pt")))
+    resumed = load(run_dir / "checkpoint.pt")
+    assert (resumed["format"], resumed["iteration"]) == (3, ITERATIONS + 1)
+    new_reset_rows = dict(read_scalars(run_dir)["debug/reset_rows"])[(ITERATIONS + 1) * BATCH]
+    assert resumed["reward_rms"]["count"] == pytest.approx(checkpoint["reward_rms"]["count"] + BATCH - new_reset_rows)
+
+
 def test_evaluate_flag_plays_the_same_episodes_as_after_training(e2e):
     logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
     # another --seed: the evaluation still plays the trained run's episodes
