@@ -114,7 +114,7 @@ class Args:
     on an idle machine (OMP_WAIT_POLICY above; benchmark/results/speed_cpu.md, seventh and eighth measurements)"""
     compile: bool = False
     """torch.compile the policy step and the update step; off by default: on a 2-core CPU neither step got
-    faster and compiling takes minutes (README, The fast path); meant for GPUs"""
+    faster and compiling takes minutes (benchmark/results/speed_cpu.md); meant for GPUs"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     envpool_threads: int = 0
@@ -739,12 +739,10 @@ def write_checkpoint_file(checkpoint: dict, path: str):
 
 
 def as_data(value):
-    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
-    a checkpoint may hold (read_checkpoint reads nothing else)."""
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
-    if isinstance(value, np.generic):
-        return value.item()
+    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
+    hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return torch.tensor(value)  # a copy, with the same dtype
     if isinstance(value, dict):
         return {key: as_data(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -753,8 +751,11 @@ def as_data(value):
 
 
 def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from, as data; CUDA's too when the run uses it."""
-    state = {"torch": torch.get_rng_state(), "numpy": as_data(np.random.get_state()), "python": random.getstate()}
+    """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
+    pickle); CUDA's too when the run uses it."""
+    kind, key, *rest = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+             "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -763,7 +764,7 @@ def rng_state(device: torch.device) -> dict:
 def set_rng_state(state: dict, device: torch.device):
     torch.set_rng_state(state["torch"])
     kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, key.numpy(), *rest))
+    np.random.set_state((kind, key.numpy().astype(np.uint32), *rest))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)

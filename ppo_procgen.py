@@ -112,7 +112,7 @@ class Args:
     beside a busy process (benchmark/results/speed.md, Pixel scripts; this script's busy case not measured)"""
     compile: bool = False
     """torch.compile the policy step and the update step; off by default: on a 2-core CPU neither step got
-    faster and compiling takes minutes (README, The fast path); meant for GPUs"""
+    faster and compiling takes minutes (benchmark/results/speed_cpu.md); meant for GPUs"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     envpool_threads: int = 0
@@ -781,12 +781,10 @@ def write_checkpoint_file(checkpoint: dict, path: str):
 
 
 def as_data(value):
-    """`value` with NumPy arrays as tensors and NumPy numbers as Python's, inside dicts, lists and tuples: what
-    a checkpoint may hold (read_checkpoint reads nothing else)."""
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
-    if isinstance(value, np.generic):
-        return value.item()
+    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
+    hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return torch.tensor(value)  # a copy, with the same dtype
     if isinstance(value, dict):
         return {key: as_data(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -795,8 +793,11 @@ def as_data(value):
 
 
 def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from, as data; CUDA's too when the run uses it."""
-    state = {"torch": torch.get_rng_state(), "numpy": as_data(np.random.get_state()), "python": random.getstate()}
+    """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
+    pickle); CUDA's too when the run uses it."""
+    kind, key, *rest = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+             "python": random.getstate()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -805,7 +806,7 @@ def rng_state(device: torch.device) -> dict:
 def set_rng_state(state: dict, device: torch.device):
     torch.set_rng_state(state["torch"])
     kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, key.numpy(), *rest))
+    np.random.set_state((kind, key.numpy().astype(np.uint32), *rest))
     random.setstate(state["python"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
@@ -1193,8 +1194,7 @@ class RunningMeanStd:
         return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": self.count}  # copies
 
     def load_state_dict(self, state: dict):
-        # tensors, or floats where a format-2 checkpoint held NumPy scalars (as_data made them Python's)
-        self.mean, self.var = (torch.as_tensor(state[k], dtype=torch.float64).numpy().copy() for k in ("mean", "var"))
+        self.mean, self.var = state["mean"].numpy().copy(), state["var"].numpy().copy()
         self.count = float(state["count"])
 
 

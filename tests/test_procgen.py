@@ -190,7 +190,7 @@ def test_resume_reads_the_reward_statistics_of_a_format_2_checkpoint(e2e, tmp_pa
     shutil.copytree(e2e["run_dir"], run_dir)
     checkpoint = load(run_dir / "checkpoint.pt")
     kind, key, *rest = checkpoint["rng"]["numpy"]
-    old = dict(checkpoint, format=2, rng=dict(checkpoint["rng"], numpy=(kind, key.numpy(), *rest)),
+    old = dict(checkpoint, format=2, rng=dict(checkpoint["rng"], numpy=(kind, key.numpy().astype(np.uint32), *rest)),
                reward_rms={name: np.float64(value) for name, value in checkpoint["reward_rms"].items()})
     old["args"].update(total_timesteps=(ITERATIONS + 1) * BATCH, save_model=False)  # one more iteration
     torch.save(old, run_dir / "checkpoint.pt")
