@@ -1498,6 +1498,7 @@ def exit_on_write_error(run_dir: str):
         file = e.filename or f"the TensorBoard events in {run_dir}"
         print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
               file=sys.stderr, flush=True)
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 
 

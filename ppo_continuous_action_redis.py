@@ -841,7 +841,8 @@ def check_args(args: Args):
         path = getattr(args, name)
         if path is not None and not Path(path).is_file():
             fail(f"--{name}: no such file: {path}")
-    env_spaces(args)
+    if args.resume is None and args.evaluate is None:  # else the checkpoint's environment, made later
+        env_spaces(args)
 
 
 def env_spaces(args: Args) -> tuple[tuple, int]:
@@ -1349,6 +1350,7 @@ def exit_on_write_error(run_dir: str):
         file = e.filename or f"the TensorBoard events in {run_dir}"
         print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
               file=sys.stderr, flush=True)
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 from benchmark.scripts import ROOT as REPO
 from benchmark.scripts import SCRIPTS
 
-MODULES = ["ppo", "ppo_continuous_action"]  # vector-observation scripts, tested on the fake envs too
+MODULES = ["ppo", "ppo_continuous_action"]
+# several processes each; their process layout is part of their lesson, and so comes before their loop
+MULTI_PROCESS = ["ppo_atari_multigpu", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]  # vector-observation scripts, tested on the fake envs too
 
 # compute_gae in its two forms: same-step autoreset (keyword `final_values`) and envpool's next-step
 # reset with its reset rows (keyword `terminations`)

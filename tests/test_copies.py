@@ -9,7 +9,7 @@ import tokenize
 
 import pytest
 
-from scripts import (IDENTICAL, NEXT_STEP_GAE, REPO, SAME_STEP_GAE, SCRIPTS, keyword_only_arguments, script_path,
+from scripts import (IDENTICAL, MULTI_PROCESS, NEXT_STEP_GAE, REPO, SAME_STEP_GAE, SCRIPTS, keyword_only_arguments, script_path,
                      top_level_definitions, without_docstrings)
 
 DEFINITIONS = {name: top_level_definitions(name) for name in SCRIPTS}
@@ -109,8 +109,6 @@ def test_one_vocabulary_of_metric_names_and_printed_words(name):
 
 # READING ORDER -----------------------------------------------------------------------------------
 
-# whose process layout is part of their lesson, and so comes before their loop
-MULTI_PROCESS = ["ppo_atari_multigpu", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
 BANNER = "# PPO ENDS HERE."
 # what a reader meets before the banner (PPO), and some of what stands after it (the machinery)
 ALGORITHM = ["Args", "Agent", "compute_gae", "ppo_loss", "update_step", "train"]
