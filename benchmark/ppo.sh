@@ -31,7 +31,8 @@
 #                (the repository's benchmark/results; with QUICK=1 RUNS_DIR/results)
 #   Relative paths are taken from the folder ppo.sh is started from; every path it prints is absolute.
 #   QUICK        1: tiny step budgets, for checking that the recipe runs, not for numbers (0)
-#   PYTHON       the Python interpreter (python); TORCHRUN, the multigpu launcher (torchrun)
+#   PYTHON       the Python interpreter (the repository's .venv/bin/python that setup.sh makes, else python3);
+#   TORCHRUN     the multigpu launcher (torchrun beside that Python)
 #
 # It installs nothing; each block prints what it needs. A script that is not in the repository yet is
 # skipped with a message. The tables read every run under RUNS_DIR/<block>: give a new benchmark a
@@ -51,8 +52,9 @@ BLOCKS=${*:-${BLOCKS:-$ALL_BLOCKS}}
 SEEDS=${SEEDS:-1 2 3}
 QUICK=${QUICK:-0}
 WORKERS=${WORKERS:-$(getconf _NPROCESSORS_ONLN)}  # not nproc, which obeys OMP_NUM_THREADS
-PYTHON=${PYTHON:-python}
-TORCHRUN=${TORCHRUN:-torchrun}
+if [[ -x $repo/.venv/bin/python ]]; then default_python=$repo/.venv/bin/python; else default_python=python3; fi
+PYTHON=${PYTHON:-$default_python}
+TORCHRUN=${TORCHRUN:-$(dirname "$(command -v "$PYTHON")")/torchrun}
 if [[ $QUICK == 1 ]]; then
     RUNS_DIR=${RUNS_DIR:-$here/runs/benchmark-quick}
     RESULTS_DIR=${RESULTS_DIR:-$RUNS_DIR/results}
