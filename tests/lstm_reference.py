@@ -4,9 +4,10 @@ and what benchmark/throughput.py's `--straightforward` runs in the recurrent scr
 import torch
 
 
-def lstm_step_by_step(agent, hidden, starts, state):
+def lstm_step_by_step(agent, hidden, starts, state, cuts=None):
     """The usual recurrent PPO loop, the reference for an agent's `run_lstm`: one LSTM call per time
-    step, the state zeroed where an episode starts. Same arguments and results as `run_lstm`."""
+    step, the state zeroed where an episode starts. Same arguments and results as `run_lstm` (`cuts`,
+    where `run_lstm` may join steps into one call, is not needed here: every step is its own call)."""
     h, c = state
     outputs = []
     for t in range(hidden.shape[0]):
