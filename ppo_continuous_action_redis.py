@@ -261,7 +261,7 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
     """The episodes that ended at this vector step: (env index, return, length)."""
     return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
-            for i in np.flatnonzero(infos.get("_episode", []))]
+            for i in np.flatnonzero(infos["_episode"])] if "_episode" in infos else []  # most steps: none
 
 
 class ObsNormalizer:
