@@ -174,10 +174,24 @@ def make_envs(args: Args, num_envs: int, seed: int, episodic_life: bool = True):
     grayscale, reward_clip (sign), stack_num=4. Sticky actions are off (repeat_action_probability=0),
     as in the published v4 results. Env i is seeded with seed + i.
     """
-    return envpool.make(envpool_id(args.env_id), env_type="gymnasium", num_envs=num_envs, seed=seed,
-                        num_threads=args.envpool_threads, episodic_life=episodic_life, reward_clip=True, noop_max=30,
-                        frame_skip=4, stack_num=4, img_height=84, img_width=84, gray_scale=True, use_fire_reset=True,
-                        repeat_action_probability=0.0, max_episode_steps=args.max_episode_steps)
+    return envpool.make(
+        envpool_id(args.env_id),
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=args.envpool_threads,
+        episodic_life=episodic_life,
+        reward_clip=True,
+        noop_max=30,
+        frame_skip=4,
+        stack_num=4,
+        img_height=84,
+        img_width=84,
+        gray_scale=True,
+        use_fire_reset=True,
+        repeat_action_probability=0.0,
+        max_episode_steps=args.max_episode_steps,
+    )
 
 
 class EpisodeStatistics:
@@ -215,7 +229,8 @@ class VideoRecorder:
                 from moviepy import ImageSequenceClip  # imported only when used
 
                 ImageSequenceClip(self.frames, fps=15).write_videofile(
-                    f"{self.folder}/{self.name}-{self.game}.mp4", logger=None)
+                    f"{self.folder}/{self.name}-{self.game}.mp4", logger=None
+                )
             self.game, self.frames = self.game + 1, []
 
 
@@ -349,6 +364,7 @@ def ppo_loss(
     `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
     is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -387,9 +403,18 @@ def ppo_loss(
     return loss, stats
 
 
-def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor,
-                actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def update_step(
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     """One gradient step on one minibatch: forward, advantage normalisation, the PPO loss, backward,
     global gradient clipping, the optimizer step. Returns the detached statistics of `ppo_loss` and
     `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update).
@@ -453,8 +478,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     # fused: one kernel for all parameters. The learning rate is a tensor that annealing overwrites in place,
     # so a compiled update step does not recompile; CUDA graphs need the step count on the device (capturable)
     learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True,
-                                 capturable=args.cudagraphs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
     start_iteration, global_step = restore(checkpoint, agent, optimizer, args)  # 1, 0 for a new run
     log = RunLog(args, run_dir, global_step)
     video = VideoRecorder(f"{run_dir}/videos") if args.capture_video else None
@@ -464,21 +488,25 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     act, update = agent.act, partial(update_step, agent, optimizer, args)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
-        act, update = torch.compile(agent.act, mode=mode), partial(torch.compile(update_step, mode=mode), agent,
-                                                                   optimizer, args)
+        act, update = (
+            torch.compile(agent.act, mode=mode),
+            partial(torch.compile(update_step, mode=mode), agent, optimizer, args),
+        )
 
     # Rollout storage on the CPU, shared with NumPy. Observations are uint8 and channels-last: the buffer is
     # allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84), so writing a step transposes 8 small frames
     # once and every minibatch is in the CNN's layout (pinned on CUDA: copied to the GPU without a wait)
     T, N = args.num_steps, args.num_envs
     obs_shape = envs.observation_space.shape  # (4, 84, 84)
-    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8,
-                      pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
+    obs = torch.zeros(
+        (T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8, pin_memory=device.type == "cuda"
+    ).permute(0, 1, 4, 2, 3)
     actions = torch.zeros((T, N), dtype=torch.long)
     logprobs, rewards, terminations, dones, values = (torch.zeros((T, N)) for _ in range(5))
     valid = torch.zeros((T, N), dtype=torch.bool)  # False on envpool's reset rows
     actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
-        x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
+        x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid)
+    )
 
     episode_stats = EpisodeStatistics(N)
     next_obs, _ = envs.reset()
@@ -499,7 +527,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
             # action, log-prob and value stacked
             action, logprob, value = act(obs[step].to(device, non_blocking=True))
             actions_np[step], logprobs_np[step], values_np[step] = (
-                torch.stack([action.float(), logprob, value]).cpu().numpy())
+                torch.stack([action.float(), logprob, value]).cpu().numpy()
+            )
             tock = time.perf_counter()
             next_obs, reward, terminated, truncated, info = envs.step(actions_np[step])
             env_time += time.perf_counter() - tock
@@ -517,8 +546,15 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
             last_value = agent.get_value(torch.from_numpy(next_obs).to(device)).cpu()
-        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
-                                          gamma=args.gamma, gae_lambda=args.gae_lambda, terminations=terminations)
+        advantages, returns = compute_gae(
+            rewards=rewards,
+            values=values,
+            dones=dones,
+            last_value=last_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
+            terminations=terminations,
+        )
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -537,8 +573,15 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
             for minibatch, mb_inds in enumerate(minibatch_indices(b_valid, args.num_minibatches)):
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
-                stats = update(b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
-                               b_returns[mb_inds], b_values[mb_inds], b_mask[mb_inds])
+                stats = update(
+                    b_obs[mb_inds],
+                    b_actions[mb_inds],
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    b_values[mb_inds],
+                    b_mask[mb_inds],
+                )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and minibatch == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
@@ -552,8 +595,19 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
         # the losses and KLs of the last minibatch, the clip fraction over the whole update; the critic's
         # explained variance and the reset rows from `valid`
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        log.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time, valid=valid,
-                      act_time=act_time, env_time=env_time)
+        log.iteration(
+            iteration,
+            global_step,
+            stats,
+            lr,
+            values,
+            returns,
+            rollout_time,
+            update_time,
+            valid=valid,
+            act_time=act_time,
+            env_time=env_time,
+        )
         evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
         checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)
 
@@ -584,8 +638,11 @@ def check_numbers(args: Args):
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
+        (
+            "seed",
+            0 <= args.seed <= 1_000_000_000,
+            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
+        ),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
         ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
@@ -606,8 +663,10 @@ def check_tracking(args: Args):
     import wandb  # imported only when used
 
     if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+        fail(
+            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
+        )
 
 
 def check_runs_dir(runs_dir: str):
@@ -623,18 +682,29 @@ def check_runs_dir(runs_dir: str):
 def check_args(args: Args):
     """Reject arguments that would crash or silently misbehave later."""
     check_numbers(args)
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
-                 "max_episode_steps"):
+    for name in (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "eval_episodes",
+        "max_episode_steps",
+    ):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if min(args.checkpoint_every, args.torch_threads, args.envpool_threads) < 0:
         fail("--checkpoint-every, --torch-threads and --envpool-threads must not be negative")
     if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
+        )
     if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
+        )
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
@@ -666,8 +736,10 @@ def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
         return resume_args(args, checkpoint), str(Path(args.resume).parent), checkpoint
     run_dir = f"{args.runs_dir}/{envpool_id(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if os.path.exists(run_dir):
-        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-             "pass another --exp-name")
+        fail(
+            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+            "pass another --exp-name"
+        )
     return args, run_dir, None
 
 
@@ -685,8 +757,9 @@ def make_run_dir(run_dir: str):
 CHECKPOINT_FORMAT = 3
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
-                    iteration: int, global_step: int):
+def save_checkpoint(
+    path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int, global_step: int
+):
     """Everything needed to continue or evaluate: weights, optimizer, progress, RNG states, args.
 
     Written by `write_checkpoint_file`, so a run killed while saving keeps its last checkpoint.
@@ -704,8 +777,9 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
-def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                      run_dir: str):
+def checkpoint_if_due(
+    args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str
+):
     """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration."""
     if args.checkpoint_every and iteration % args.checkpoint_every == 0:
         save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
@@ -754,8 +828,11 @@ def rng_state(device: torch.device) -> dict:
     """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
     pickle); CUDA's too when the run uses it."""
     kind, key, *rest = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+        "python": random.getstate(),
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -772,8 +849,14 @@ def set_rng_state(state: dict, device: torch.device):
 
 # What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
 # statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
-                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+FORMAT_2_NUMPY = [
+    np.ndarray,
+    np.dtype,
+    np._core.multiarray._reconstruct,
+    np._core.multiarray.scalar,
+    np.dtypes.UInt32DType,
+    np.dtypes.Float64DType,
+]
 
 
 def read_checkpoint(path: str) -> dict | str:
@@ -792,8 +875,10 @@ def read_checkpoint(path: str) -> dict | str:
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+            return (
+                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                "numbers, strings, lists and dicts): refused, nothing in it was run"
+            )
         return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
@@ -803,15 +888,19 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-                "them); retrain, or read it with the version of the scripts that wrote it")
+        return (
+            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+            "them); retrain, or read it with the version of the scripts that wrote it"
+        )
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
     if checkpoint.get("format") == 2:
         checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-                f"{CHECKPOINT_FORMAT}")
+        return (
+            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
+            f"{CHECKPOINT_FORMAT}"
+        )
     return checkpoint
 
 
@@ -825,9 +914,24 @@ def load_checkpoint(path: str) -> dict:
 
 # the flags a --resume may change (where and how the run goes on); every other flag keeps the
 # checkpoint's value
-CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
-                        "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs", "envpool_threads")
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "total_timesteps",
+    "torch_threads",
+    "cuda",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "eval_episodes",
+    "eval_every",
+    "eval_deterministic",
+    "compile",
+    "cudagraphs",
+    "envpool_threads",
+)
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -843,11 +947,15 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
                 setattr(saved, name, given)
         elif given != default and given != getattr(saved, name):
             changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                 f"only {changeable} can; start a new run to change it")
+            fail(
+                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
+                f"only {changeable} can; start a new run to change it"
+            )
     if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-             "pass a larger --total-timesteps to train longer")
+        fail(
+            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+            "pass a larger --total-timesteps to train longer"
+        )
     return saved
 
 
@@ -868,8 +976,16 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
 # EVALUATION --------------------------------------------------------------------------------------
 
 
-def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
+def evaluate(
+    agent: Agent,
+    args: Args,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    device: torch.device,
+    *,
+    video_prefix: str | None = None,
+) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
     and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
     same model and seed score the same right after training and later from the saved file.
@@ -879,8 +995,11 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     episode_stats = EpisodeStatistics(episodes)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset()
-    video = None if video_prefix is None else VideoRecorder(str(Path(video_prefix).parent),
-                                                            name=f"{Path(video_prefix).name}-episode")
+    video = (
+        None
+        if video_prefix is None
+        else VideoRecorder(str(Path(video_prefix).parent), name=f"{Path(video_prefix).name}-episode")
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         while np.isnan(scores).any():
@@ -897,8 +1016,15 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return scores.tolist()
 
 
-def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                    run_dir: str, log: "RunLog"):
+def evaluate_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    log: "RunLog",
+):
     """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
     environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation);
     the best evaluation's model is kept as `run_dir/best_model.pt`."""
@@ -906,14 +1032,23 @@ def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, 
         return
     eval_start = time.perf_counter()
     # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                       args.seed + 100_000, torch.device("cpu"))
+    returns = evaluate(
+        copy.deepcopy(agent).cpu(),
+        args,
+        args.eval_episodes,
+        args.eval_deterministic,
+        args.seed + 100_000,
+        torch.device("cpu"),
+    )
     log.evaluation(returns, global_step)
     if np.mean(returns) > log.best_return:
         log.best_return = float(np.mean(returns))
         save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
-    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+    print(
+        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
+        flush=True,
+    )
 
 
 def run_evaluation(path: str, args: Args) -> list[float]:
@@ -924,10 +1059,19 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same games as the evaluation reported right after training
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"), video_prefix=video_prefix)
-    print(f"evaluation of {path} on {envpool_id(saved.env_id)}: {len(returns)} episodes, "
-          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    returns = evaluate(
+        agent,
+        saved,
+        args.eval_episodes,
+        args.eval_deterministic,
+        saved.seed + 100_000,
+        torch.device("cpu"),
+        video_prefix=video_prefix,
+    )
+    print(
+        f"evaluation of {path} on {envpool_id(saved.env_id)}: {len(returns)} episodes, "
+        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
     if video_prefix is not None:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
@@ -976,13 +1120,20 @@ class RunLog:
         if args.track:
             import wandb  # imported only when used
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=asdict(args),
+                name=Path(run_dir).name,
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(run_dir)
-        self.writer.add_text("hyperparameters",
-                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        )
         self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
         self.start_time, self.start_step = time.time(), global_step
         self.episode_returns = []  # of the episodes that ended in this iteration
@@ -993,9 +1144,21 @@ class RunLog:
         self.writer.add_scalar("charts/episodic_length", episodic_length, step)
         self.episode_returns.append(episodic_return)
 
-    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
-                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
-                  valid: torch.Tensor, act_time: float, env_time: float):
+    def iteration(
+        self,
+        iteration: int,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        rollout_time: float,
+        update_time: float,
+        *,
+        valid: torch.Tensor,
+        act_time: float,
+        env_time: float,
+    ):
         """The iteration's scalars (the statistics copied from the device at once) and, when due, its line.
         The critic's explained variance is over the real transitions (`valid`), without envpool's reset rows,
         whose number is `debug/reset_rows`; the rollout's time splits into the policy's and envpool's."""
@@ -1006,8 +1169,9 @@ class RunLog:
         self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for name, value in stats.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
-        self.writer.add_scalar("losses/explained_variance",
-                               explained_variance(values[valid].numpy(), returns[valid].numpy()), global_step)
+        self.writer.add_scalar(
+            "losses/explained_variance", explained_variance(values[valid].numpy(), returns[valid].numpy()), global_step
+        )
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
         self.writer.add_scalar("debug/reset_rows", valid.numel() - int(valid.sum()), global_step)
@@ -1018,8 +1182,11 @@ class RunLog:
         line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
         self.episode_returns = []
         if line:
-            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+            print(
+                f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)",
+                flush=True,
+            )
 
     def evaluation(self, returns: list[float], global_step: int):
         """An evaluation's scalars at the global step it was made: every episode's return as
@@ -1045,8 +1212,9 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
-           log: RunLog):
+def finish(
+    args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int, log: RunLog
+):
     """The end of a run: the environments closed; with --save-model the final model saved and evaluated;
     the logs closed."""
     envs.close()
@@ -1055,8 +1223,9 @@ def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run
         save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
         print(f"model saved to {model_path}")
         agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"))
+        returns = evaluate(
+            agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000, torch.device("cpu")
+        )
         log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     log.close()
@@ -1111,8 +1280,11 @@ def exit_on_write_error(run_dir: str):
         if e.errno not in WRITE_ERRORS:
             raise
         file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
         warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 

@@ -160,8 +160,15 @@ class Args:
 # ENVIRONMENTS ------------------------------------------------------------------------------------
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000,
-             video_prefix: str = "rl-video", video_trigger=None):
+def make_env(
+    env_id: str,
+    idx: int,
+    capture_video: bool,
+    run_dir: str,
+    max_episode_steps: int = 27_000,
+    video_prefix: str = "rl-video",
+    video_trigger=None,
+):
     """A thunk that builds one Atari environment with the standard preprocessing, wrapper by wrapper from the bottom
     up (Gymnasium's where one does exactly the same thing, ours otherwise: below the banner, THE ATARI WRAPPERS,
     ppo_atari.py's code). Grayscale comes from ALE
@@ -171,12 +178,18 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment."""
 
     def thunk():
-        settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
-                        max_num_frames_per_episode=4 * max_episode_steps)
+        settings = dict(
+            obs_type="grayscale",
+            frameskip=1,
+            repeat_action_probability=0.0,
+            full_action_space=False,
+            max_num_frames_per_episode=4 * max_episode_steps,
+        )
         if capture_video and idx == 0:  # --capture-video: the unpreprocessed RGB frames of environment 0
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
-                                           episode_trigger=video_trigger, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, f"{run_dir}/videos", name_prefix=video_prefix, episode_trigger=video_trigger, disable_logger=True
+            )
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)  # ours: 1 to 30 no-op frames after a reset
@@ -193,16 +206,24 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     return thunk
 
 
-def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
-              video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
+def make_envs(
+    args: Args,
+    num_envs: int,
+    run_dir: str,
+    capture_video: bool = False,
+    video_prefix: str = "rl-video",
+    video_trigger=None,
+) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset: the step that ends an episode returns the next one's first
     observation (the last one in `info["final_obs"]`), so no stored transition spans two episodes (Gymnasium's
     default resets on the next step, a fake transition). The games step one after the other in this process, not one
     process per game (AsyncVectorEnv: benchmark/results/speed.md, Pixel scripts). ale-py's C++ `AtariVectorEnv`
     steps faster still, but its preprocessing is not this file's: 0 to 29 no-op frames at a reset, FIRE pressed for
     one frame in their place, and neither a no-op nor FIRE after a lost life."""
-    thunks = [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix,
-                       video_trigger) for i in range(num_envs)]
+    thunks = [
+        make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
+        for i in range(num_envs)
+    ]
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
@@ -224,10 +245,15 @@ class Agent(nn.Module):
     def __init__(self, n_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(1, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+            layer_init(nn.Conv2d(1, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
         )
         self.lstm = nn.LSTM(512, 128)
         for name, param in self.lstm.named_parameters():  # recurrent detail 1: orthogonal, zero bias
@@ -241,15 +267,22 @@ class Agent(nn.Module):
 
     def initial_state(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Recurrent detail 2: every environment starts from the zero state."""
-        return (torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
-                torch.zeros(1, num_envs, self.lstm.hidden_size, device=device))
+        return (
+            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
+            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
+        )
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
         return self.network(x.float().mul_(1.0 / 255.0))
 
-    def run_lstm(self, hidden: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
-                 cuts: list[int] | None = None):
+    def run_lstm(
+        self,
+        hidden: torch.Tensor,
+        starts: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        cuts: list[int] | None = None,
+    ):
         """Runs the LSTM over T steps of B environments, resetting the state where an episode starts.
 
         | tensor  | shape                  | meaning                                                           |
@@ -281,14 +314,21 @@ class Agent(nn.Module):
             outputs.append(out)
         return torch.cat(outputs), (h, c)
 
-    def get_states(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
-                   cuts: list[int] | None = None):
+    def get_states(
+        self,
+        x: torch.Tensor,
+        starts: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        cuts: list[int] | None = None,
+    ):
         """Observations (T, B, 1, 84, 84) -> LSTM outputs (T, B, 128) and the state after step T-1."""
         T, B = starts.shape
         hidden = self.features(x.reshape((T * B,) + x.shape[2:])).view(T, B, -1)
         return self.run_lstm(hidden, starts, state, cuts)
 
-    def get_value(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def get_value(
+        self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         """Values of one step of observations (B, 1, 84, 84), given the state before it."""
         out, _ = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
         return self.critic(out[0]).squeeze(-1)
@@ -316,8 +356,16 @@ class Agent(nn.Module):
 # THE ALGORITHM -----------------------------------------------------------------------------------
 
 
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, last_value: torch.Tensor,
-                gamma: float, gae_lambda: float, *, final_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    last_value: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+    *,
+    final_values: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation over a rollout stored with same-step autoreset. Shapes are (T, N):
     T steps of N environments; `last_value` is (N,).
 
@@ -350,14 +398,24 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor
     return advantages, advantages + values
 
 
-def ppo_loss(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Tensor, oldlogprob: torch.Tensor,
-             advantages: torch.Tensor, returns: torch.Tensor, oldvalues: torch.Tensor, args: Args, *,
-             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def ppo_loss(
+    newlogprob: torch.Tensor,
+    entropy: torch.Tensor,
+    newvalue: torch.Tensor,
+    oldlogprob: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    oldvalues: torch.Tensor,
+    args: Args,
+    *,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
     used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
     loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
     minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
     others."""
+
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -385,15 +443,31 @@ def ppo_loss(newlogprob: torch.Tensor, entropy: torch.Tensor, newvalue: torch.Te
 
     entropy_loss = mean(entropy)
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy_loss.detach(),
-             "old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "clipfrac": clipfrac}
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "old_approx_kl": old_approx_kl,
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
     return loss, stats
 
 
-def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor, starts: torch.Tensor,
-                state: tuple[torch.Tensor, torch.Tensor], actions: torch.Tensor, logprobs: torch.Tensor,
-                advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
-                cuts: list[int] | None = None) -> dict[str, torch.Tensor]:
+def update_step(
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    obs: torch.Tensor,
+    starts: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor],
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    cuts: list[int] | None = None,
+) -> dict[str, torch.Tensor]:
     """One gradient step on one minibatch of whole environment sequences, (T, B, ...) each, replayed from
     the `state` they started with (recurrent detail 5; `cuts`: see `Agent.run_lstm`): forward, advantage
     normalisation, the PPO loss, backward, global gradient clipping, the optimizer step. Returns the
@@ -468,7 +542,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     values = torch.zeros((T, N))
     final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
     obs_np, actions_np, logprobs_np, rewards_np, dones_np, starts_np, values_np = (
-        x.numpy() for x in (obs, actions, logprobs, rewards, dones, starts, values))
+        x.numpy() for x in (obs, actions, logprobs, rewards, dones, starts, values)
+    )
     # One step's observations and episode starts go to the device together, in one copy: a uint8 row per
     # environment, the frame's bytes then the start flag (pinned on CUDA, so the copy does not wait)
     step_input = torch.zeros((N, obs[0, 0].numel() + 1), dtype=torch.uint8, pin_memory=device.type == "cuda")
@@ -501,7 +576,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
             if args.cudagraphs:
                 state = (state[0].clone(), state[1].clone())  # the next replay overwrites its outputs
             actions_np[step], logprobs_np[step], values_np[step] = (
-                torch.stack([action.float(), logprob, value]).cpu().numpy())
+                torch.stack([action.float(), logprob, value]).cpu().numpy()
+            )
             tock = time.perf_counter()
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
             env_time += time.perf_counter() - tock
@@ -524,18 +600,28 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
-            last_value = agent.get_value(torch.as_tensor(next_obs, device=device),
-                                         torch.as_tensor(next_start, device=device), state).cpu()
+            last_value = agent.get_value(
+                torch.as_tensor(next_obs, device=device), torch.as_tensor(next_start, device=device), state
+            ).cpu()
             if truncations:
                 steps, idx, final_obs, states = zip(*truncations)
                 # the states stacked (1, K * N, H); environment i of truncation k is row k * N + i
                 rows = torch.as_tensor(np.concatenate([k * N + i for k, i in enumerate(idx)]))
                 h, c = (torch.cat([s[j] for s in states], 1)[:, rows.to(device)] for j in (0, 1))
                 final_values[np.repeat(steps, [len(i) for i in idx]), np.concatenate(idx)] = agent.get_value(
-                    torch.as_tensor(np.concatenate(final_obs), device=device), torch.zeros(len(rows), device=device),
-                    (h, c)).cpu()
-        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
-                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
+                    torch.as_tensor(np.concatenate(final_obs), device=device),
+                    torch.zeros(len(rows), device=device),
+                    (h, c),
+                ).cpu()
+        advantages, returns = compute_gae(
+            rewards=rewards,
+            values=values,
+            dones=dones,
+            last_value=last_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
+            final_values=final_values,
+        )
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -543,7 +629,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
         # the LSTM can be run forward from each sequence's initial state exactly as in the rollout.
         update_start = time.perf_counter()
         d_obs, d_starts, d_actions, d_logprobs, d_advantages, d_returns, d_values = (
-            x.to(device) for x in (obs, starts, actions, logprobs, advantages, returns, values))
+            x.to(device) for x in (obs, starts, actions, logprobs, advantages, returns, values)
+        )
         envs_per_batch = N // args.num_minibatches
         # where the eager update cuts the LSTM's sequences: where some environment starts an episode
         # (found in the CPU copy of the starts; right for every minibatch, some cuts may be extra)
@@ -555,9 +642,17 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
                 mb = env_inds[start : start + envs_per_batch]
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
-                stats = update(d_obs[:, mb], d_starts[:, mb], (initial_state[0][:, mb], initial_state[1][:, mb]),
-                               d_actions[:, mb], d_logprobs[:, mb], d_advantages[:, mb], d_returns[:, mb],
-                               d_values[:, mb], cuts)
+                stats = update(
+                    d_obs[:, mb],
+                    d_starts[:, mb],
+                    (initial_state[0][:, mb], initial_state[1][:, mb]),
+                    d_actions[:, mb],
+                    d_logprobs[:, mb],
+                    d_advantages[:, mb],
+                    d_returns[:, mb],
+                    d_values[:, mb],
+                    cuts,
+                )
                 if args.cudagraphs:
                     stats = {k: v.clone() for k, v in stats.items()}  # the next replay overwrites its outputs
                 if epoch == 0 and start == 0:
@@ -571,8 +666,18 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
 
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        log.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time,
-                      act_time=act_time, env_time=env_time)
+        log.iteration(
+            iteration,
+            global_step,
+            stats,
+            lr,
+            values,
+            returns,
+            rollout_time,
+            update_time,
+            act_time=act_time,
+            env_time=env_time,
+        )
         evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
         checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)
 
@@ -603,8 +708,11 @@ def check_numbers(args: Args):
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
+        (
+            "seed",
+            0 <= args.seed <= 1_000_000_000,
+            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
+        ),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
         ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
@@ -625,8 +733,10 @@ def check_tracking(args: Args):
     import wandb  # imported only when used
 
     if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+        fail(
+            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
+        )
 
 
 def check_runs_dir(runs_dir: str):
@@ -647,18 +757,29 @@ def atari_id(env_id: str) -> str:
 def check_args(args: Args):
     """Reject arguments that would crash or silently misbehave later."""
     check_numbers(args)
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
-                 "max_episode_steps"):
+    for name in (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "eval_episodes",
+        "max_episode_steps",
+    ):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.checkpoint_every < 0 or args.torch_threads < 0:
         fail("--checkpoint-every and --torch-threads must not be negative")
     if args.num_envs % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
-             "(a minibatch is a set of whole environment sequences)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
+            "(a minibatch is a set of whole environment sequences)"
+        )
     if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
+        )
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
@@ -676,9 +797,11 @@ def check_args(args: Args):
     try:
         gym.spec(env_id)
     except gym.error.Error:
-        fail(f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
-             "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
-             "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
+        fail(
+            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
+            "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
+            "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
+        )
     try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
         env = gym.make(env_id)
         atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
@@ -687,7 +810,6 @@ def check_args(args: Args):
         fail(f"cannot make {env_id}: {e}")
     if not atari:
         fail(f"{env_id} is not an Atari game; ppo_atari_lstm.py trains Atari games only")
-
 
 
 # THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
@@ -702,8 +824,10 @@ def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
     run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = f"{args.runs_dir}/{run_name}"
     if os.path.exists(run_dir):
-        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-             "pass another --exp-name")
+        fail(
+            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+            "pass another --exp-name"
+        )
     return args, run_dir, None
 
 
@@ -721,8 +845,9 @@ def make_run_dir(run_dir: str):
 CHECKPOINT_FORMAT = 3
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
-                    iteration: int, global_step: int):
+def save_checkpoint(
+    path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int, global_step: int
+):
     """Everything needed to continue or evaluate: weights, optimizer, progress, RNG states, args.
 
     Written by `write_checkpoint_file`, so a run killed while saving keeps its last checkpoint.
@@ -740,8 +865,9 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
-def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                      run_dir: str):
+def checkpoint_if_due(
+    args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str
+):
     """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration."""
     if args.checkpoint_every and iteration % args.checkpoint_every == 0:
         save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
@@ -790,8 +916,11 @@ def rng_state(device: torch.device) -> dict:
     """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
     pickle); CUDA's too when the run uses it."""
     kind, key, *rest = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+        "python": random.getstate(),
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -808,8 +937,14 @@ def set_rng_state(state: dict, device: torch.device):
 
 # What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
 # statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
-                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+FORMAT_2_NUMPY = [
+    np.ndarray,
+    np.dtype,
+    np._core.multiarray._reconstruct,
+    np._core.multiarray.scalar,
+    np.dtypes.UInt32DType,
+    np.dtypes.Float64DType,
+]
 
 
 def read_checkpoint(path: str) -> dict | str:
@@ -828,8 +963,10 @@ def read_checkpoint(path: str) -> dict | str:
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+            return (
+                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                "numbers, strings, lists and dicts): refused, nothing in it was run"
+            )
         return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
@@ -839,15 +976,19 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-                "them); retrain, or read it with the version of the scripts that wrote it")
+        return (
+            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+            "them); retrain, or read it with the version of the scripts that wrote it"
+        )
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
     if checkpoint.get("format") == 2:
         checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-                f"{CHECKPOINT_FORMAT}")
+        return (
+            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
+            f"{CHECKPOINT_FORMAT}"
+        )
     return checkpoint
 
 
@@ -861,9 +1002,23 @@ def load_checkpoint(path: str) -> dict:
 
 # the flags a --resume may change (where and how the run goes on); every other flag keeps the
 # checkpoint's value
-CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
-                        "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs")
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "total_timesteps",
+    "torch_threads",
+    "cuda",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "eval_episodes",
+    "eval_every",
+    "eval_deterministic",
+    "compile",
+    "cudagraphs",
+)
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -879,11 +1034,15 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
                 setattr(saved, name, given)
         elif given != default and given != getattr(saved, name):
             changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                 f"only {changeable} can; start a new run to change it")
+            fail(
+                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
+                f"only {changeable} can; start a new run to change it"
+            )
     if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-             "pass a larger --total-timesteps to train longer")
+        fail(
+            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+            "pass a larger --total-timesteps to train longer"
+        )
     return saved
 
 
@@ -904,16 +1063,30 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
 # EVALUATION --------------------------------------------------------------------------------------
 
 
-def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
+def evaluate(
+    agent: Agent,
+    args: Args,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    device: torch.device,
+    *,
+    video_prefix: str | None = None,
+) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
     and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
     same model and seed score the same right after training and later from the saved file.
     `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) with
     RecordVideo, the unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
     # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
-    envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
-                     video_prefix=Path(video_prefix or "rl-video").name, video_trigger=lambda episode: episode == 0)
+    envs = make_envs(
+        args,
+        episodes,
+        str(Path(video_prefix or ".").parent.parent),
+        video_prefix is not None,
+        video_prefix=Path(video_prefix or "rl-video").name,
+        video_trigger=lambda episode: episode == 0,
+    )
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
@@ -933,8 +1106,15 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return scores.tolist()
 
 
-def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                    run_dir: str, log: "RunLog"):
+def evaluate_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    log: "RunLog",
+):
     """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
     environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation);
     the best evaluation's model is kept as `run_dir/best_model.pt`."""
@@ -942,14 +1122,23 @@ def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, 
         return
     eval_start = time.perf_counter()
     # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                       args.seed + 100_000, torch.device("cpu"))
+    returns = evaluate(
+        copy.deepcopy(agent).cpu(),
+        args,
+        args.eval_episodes,
+        args.eval_deterministic,
+        args.seed + 100_000,
+        torch.device("cpu"),
+    )
     log.evaluation(returns, global_step)
     if np.mean(returns) > log.best_return:
         log.best_return = float(np.mean(returns))
         save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
-    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+    print(
+        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
+        flush=True,
+    )
 
 
 def run_evaluation(path: str, args: Args) -> list[float]:
@@ -962,10 +1151,19 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same games as the evaluation reported right after training
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"), video_prefix=video_prefix)
-    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
-          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    returns = evaluate(
+        agent,
+        saved,
+        args.eval_episodes,
+        args.eval_deterministic,
+        saved.seed + 100_000,
+        torch.device("cpu"),
+        video_prefix=video_prefix,
+    )
+    print(
+        f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
+        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
     if video_prefix is not None:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
@@ -1028,13 +1226,20 @@ class RunLog:
         if args.track:
             import wandb  # imported only when used
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=asdict(args),
+                name=Path(run_dir).name,
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(run_dir)
-        self.writer.add_text("hyperparameters",
-                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        )
         self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
         self.start_time, self.start_step = time.time(), global_step
         self.episode_returns = []  # of the episodes that ended in this iteration
@@ -1045,9 +1250,20 @@ class RunLog:
         self.writer.add_scalar("charts/episodic_length", episodic_length, step)
         self.episode_returns.append(episodic_return)
 
-    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
-                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
-                  act_time: float, env_time: float):
+    def iteration(
+        self,
+        iteration: int,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        rollout_time: float,
+        update_time: float,
+        *,
+        act_time: float,
+        env_time: float,
+    ):
         """The iteration's scalars (the statistics copied from the device at once) and, when due, its line;
         the rollout's time splits into the policy steps (`act_time`) and the environments' (`env_time`)."""
         stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
@@ -1057,8 +1273,9 @@ class RunLog:
         self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for name, value in stats.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
-        self.writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()),
-                               global_step)
+        self.writer.add_scalar(
+            "losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step
+        )
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
         self.writer.add_scalar("perf/rollout_time", rollout_time, global_step)
@@ -1068,8 +1285,11 @@ class RunLog:
         line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
         self.episode_returns = []
         if line:
-            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+            print(
+                f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)",
+                flush=True,
+            )
 
     def evaluation(self, returns: list[float], global_step: int):
         """An evaluation's scalars at the global step it was made: every episode's return as
@@ -1095,8 +1315,9 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
-           log: RunLog):
+def finish(
+    args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int, log: RunLog
+):
     """The end of a run: the environments closed; with --save-model the final model saved and evaluated;
     the logs closed."""
     envs.close()
@@ -1105,8 +1326,9 @@ def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run
         save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
         print(f"model saved to {model_path}")
         agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"))
+        returns = evaluate(
+            agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000, torch.device("cpu")
+        )
         log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     log.close()
@@ -1161,8 +1383,11 @@ def exit_on_write_error(run_dir: str):
         if e.errno not in WRITE_ERRORS:
             raise
         file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
         warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 

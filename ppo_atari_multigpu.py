@@ -312,8 +312,15 @@ class FireReset(gym.Wrapper):
         return step_in_reset(self.env, 2, info)
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episode_steps: int = 27_000,
-             video_prefix: str = "rl-video", video_trigger=None):
+def make_env(
+    env_id: str,
+    idx: int,
+    capture_video: bool,
+    run_dir: str,
+    max_episode_steps: int = 27_000,
+    video_prefix: str = "rl-video",
+    video_trigger=None,
+):
     """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
 
     | wrapper                   | whose      | does                                                    |
@@ -343,12 +350,18 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     """
 
     def thunk():
-        settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
-                        max_num_frames_per_episode=4 * max_episode_steps)
+        settings = dict(
+            obs_type="grayscale",
+            frameskip=1,
+            repeat_action_probability=0.0,
+            full_action_space=False,
+            max_num_frames_per_episode=4 * max_episode_steps,
+        )
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
-                                           episode_trigger=video_trigger, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, f"{run_dir}/videos", name_prefix=video_prefix, episode_trigger=video_trigger, disable_logger=True
+            )
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)
@@ -364,8 +377,14 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, max_episo
     return thunk
 
 
-def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
-              video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
+def make_envs(
+    args: Args,
+    num_envs: int,
+    run_dir: str,
+    capture_video: bool = False,
+    video_prefix: str = "rl-video",
+    video_trigger=None,
+) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset (see the docstring at the top).
 
     The games step one after the other in this process, without one more process per game
@@ -375,8 +394,12 @@ def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = Fal
     nor FIRE after a lost life.
     """
     return gym.vector.SyncVectorEnv(
-        [make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
-         for i in range(num_envs)],
+        [
+            make_env(
+                atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger
+            )
+            for i in range(num_envs)
+        ],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -530,6 +553,7 @@ def ppo_loss(
     `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
     is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -572,8 +596,9 @@ def ppo_loss(
 # two make the loss and the gradient of each share those of the whole minibatch, on every rank
 
 
-def global_advantage_stats(advantages: torch.Tensor, minibatches: list[torch.Tensor],
-                           comm_device: torch.device) -> torch.Tensor:
+def global_advantage_stats(
+    advantages: torch.Tensor, minibatches: list[torch.Tensor], comm_device: torch.device
+) -> torch.Tensor:
     """Mean and standard deviation of each *global* minibatch's advantages, (num_minibatches, 2).
 
     A global minibatch is the union of every rank's piece `advantages[minibatches[k]]`; normalising
@@ -582,8 +607,9 @@ def global_advantage_stats(advantages: torch.Tensor, minibatches: list[torch.Ten
     process computes with `Tensor.std()`.
     """
     adv = advantages.double()
-    sums = torch.stack([torch.stack((adv.new_tensor(len(mb)), adv[mb].sum(), adv[mb].square().sum()))
-                        for mb in minibatches]).to(comm_device)
+    sums = torch.stack(
+        [torch.stack((adv.new_tensor(len(mb)), adv[mb].sum(), adv[mb].square().sum())) for mb in minibatches]
+    ).to(comm_device)
     dist.all_reduce(sums)
     count, total, squares = sums.to(advantages.device).unbind(1)
     mean = total / count
@@ -591,8 +617,9 @@ def global_advantage_stats(advantages: torch.Tensor, minibatches: list[torch.Ten
     return torch.stack((mean, std), dim=1).float()
 
 
-def all_reduce_gradients(params: list[nn.Parameter], count: int, scalars: torch.Tensor,
-                         comm_device: torch.device) -> torch.Tensor:
+def all_reduce_gradients(
+    params: list[nn.Parameter], count: int, scalars: torch.Tensor, comm_device: torch.device
+) -> torch.Tensor:
     """The one all-reduce of a minibatch. On entry each parameter's .grad is the gradient of this
     rank's mean loss over its `count` samples; on return it is the gradient of the mean loss over all
     ranks' samples, sum_r count_r * grad_r / sum_r count_r (the plain average when the counts are
@@ -621,10 +648,20 @@ def all_reduce_gradients(params: list[nn.Parameter], count: int, scalars: torch.
     return flat[offset:-1] / total
 
 
-def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor,
-                actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                values: torch.Tensor, adv_stats: torch.Tensor, comm: "CommTimer",
-                comm_device: torch.device) -> dict[str, torch.Tensor]:
+def update_step(
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    adv_stats: torch.Tensor,
+    comm: "CommTimer",
+    comm_device: torch.device,
+) -> dict[str, torch.Tensor]:
     """One gradient step on this rank's piece of one global minibatch: forward, advantage normalisation
     with the global minibatch's (mean, std) `adv_stats`, the PPO loss, backward, THE ALL-REDUCE of the
     gradients and statistics (timed by `comm`), global gradient clipping of the averaged gradient, the
@@ -648,8 +685,9 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
         own_kl_over_target = (stats["approx_kl"] > args.target_kl).float()
     # DISTRIBUTED: the gradient and the statistics of the global minibatch, on every rank
     params = list(agent.parameters())
-    averaged = comm(all_reduce_gradients, params, obs.shape[0], torch.stack([*stats.values(), own_kl_over_target]),
-                    comm_device)
+    averaged = comm(
+        all_reduce_gradients, params, obs.shape[0], torch.stack([*stats.values(), own_kl_over_target]), comm_device
+    )
     stats = dict(zip(stats, averaged[:-1]))
     nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # of the averaged gradient
     optimizer.step()
@@ -661,8 +699,15 @@ def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs:
 # TRAINING ----------------------------------------------------------------------------------------
 
 
-def train(args: Args, run_dir: str, checkpoint: dict | None, rank: int, world_size: int, device: torch.device,
-          comm_device: torch.device) -> str:
+def train(
+    args: Args,
+    run_dir: str,
+    checkpoint: dict | None,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    comm_device: torch.device,
+) -> str:
     """One rank's PPO on args.env_id from scratch, or on from `checkpoint` (--resume): every rank runs this
     loop in step with the others (the steps that involve them are marked DISTRIBUTED); rank 0 also writes
     everything the run writes to run_dir, which it returns. The collectives reduce on `comm_device`."""
@@ -699,8 +744,9 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, rank: int, world_si
     # uint8 and channels-last, allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84); on CUDA in
     # pinned memory, so the copy of a step's frames to the device does not block
     obs_shape = envs.single_observation_space.shape  # (4, 84, 84)
-    obs = torch.zeros((T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8,
-                      pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
+    obs = torch.zeros(
+        (T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8, pin_memory=device.type == "cuda"
+    ).permute(0, 1, 4, 2, 3)
     actions = torch.zeros((T, N), dtype=torch.long)
     logprobs = torch.zeros((T, N))
     rewards = torch.zeros((T, N))
@@ -708,7 +754,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, rank: int, world_si
     values = torch.zeros((T, N))
     final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
     actions_np, logprobs_np, rewards_np, dones_np, values_np = (
-        x.numpy() for x in (actions, logprobs, rewards, dones, values))
+        x.numpy() for x in (actions, logprobs, rewards, dones, values)
+    )
     preemption = make_preemption(args, world_size)  # DISTRIBUTED: straggler preemption (None: off)
     straggler_delay = args.straggler_delay if rank == world_size - 1 else 0.0  # a testing aid
 
@@ -765,9 +812,15 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, rank: int, world_si
             bootstrap_values = agent.get_value(torch.from_numpy(np.stack([*next_obs, *final_obs])).to(device)).cpu()
         last_value = bootstrap_values[:N]
         final_values[final_steps, final_envs] = bootstrap_values[N:]
-        advantages, returns = compute_gae(rewards=rewards[:steps], values=values[:steps], dones=dones[:steps],
-                                          last_value=last_value, gamma=args.gamma, gae_lambda=args.gae_lambda,
-                                          final_values=final_values[:steps])
+        advantages, returns = compute_gae(
+            rewards=rewards[:steps],
+            values=values[:steps],
+            dones=dones[:steps],
+            last_value=last_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
+            final_values=final_values[:steps],
+        )
         rollout_time = time.perf_counter() - rollout_start
 
         # DISTRIBUTED: EXCHANGE THE REPORTS -----------------------------------------------------
@@ -776,8 +829,9 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, rank: int, world_si
         # comm counts the time of every collective of the update, this one included
         update_start = time.perf_counter()
         comm = CommTimer(device, args.sync_timing)
-        reports = comm(all_gather, RolloutReport(steps * N, episodes, rollout_time,
-                                                 ValueSums.of(values[:steps], returns)))
+        reports = comm(
+            all_gather, RolloutReport(steps * N, episodes, rollout_time, ValueSums.of(values[:steps], returns))
+        )
         global_step += sum(report.steps for report in reports)
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -800,9 +854,20 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, rank: int, world_si
             for k, mb_inds in enumerate(minibatches):
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                stats = update(agent, optimizer, args, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
-                               b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds], adv_stats[k], comm,
-                               comm_device)
+                stats = update(
+                    agent,
+                    optimizer,
+                    args,
+                    b_obs[mb_inds],
+                    b_actions[mb_inds],
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    b_values[mb_inds],
+                    adv_stats[k],
+                    comm,
+                    comm_device,
+                )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and k == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
@@ -823,8 +888,18 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, rank: int, world_si
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
         if rank == 0:  # with every rank's episodes and sums from the reports; the others wait for it
-            log.iteration(iteration, global_step, stats, learning_rate.item(), reports, epochs,
-                          int(kl_stop_disagreements), rollout_time, update_time, comm.seconds)
+            log.iteration(
+                iteration,
+                global_step,
+                stats,
+                learning_rate.item(),
+                reports,
+                epochs,
+                int(kl_stop_disagreements),
+                rollout_time,
+                update_time,
+                comm.seconds,
+            )
             evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
         checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)  # DISTRIBUTED: all RNGs
         if global_step >= total_steps:  # the same global_step on every rank: they end together
@@ -863,8 +938,10 @@ def tell_torchrun(line: str):
     if path:
         with open(path, "w") as f:
             # the layout of torch.distributed.elastic's own error files (its @record decorator writes them)
-            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line,
-                                                                   "timestamp": str(int(time.time()))}}}, f)
+            json.dump(
+                {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}},
+                f,
+            )
 
 
 def check_numbers(args: Args):
@@ -874,8 +951,11 @@ def check_numbers(args: Args):
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
+        (
+            "seed",
+            0 <= args.seed <= 1_000_000_000,
+            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
+        ),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
         ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
@@ -896,8 +976,10 @@ def check_tracking(args: Args):
     import wandb  # imported only when used
 
     if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+        fail(
+            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
+        )
 
 
 def check_runs_dir(runs_dir: str):
@@ -913,21 +995,35 @@ def check_runs_dir(runs_dir: str):
 def check_args(args: Args, world_size: int):
     """Reject arguments that would crash or silently misbehave later (on every rank, before any collective)."""
     check_numbers(args)
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes",
-                 "max_episode_steps", "timeout"):
+    for name in (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "eval_episodes",
+        "max_episode_steps",
+        "timeout",
+    ):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.checkpoint_every < 0 or args.torch_threads < 0 or args.straggler_delay < 0:
         fail("--checkpoint-every, --torch-threads and --straggler-delay must not be negative")
     if args.num_envs % world_size != 0:
-        fail(f"the world size {world_size} does not divide --num-envs {args.num_envs} (the global number of "
-             f"environments); pass a multiple of {world_size}")
+        fail(
+            f"the world size {world_size} does not divide --num-envs {args.num_envs} (the global number of "
+            f"environments); pass a multiple of {world_size}"
+        )
     if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
+        )
     if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
+        )
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
@@ -959,9 +1055,11 @@ def check_args(args: Args, world_size: int):
     try:
         gym.spec(env_id)
     except gym.error.Error:
-        fail(f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
-             "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
-             "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)")
+        fail(
+            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
+            "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
+            "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
+        )
     try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
         env = gym.make(env_id)
         atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
@@ -991,8 +1089,10 @@ def prepare_run(args: Args, rank: int, world_size: int) -> tuple[Args, str, dict
         run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_dir = f"{args.runs_dir}/{run_name}"
         if os.path.exists(run_dir):
-            problem = (f"run folder {run_dir} exists already (same env, name and seed started in the same "
-                       "second); pass another --exp-name")
+            problem = (
+                f"run folder {run_dir} exists already (same env, name and seed started in the same "
+                "second); pass another --exp-name"
+            )
     run_dir, problem = from_rank0((run_dir, problem))
     if problem:
         fail(problem)
@@ -1013,8 +1113,16 @@ def make_run_dir(run_dir: str):
 CHECKPOINT_FORMAT = 3
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
-                    iteration: int, global_step: int, *, rank_rng: list[dict]):
+def save_checkpoint(
+    path: str,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    iteration: int,
+    global_step: int,
+    *,
+    rank_rng: list[dict],
+):
     """Everything needed to continue or evaluate: weights, optimizer, progress, args, the RNG states
     of this process (`rng`, rank 0's when rank 0 writes) and of every rank (`rank_rng[r]`, a dict made
     by `rng_state`, for a resume with the same world size): data only. Written by rank 0 (the weights and
@@ -1036,15 +1144,17 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
-def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                      run_dir: str):
+def checkpoint_if_due(
+    args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str
+):
     """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration, written by rank 0 with the
     random streams of every rank (one all_gather, on every rank)."""
     if args.checkpoint_every and iteration % args.checkpoint_every == 0:
         rank_rng = all_gather(rng_state(next(agent.parameters()).device))
         if dist.get_rank() == 0:
-            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
-                            rank_rng=rank_rng)
+            save_checkpoint(
+                f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, rank_rng=rank_rng
+            )
 
 
 def write_checkpoint_file(checkpoint: dict, path: str):
@@ -1090,8 +1200,11 @@ def rng_state(device: torch.device) -> dict:
     """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
     pickle); CUDA's too when the run uses it."""
     kind, key, *rest = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+        "python": random.getstate(),
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -1108,8 +1221,14 @@ def set_rng_state(state: dict, device: torch.device):
 
 # What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
 # statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
-                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+FORMAT_2_NUMPY = [
+    np.ndarray,
+    np.dtype,
+    np._core.multiarray._reconstruct,
+    np._core.multiarray.scalar,
+    np.dtypes.UInt32DType,
+    np.dtypes.Float64DType,
+]
 
 
 def read_checkpoint(path: str) -> dict | str:
@@ -1128,8 +1247,10 @@ def read_checkpoint(path: str) -> dict | str:
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+            return (
+                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                "numbers, strings, lists and dicts): refused, nothing in it was run"
+            )
         return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
@@ -1139,15 +1260,19 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-                "them); retrain, or read it with the version of the scripts that wrote it")
+        return (
+            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+            "them); retrain, or read it with the version of the scripts that wrote it"
+        )
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
     if checkpoint.get("format") == 2:
         checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-                f"{CHECKPOINT_FORMAT}")
+        return (
+            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
+            f"{CHECKPOINT_FORMAT}"
+        )
     return checkpoint
 
 
@@ -1161,9 +1286,26 @@ def load_checkpoint(path: str) -> dict:
 
 # the flags a --resume may change (where and how the run goes on); every other flag keeps the
 # checkpoint's value
-CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
-                        "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs", "backend", "device_ids", "timeout")
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "total_timesteps",
+    "torch_threads",
+    "cuda",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "eval_episodes",
+    "eval_every",
+    "eval_deterministic",
+    "compile",
+    "cudagraphs",
+    "backend",
+    "device_ids",
+    "timeout",
+)
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -1179,11 +1321,15 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
                 setattr(saved, name, given)
         elif given != default and given != getattr(saved, name):
             changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                 f"only {changeable} can; start a new run to change it")
+            fail(
+                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
+                f"only {changeable} can; start a new run to change it"
+            )
     if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-             "pass a larger --total-timesteps to train longer")
+        fail(
+            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+            "pass a larger --total-timesteps to train longer"
+        )
     return saved
 
 
@@ -1200,24 +1346,40 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
     if len(checkpoint["rank_rng"]) == dist.get_world_size():  # every rank continues its own streams
         set_rng_state(checkpoint["rank_rng"][dist.get_rank()], next(agent.parameters()).device)
     if dist.get_rank() == 0:
-        print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step "
-              f"{checkpoint['global_step']}")
+        print(
+            f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step "
+            f"{checkpoint['global_step']}"
+        )
     return checkpoint["iteration"] + 1, checkpoint["global_step"]
 
 
 # EVALUATION --------------------------------------------------------------------------------------
 
 
-def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
+def evaluate(
+    agent: Agent,
+    args: Args,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    device: torch.device,
+    *,
+    video_prefix: str | None = None,
+) -> list[float]:
     """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
     and returns their returns (the unclipped game scores). The action sampling uses its own seeded RNG
     stream, so the same model and seed score the same right after training and later from the saved file.
     `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) with
     RecordVideo, the unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
     # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
-    envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
-                     video_prefix=Path(video_prefix or "rl-video").name, video_trigger=lambda episode: episode == 0)
+    envs = make_envs(
+        args,
+        episodes,
+        str(Path(video_prefix or ".").parent.parent),
+        video_prefix is not None,
+        video_prefix=Path(video_prefix or "rl-video").name,
+        video_trigger=lambda episode: episode == 0,
+    )
     returns = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     with torch.random.fork_rng(devices=[]):
@@ -1234,8 +1396,15 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return returns.tolist()
 
 
-def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                    run_dir: str, log: "RunLog"):
+def evaluate_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    log: "RunLog",
+):
     """--eval-every N, on rank 0: after every N-th iteration the policy as it is now plays --eval-episodes on a
     separate environment with its own seeded RNG stream (the same episodes every time, those of the final
     evaluation); the best evaluation's model is kept as `run_dir/best_model.pt`. The other ranks go on to
@@ -1244,15 +1413,31 @@ def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, 
         return
     eval_start = time.perf_counter()
     # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                       args.seed + 100_000, torch.device("cpu"))
+    returns = evaluate(
+        copy.deepcopy(agent).cpu(),
+        args,
+        args.eval_episodes,
+        args.eval_deterministic,
+        args.seed + 100_000,
+        torch.device("cpu"),
+    )
     log.evaluation(returns, global_step)
     if np.mean(returns) > log.best_return:
         log.best_return = float(np.mean(returns))
-        save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step,
-                        rank_rng=[rng_state(next(agent.parameters()).device)])
-    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+        save_checkpoint(
+            f"{run_dir}/best_model.pt",
+            agent,
+            optimizer,
+            args,
+            iteration,
+            global_step,
+            rank_rng=[rng_state(next(agent.parameters()).device)],
+        )
+    print(
+        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
+        flush=True,
+    )
 
 
 def run_evaluation(path: str, args: Args) -> list[float]:
@@ -1265,10 +1450,19 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same games as the evaluation reported right after training
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"), video_prefix=video_prefix)
-    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
-          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    returns = evaluate(
+        agent,
+        saved,
+        args.eval_episodes,
+        args.eval_deterministic,
+        saved.seed + 100_000,
+        torch.device("cpu"),
+        video_prefix=video_prefix,
+    )
+    print(
+        f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
+        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
     if video_prefix is not None:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
@@ -1337,23 +1531,44 @@ class RunLog:
         if args.track:
             import wandb  # imported only when used
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=asdict(args),
+                name=Path(run_dir).name,
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         world_size = dist.get_world_size()
         self.writer = SummaryWriter(run_dir)
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-            f"|{k}|{v}|" for k, v in {**asdict(args), "world_size": world_size}.items()))
-        print(f"{world_size} ranks x {args.num_envs // world_size} environments, backend {dist.get_backend()}, "
-              f"rank 0 on {device}")
+        self.writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n"
+            + "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), "world_size": world_size}.items()),
+        )
+        print(
+            f"{world_size} ranks x {args.num_envs // world_size} environments, backend {dist.get_backend()}, "
+            f"rank 0 on {device}"
+        )
         self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
         self.start_time, self.start_step = time.time(), global_step
         self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
 
-    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
-                  reports: list["RolloutReport"], epochs: int, kl_stop_disagreements: int, rollout_time: float,
-                  update_time: float, comm_time: float):
+    def iteration(
+        self,
+        iteration: int,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        reports: list["RolloutReport"],
+        epochs: int,
+        kl_stop_disagreements: int,
+        rollout_time: float,
+        update_time: float,
+        comm_time: float,
+    ):
         """The iteration's scalars (the statistics copied from the device at once), the episodes of every
         rank's report at the steps they ended, and, when due, the iteration's line."""
         args, writer = self.args, self.writer
@@ -1363,8 +1578,9 @@ class RunLog:
         writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance",
-                          explained_variance([report.value_sums for report in reports]), global_step)
+        writer.add_scalar(
+            "losses/explained_variance", explained_variance([report.value_sums for report in reports]), global_step
+        )
         writer.add_scalar("charts/SPS", sps, global_step)
         writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
         writer.add_scalar("debug/update_epochs", epochs, global_step)
@@ -1386,8 +1602,11 @@ class RunLog:
             # with --preempt-fraction the number of iterations is unknown in advance: no "/N"
             planned = "" if args.preempt_fraction is not None else f"/{args.num_iterations}"
             eta = str(timedelta(seconds=int((total_steps - global_step) / max(sps, 1))))
-            print(f"iteration {iteration}{planned} global_step={global_step} {line} SPS={sps} ETA={eta} "
-                  f"(rollout {rollout_time:.2f}s, update {update_time:.2f}s, comm {comm_time:.2f}s)", flush=True)
+            print(
+                f"iteration {iteration}{planned} global_step={global_step} {line} SPS={sps} ETA={eta} "
+                f"(rollout {rollout_time:.2f}s, update {update_time:.2f}s, comm {comm_time:.2f}s)",
+                flush=True,
+            )
 
     def evaluation(self, returns: list[float], global_step: int):
         """An evaluation's scalars at the global step it was made: every episode's return as
@@ -1413,8 +1632,17 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
-           log: RunLog | None, *, iteration: int):
+def finish(
+    args: Args,
+    envs,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    global_step: int,
+    log: RunLog | None,
+    *,
+    iteration: int,
+):
     """The end of a run. On every rank: the weights compared across the ranks (every rank took the same
     optimizer steps, so they must be identical: a difference ends the job in a line naming them), the
     environments closed. On rank 0 (`log`) then: the weights' checksums printed; with --save-model the final
@@ -1423,20 +1651,29 @@ def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run
     digests = all_gather(digest)
     envs.close()
     if len(set(digests)) > 1:
-        raise SystemExit(f"{Path(sys.argv[0]).name}: rank {dist.get_rank()}: the weights differ across ranks: "
-                         f"{digests}")
+        raise SystemExit(
+            f"{Path(sys.argv[0]).name}: rank {dist.get_rank()}: the weights differ across ranks: {digests}"
+        )
     if log is None:
         return
     print(f"final weights of the {len(digests)} ranks: sha256 {' '.join(digests)}")
     if args.save_model:
         model_path = f"{run_dir}/model.pt"
         # saved by rank 0 alone, with its own random streams only: a model is for evaluation, or a resume
-        save_checkpoint(model_path, agent, optimizer, args, iteration, global_step,
-                        rank_rng=[rng_state(next(agent.parameters()).device)])
+        save_checkpoint(
+            model_path,
+            agent,
+            optimizer,
+            args,
+            iteration,
+            global_step,
+            rank_rng=[rng_state(next(agent.parameters()).device)],
+        )
         print(f"model saved to {model_path}")
         agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"))
+        returns = evaluate(
+            agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000, torch.device("cpu")
+        )
         log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     log.close()
@@ -1496,8 +1733,11 @@ def exit_on_write_error(run_dir: str):
         if e.errno not in WRITE_ERRORS:
             raise
         file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
         warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 
@@ -1509,8 +1749,9 @@ def exit_on_write_error(run_dir: str):
 
 def launch_info() -> tuple[int, int, int]:
     """(rank, local rank, world size) from torchrun's environment variables; (0, 0, 1) without torchrun."""
-    return tuple(int(os.environ.get(name, default)) for name, default in
-                 (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
+    return tuple(
+        int(os.environ.get(name, default)) for name, default in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
+    )
 
 
 def select_device(args: Args, local_rank: int) -> torch.device:
@@ -1525,8 +1766,9 @@ def select_backend(args: Args, device: torch.device) -> str:
     """nccl when every local rank has a GPU of its own (and PyTorch has NCCL), else gloo (NCCL refuses
     two ranks on one GPU)."""
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    shared_gpu = device.type == "cuda" and len(
-        {select_device(args, i) for i in range(local_world_size)}) < local_world_size
+    shared_gpu = (
+        device.type == "cuda" and len({select_device(args, i) for i in range(local_world_size)}) < local_world_size
+    )
     if args.backend == "nccl" and shared_gpu:
         fail("--backend nccl cannot put several ranks on one GPU; pass --backend gloo or other --device-ids")
     if args.backend == "nccl" and not dist.is_nccl_available():
@@ -1550,8 +1792,9 @@ def job_store(name: str) -> dist.Store:
     """A client of the job's key-value store (the one torchrun's rendezvous runs, in torchrun's own process
     where it hosts it: it outlives the ranks), with its own keys under `name`: the ranks leave each other
     notes there without a collective (the finished rollouts of preemption, a rank that ended on purpose)."""
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=60))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+    )
     # torchrun --max-restarts starts the ranks again in the same store: each start has keys of its own
     return dist.PrefixStore(f"{Path(__file__).stem}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}/{name}", store)
 
@@ -1581,8 +1824,11 @@ def in_the_job(rank: int, world_size: int, timeout: float):
             with contextlib.suppress(RuntimeError):
                 ended_on_purpose = notes.check(["on purpose"])
         if not ended_on_purpose:
-            print(f"{Path(sys.argv[0]).name}: rank {rank}: lost the other ranks (one died or hung for more than "
-                  f"--timeout {timeout:g}s): {str(e).splitlines()[0]}", file=sys.stderr)
+            print(
+                f"{Path(sys.argv[0]).name}: rank {rank}: lost the other ranks (one died or hung for more than "
+                f"--timeout {timeout:g}s): {str(e).splitlines()[0]}",
+                file=sys.stderr,
+            )
         raise SystemExit(1) from None
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
@@ -1593,7 +1839,8 @@ def is_connection_failure(error: RuntimeError) -> bool:
     """A collective that failed because another rank died, hung or closed its connection."""
     text = str(error)
     return isinstance(error, dist.DistError) or any(
-        word in text for word in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out"))
+        word in text for word in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out")
+    )
 
 
 def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -1721,8 +1968,12 @@ def make_preemption(args: Args, world_size: int) -> "Preemption | None":
     of one)."""
     if args.preempt_fraction is None or world_size == 1:
         return None
-    return Preemption(job_store("finished_rollouts"), after=math.ceil(args.preempt_fraction * world_size),
-                      min_steps=math.ceil(args.preempt_min_steps * args.num_steps), num_steps=args.num_steps)
+    return Preemption(
+        job_store("finished_rollouts"),
+        after=math.ceil(args.preempt_fraction * world_size),
+        min_steps=math.ceil(args.preempt_min_steps * args.num_steps),
+        num_steps=args.num_steps,
+    )
 
 
 class Preemption:

@@ -194,8 +194,10 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.VectorEnv:
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     if not isinstance(envs.single_action_space, gym.spaces.Box) or len(envs.single_action_space.shape) != 1:
         envs.close()
-        fail(f"{args.env_id} has action space {envs.single_action_space}; ppo_continuous_action.py supports "
-             "one-dimensional Box actions only (use ppo.py for Discrete actions)")
+        fail(
+            f"{args.env_id} has action space {envs.single_action_space}; ppo_continuous_action.py supports "
+            "one-dimensional Box actions only (use ppo.py for Discrete actions)"
+        )
     if not isinstance(envs.single_observation_space, gym.spaces.Box):
         envs.close()
         fail(f"{args.env_id} has observation space {envs.single_observation_space}; a Box is needed")
@@ -204,8 +206,14 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.VectorEnv:
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
     """The episodes that ended at this vector step: (env index, return, length)."""
-    return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
-            for i in np.flatnonzero(infos["_episode"])] if "_episode" in infos else []  # most steps: none
+    return (
+        [
+            (int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+            for i in np.flatnonzero(infos["_episode"])
+        ]
+        if "_episode" in infos
+        else []
+    )  # most steps: none
 
 
 class ObsNormalizer:
@@ -288,7 +296,7 @@ class Agent(nn.Module):
         logstd = self.actor_logstd.expand_as(action_mean)
         if action is None:
             action = Normal(action_mean, logstd.exp()).sample()
-        logprob = (-0.5 * ((action - action_mean) / logstd.exp()).square() - logstd - 0.5 * math.log(2 * math.pi))
+        logprob = -0.5 * ((action - action_mean) / logstd.exp()).square() - logstd - 0.5 * math.log(2 * math.pi)
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + logstd
         return action, logprob.sum(-1), entropy.sum(-1), self.get_value(x)
 
@@ -379,6 +387,7 @@ def ppo_loss(
     `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
     is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -417,9 +426,17 @@ def ppo_loss(
     return loss, stats
 
 
-def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor,
-                actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                values: torch.Tensor) -> dict[str, torch.Tensor]:
+def update_step(
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     """One gradient step on one minibatch: forward, advantage normalisation, the PPO loss, backward,
     global gradient clipping, the optimizer step. Returns the detached statistics of `ppo_loss` and
     `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update).
@@ -490,7 +507,9 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     rewards = torch.zeros((T, N))
     dones = torch.zeros((T, N))
     final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
-    obs_np, actions_np, logprobs_np, rewards_np, dones_np = (x.numpy() for x in (obs, actions, logprobs, rewards, dones))
+    obs_np, actions_np, logprobs_np, rewards_np, dones_np = (
+        x.numpy() for x in (obs, actions, logprobs, rewards, dones)
+    )
 
     # A resumed run reseeds its environments differently, so it does not replay the first episodes
     next_obs, _ = envs.reset(seed=args.seed + global_step)
@@ -542,8 +561,15 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
         all_values = device_values.cpu()  # GAE runs on the CPU; the update reads device_values
         values, last_value = all_values[: T * N].view(T, N), all_values[T * N : T * N + N]
         final_values[final_steps, final_envs] = all_values[T * N + N :]
-        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
-                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
+        advantages, returns = compute_gae(
+            rewards=rewards,
+            values=values,
+            dones=dones,
+            last_value=last_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
+            final_values=final_values,
+        )
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -561,8 +587,14 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
                 mb_inds = b_inds[start : start + args.minibatch_size]
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                stats = update(b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
-                               b_returns[mb_inds], b_values[mb_inds])
+                stats = update(
+                    b_obs[mb_inds],
+                    b_actions[mb_inds],
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    b_values[mb_inds],
+                )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and start == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
@@ -606,8 +638,11 @@ def check_numbers(args: Args):
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
+        (
+            "seed",
+            0 <= args.seed <= 1_000_000_000,
+            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
+        ),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
         ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
@@ -628,8 +663,10 @@ def check_tracking(args: Args):
     import wandb  # imported only when used
 
     if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+        fail(
+            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
+        )
 
 
 def check_runs_dir(runs_dir: str):
@@ -653,11 +690,15 @@ def check_args(args: Args):
     if args.checkpoint_every < 0 or args.torch_threads < 0:
         fail("--checkpoint-every and --torch-threads must not be negative")
     if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
+        )
     if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
+        )
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
@@ -688,8 +729,10 @@ def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
         return resume_args(args, checkpoint), str(Path(args.resume).parent), checkpoint
     run_dir = f"{args.runs_dir}/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if os.path.exists(run_dir):
-        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-             "pass another --exp-name")
+        fail(
+            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+            "pass another --exp-name"
+        )
     return args, run_dir, None
 
 
@@ -707,8 +750,17 @@ def make_run_dir(run_dir: str):
 CHECKPOINT_FORMAT = 3
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int,
-                    global_step: int, *, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler):
+def save_checkpoint(
+    path: str,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    iteration: int,
+    global_step: int,
+    *,
+    obs_normalizer: ObsNormalizer,
+    reward_scaler: RewardScaler,
+):
     """Everything needed to continue or evaluate: weights, optimizer, normalisation statistics,
     progress, RNG states, args.
 
@@ -729,8 +781,15 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
-def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                      run_dir: str, **statistics):
+def checkpoint_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    **statistics,
+):
     """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration, with the statistics."""
     if args.checkpoint_every and iteration % args.checkpoint_every == 0:
         save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, **statistics)
@@ -779,8 +838,11 @@ def rng_state(device: torch.device) -> dict:
     """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
     pickle); CUDA's too when the run uses it."""
     kind, key, *rest = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+        "python": random.getstate(),
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -797,8 +859,14 @@ def set_rng_state(state: dict, device: torch.device):
 
 # What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
 # statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
-                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+FORMAT_2_NUMPY = [
+    np.ndarray,
+    np.dtype,
+    np._core.multiarray._reconstruct,
+    np._core.multiarray.scalar,
+    np.dtypes.UInt32DType,
+    np.dtypes.Float64DType,
+]
 
 
 def read_checkpoint(path: str) -> dict | str:
@@ -817,8 +885,10 @@ def read_checkpoint(path: str) -> dict | str:
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+            return (
+                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                "numbers, strings, lists and dicts): refused, nothing in it was run"
+            )
         return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
@@ -828,15 +898,19 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-                "them); retrain, or read it with the version of the scripts that wrote it")
+        return (
+            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+            "them); retrain, or read it with the version of the scripts that wrote it"
+        )
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
     if checkpoint.get("format") == 2:
         checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-                f"{CHECKPOINT_FORMAT}")
+        return (
+            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
+            f"{CHECKPOINT_FORMAT}"
+        )
     return checkpoint
 
 
@@ -850,10 +924,24 @@ def load_checkpoint(path: str) -> dict:
 
 # the flags a --resume may change (where and how the run goes on); every other flag keeps the
 # checkpoint's value
-CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
-                        "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs",
-                        "numpy_update")
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "total_timesteps",
+    "torch_threads",
+    "cuda",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "eval_episodes",
+    "eval_every",
+    "eval_deterministic",
+    "compile",
+    "cudagraphs",
+    "numpy_update",
+)
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -869,16 +957,27 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
                 setattr(saved, name, given)
         elif given != default and given != getattr(saved, name):
             changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                 f"only {changeable} can; start a new run to change it")
+            fail(
+                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
+                f"only {changeable} can; start a new run to change it"
+            )
     if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-             "pass a larger --total-timesteps to train longer")
+        fail(
+            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+            "pass a larger --total-timesteps to train longer"
+        )
     return saved
 
 
-def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, *,
-            obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler) -> tuple[int, int]:
+def restore(
+    checkpoint: dict | None,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    *,
+    obs_normalizer: ObsNormalizer,
+    reward_scaler: RewardScaler,
+) -> tuple[int, int]:
     """--resume: the weights, the optimizer's state, the normalisation statistics and the random streams of
     `checkpoint`; returns the first iteration to run and the global step (1 and 0 for a new run)."""
     if checkpoint is None:
@@ -897,8 +996,17 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
 # EVALUATION --------------------------------------------------------------------------------------
 
 
-def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int, device: torch.device,
-             *, obs_normalizer: ObsNormalizer, video_prefix: str | None = None) -> list[float]:
+def evaluate(
+    agent: Agent,
+    args: Args,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    device: torch.device,
+    *,
+    obs_normalizer: ObsNormalizer,
+    video_prefix: str | None = None,
+) -> list[float]:
     """Plays `episodes` whole episodes of `args.env_id` with the given policy and returns their
     undiscounted returns.
 
@@ -912,8 +1020,13 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     else:
         os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
         env = gym.make(args.env_id, render_mode="rgb_array")
-        env = gym.wrappers.RecordVideo(env, str(Path(video_prefix).parent), name_prefix=Path(video_prefix).name,
-                                       episode_trigger=lambda episode: True, disable_logger=True)
+        env = gym.wrappers.RecordVideo(
+            env,
+            str(Path(video_prefix).parent),
+            name_prefix=Path(video_prefix).name,
+            episode_trigger=lambda episode: True,
+            disable_logger=True,
+        )
     low, high = env.action_space.low, env.action_space.high
     returns = []
     with torch.random.fork_rng(devices=[]):
@@ -933,8 +1046,16 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return returns
 
 
-def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                    run_dir: str, log: "RunLog", **statistics):
+def evaluate_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    log: "RunLog",
+    **statistics,
+):
     """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
     environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation),
     with the training's observation statistics frozen; the best evaluation's model is kept as
@@ -943,14 +1064,24 @@ def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, 
         return
     eval_start = time.perf_counter()
     # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                       args.seed + 100_000, torch.device("cpu"), obs_normalizer=statistics["obs_normalizer"])
+    returns = evaluate(
+        copy.deepcopy(agent).cpu(),
+        args,
+        args.eval_episodes,
+        args.eval_deterministic,
+        args.seed + 100_000,
+        torch.device("cpu"),
+        obs_normalizer=statistics["obs_normalizer"],
+    )
     log.evaluation(returns, global_step)
     if np.mean(returns) > log.best_return:
         log.best_return = float(np.mean(returns))
         save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step, **statistics)
-    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+    print(
+        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
+        flush=True,
+    )
 
 
 def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
@@ -971,10 +1102,20 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
     saved, agent, obs_normalizer = load_for_evaluation(path)
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,  # the episodes
-                       torch.device("cpu"), obs_normalizer=obs_normalizer, video_prefix=video_prefix)  # after training
-    print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
-          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    returns = evaluate(
+        agent,
+        saved,
+        args.eval_episodes,
+        args.eval_deterministic,
+        saved.seed + 100_000,  # the episodes
+        torch.device("cpu"),
+        obs_normalizer=obs_normalizer,
+        video_prefix=video_prefix,
+    )  # after training
+    print(
+        f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
+        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
     if video_prefix is not None:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
@@ -1023,13 +1164,20 @@ class RunLog:
         if args.track:
             import wandb  # imported only when used
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=asdict(args),
+                name=Path(run_dir).name,
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(run_dir)
-        self.writer.add_text("hyperparameters",
-                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        )
         self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
         self.start_time, self.start_step = time.time(), global_step
         self.episode_returns = []  # of the episodes that ended in this iteration
@@ -1040,8 +1188,17 @@ class RunLog:
         self.writer.add_scalar("charts/episodic_length", episodic_length, step)
         self.episode_returns.append(episodic_return)
 
-    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
-                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float):
+    def iteration(
+        self,
+        iteration: int,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        rollout_time: float,
+        update_time: float,
+    ):
         """The iteration's scalars (the statistics copied from the device at once) and, when due, its line."""
         stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
         first_ratio_deviation = stats.pop("ratio_deviation")
@@ -1050,8 +1207,9 @@ class RunLog:
         self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for name, value in stats.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
-        self.writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()),
-                               global_step)
+        self.writer.add_scalar(
+            "losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step
+        )
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
         self.writer.add_scalar("perf/rollout_time", rollout_time, global_step)
@@ -1059,8 +1217,11 @@ class RunLog:
         line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
         self.episode_returns = []
         if line:
-            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+            print(
+                f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)",
+                flush=True,
+            )
 
     def evaluation(self, returns: list[float], global_step: int):
         """An evaluation's scalars at the global step it was made: every episode's return as
@@ -1086,8 +1247,16 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
-           log: RunLog, **statistics):
+def finish(
+    args: Args,
+    envs,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    global_step: int,
+    log: RunLog,
+    **statistics,
+):
     """The end of a run: the environments closed; with --save-model the final model saved (with the
     statistics) and evaluated; the logs closed."""
     envs.close()
@@ -1096,8 +1265,15 @@ def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run
         save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step, **statistics)
         print(f"model saved to {model_path}")
         agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"), obs_normalizer=statistics["obs_normalizer"])
+        returns = evaluate(
+            agent,
+            args,
+            args.eval_episodes,
+            args.eval_deterministic,
+            args.seed + 100_000,
+            torch.device("cpu"),
+            obs_normalizer=statistics["obs_normalizer"],
+        )
         log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     log.close()
@@ -1152,8 +1328,11 @@ def exit_on_write_error(run_dir: str):
         if e.errno not in WRITE_ERRORS:
             raise
         file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
         warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 
@@ -1326,8 +1505,9 @@ class NumpyUpdate:
         for i, (param, start, end) in enumerate(zip(params, bounds[:-1], bounds[1:])):
             state = optimizer.state[param]
             if not state:  # what Adam's first step would create
-                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
-                             exp_avg_sq=torch.zeros_like(param))
+                state.update(
+                    step=torch.tensor(0.0), exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param)
+                )
             flat["param"][start:end] = param.detach().reshape(-1)
             param.data = flat["param"][start:end].view_as(param)
             for name in ("exp_avg", "exp_avg_sq"):
@@ -1339,13 +1519,15 @@ class NumpyUpdate:
         self.steps = steps.numpy()
         # the gradient, laid out as the parameters: backward writes each layer's gradient into its view
         self.grad = np.zeros_like(self.param)
-        grads = [self.grad[start:end].reshape(param.shape)
-                 for param, start, end in zip(params, bounds[:-1], bounds[1:])]
+        grads = [
+            self.grad[start:end].reshape(param.shape) for param, start, end in zip(params, bounds[:-1], bounds[1:])
+        ]
         # the layers as NumPy (weight, bias) views, read by forward and backward
-        self.actor, self.critic = ([(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in net]
-                                   for net in (actor, critic))
+        self.actor, self.critic = (
+            [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in net] for net in (actor, critic)
+        )
         layer_grads = list(zip(grads[0::2], grads[1::2]))  # (weight, bias) per layer, as the layers
-        self.actor_grads, self.critic_grads = layer_grads[:len(actor)], layer_grads[len(actor):]
+        self.actor_grads, self.critic_grads = layer_grads[: len(actor)], layer_grads[len(actor) :]
         self.logstd_grad = grads[-1]
         self.logstd = agent.actor_logstd.detach().numpy()
 
@@ -1361,8 +1543,12 @@ class NumpyUpdate:
         return outputs
 
     @staticmethod
-    def backward(outputs: list[np.ndarray], grad: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]],
-                 grads: list[tuple[np.ndarray, np.ndarray]]):
+    def backward(
+        outputs: list[np.ndarray],
+        grad: np.ndarray,
+        layers: list[tuple[np.ndarray, np.ndarray]],
+        grads: list[tuple[np.ndarray, np.ndarray]],
+    ):
         """Backpropagation through the MLP from the gradient of its output, written into `grads` (per layer,
         views of the flat gradient): per layer, weight grad.T @ input and bias grad summed over the samples;
         through a layer grad @ weight, through tanh times 1 - tanh^2."""
@@ -1378,11 +1564,19 @@ class NumpyUpdate:
         to_a = np.float32(0.5) * (np.sign(a - b) + 1)  # a - b is 0 exactly where a == b (finite floats)
         return to_a, 1 - to_a
 
-    def __call__(self, obs: torch.Tensor, actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor,
-                 returns: torch.Tensor, values: torch.Tensor) -> dict[str, torch.Tensor]:
+    def __call__(
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+        values: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
         args = self.args
         x, actions, old_logprob, advantages, returns, old_values = (
-            t.numpy() for t in (obs, actions, logprobs, advantages, returns, values))
+            t.numpy() for t in (obs, actions, logprobs, advantages, returns, values)
+        )
         n, clip = len(x), args.clip_coef
 
         # forward: the Gaussian's log-density of the actions (z: the actions in standard deviations from
@@ -1437,10 +1631,24 @@ class NumpyUpdate:
         self.exp_avg_sq += (1 - beta2) * grad * grad
         self.param -= step_size * self.exp_avg / (np.sqrt(self.exp_avg_sq) / root_correction2 + eps)
 
-        stats = np.array([pg_loss, v_loss, entropy, -logratio.sum() / n, ((ratio - 1) - logratio).sum() / n,
-                          np.count_nonzero(np.abs(ratio - 1) > clip) / n, np.abs(ratio - 1).max()], dtype=np.float32)
-        return dict(zip(("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac",
-                         "ratio_deviation"), torch.from_numpy(stats).unbind()))
+        stats = np.array(
+            [
+                pg_loss,
+                v_loss,
+                entropy,
+                -logratio.sum() / n,
+                ((ratio - 1) - logratio).sum() / n,
+                np.count_nonzero(np.abs(ratio - 1) > clip) / n,
+                np.abs(ratio - 1).max(),
+            ],
+            dtype=np.float32,
+        )
+        return dict(
+            zip(
+                ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "ratio_deviation"),
+                torch.from_numpy(stats).unbind(),
+            )
+        )
 
 
 # The code NumpyPolicy and NumpyUpdate were written from, by fingerprint (code_fingerprint): a function whose
@@ -1455,8 +1663,13 @@ NUMPY_COMPUTES = {
 }
 # Adam's options: those NumpyUpdate follows whatever their value, and the others at the value it computes
 ADAM_FOLLOWED = ("params", "lr", "betas", "eps", "foreach", "fused", "capturable")
-ADAM_COMPUTED = {"weight_decay": 0, "amsgrad": False, "maximize": False, "differentiable": False,
-                 "decoupled_weight_decay": False}
+ADAM_COMPUTED = {
+    "weight_decay": 0,
+    "amsgrad": False,
+    "maximize": False,
+    "differentiable": False,
+    "decoupled_weight_decay": False,
+}
 
 
 def code_fingerprint(function) -> str:
@@ -1513,8 +1726,9 @@ def optimizer_problem(agent: Agent, optimizer: torch.optim.Optimizer) -> str | N
     """The way `optimizer` differs from the Adam that NumpyUpdate computes, or None."""
     if type(optimizer) is not torch.optim.Adam:
         return f"the optimizer is {type(optimizer).__name__}, not torch.optim.Adam"
-    if len(optimizer.param_groups) != 1 or ([id(p) for p in optimizer.param_groups[0]["params"]]
-                                            != [id(p) for p in agent.parameters()]):
+    if len(optimizer.param_groups) != 1 or (
+        [id(p) for p in optimizer.param_groups[0]["params"]] != [id(p) for p in agent.parameters()]
+    ):
         return "the optimizer does not hold the agent's parameters as one group"
     for key, value in optimizer.param_groups[0].items():
         if key not in ADAM_FOLLOWED and (key not in ADAM_COMPUTED or value != ADAM_COMPUTED[key]):
@@ -1525,8 +1739,7 @@ def optimizer_problem(agent: Agent, optimizer: torch.optim.Optimizer) -> str | N
 def numpy_policy_agrees(agent: Agent) -> bool:
     """A second line of defence: NumpyPolicy and `agent.act` give the same actions and log-probs on random
     observations from the same generator state (the training's generator left as it was)."""
-    obs = torch.from_numpy(np.random.default_rng(0).standard_normal((8, agent.actor_mean[0].in_features),
-                                                                    np.float32))
+    obs = torch.from_numpy(np.random.default_rng(0).standard_normal((8, agent.actor_mean[0].in_features), np.float32))
     with torch.random.fork_rng(devices=[]):
         state = torch.get_rng_state()
         expected = agent.act(obs)
@@ -1569,22 +1782,37 @@ def numpy_fast_path(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, 
     if next(agent.parameters()).device.type != "cpu" or not args.numpy_update:
         return act, update
     try:
-        policy_problem = (agent_problem(agent) or code_problem({"Agent.act": type(agent).act})
-                          or (None if numpy_policy_agrees(agent) else "a check on random observations disagreed"))
-        update_problem = None if args.compile else (
-            agent_problem(agent) or optimizer_problem(agent, optimizer)
-            or code_problem({"Agent.get_action_and_value": type(agent).get_action_and_value,
-                             "Agent.get_value": type(agent).get_value, "ppo_loss": ppo_loss,
-                             "update_step": update_step})
-            or (None if numpy_update_agrees(agent, optimizer, args) else "a check on one minibatch disagreed"))
+        policy_problem = (
+            agent_problem(agent)
+            or code_problem({"Agent.act": type(agent).act})
+            or (None if numpy_policy_agrees(agent) else "a check on random observations disagreed")
+        )
+        update_problem = (
+            None
+            if args.compile
+            else (
+                agent_problem(agent)
+                or optimizer_problem(agent, optimizer)
+                or code_problem(
+                    {
+                        "Agent.get_action_and_value": type(agent).get_action_and_value,
+                        "Agent.get_value": type(agent).get_value,
+                        "ppo_loss": ppo_loss,
+                        "update_step": update_step,
+                    }
+                )
+                or (None if numpy_update_agrees(agent, optimizer, args) else "a check on one minibatch disagreed")
+            )
+        )
     except Exception as e:  # the checks themselves failed on an edited agent or optimizer: not the same code
         policy_problem = update_problem = f"its check failed ({type(e).__name__}: {e})"
     if not args.compile:
         if update_problem is None:
             update = NumpyUpdate(agent, optimizer, args)
         else:
-            print(f"NumpyUpdate steps aside, the update step runs as update_step in PyTorch: {update_problem}",
-                  flush=True)
+            print(
+                f"NumpyUpdate steps aside, the update step runs as update_step in PyTorch: {update_problem}", flush=True
+            )
     if policy_problem is None:
         act = NumpyPolicy(agent)  # after NumpyUpdate, which moves the parameters into one flat tensor
     else:

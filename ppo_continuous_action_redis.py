@@ -241,8 +241,9 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
     train (not a one-dimensional Box of actions and observations) is refused in one line.
     """
     try:
-        envs = gym.vector.SyncVectorEnv([make_env(args.env_id, idx, args.capture_video, run_dir)],
-                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs = gym.vector.SyncVectorEnv(
+            [make_env(args.env_id, idx, args.capture_video, run_dir)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
     except (ImportError, gym.error.DependencyNotInstalled) as e:  # Pusher-v4, for one, needs mujoco<3
         fail(f"cannot make {args.env_id} here: {str(e).splitlines()[0]}")
     except gym.error.Error as e:
@@ -250,8 +251,10 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
     action_space, observation_space = envs.single_action_space, envs.single_observation_space
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
         envs.close()
-        fail(f"{args.env_id} has action space {action_space}; {Path(__file__).name} supports one-dimensional Box "
-             "actions only (use ppo.py for Discrete actions)")
+        fail(
+            f"{args.env_id} has action space {action_space}; {Path(__file__).name} supports one-dimensional Box "
+            "actions only (use ppo.py for Discrete actions)"
+        )
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         envs.close()
         fail(f"{args.env_id} has observation space {observation_space}; a one-dimensional Box is needed")
@@ -260,8 +263,14 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
     """The episodes that ended at this vector step: (env index, return, length)."""
-    return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
-            for i in np.flatnonzero(infos["_episode"])] if "_episode" in infos else []  # most steps: none
+    return (
+        [
+            (int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i]))
+            for i in np.flatnonzero(infos["_episode"])
+        ]
+        if "_episode" in infos
+        else []
+    )  # most steps: none
 
 
 class ObsNormalizer:
@@ -352,7 +361,7 @@ class Agent(nn.Module):
         logstd = self.actor_logstd.expand_as(action_mean)
         if action is None:
             action = Normal(action_mean, logstd.exp()).sample()
-        logprob = (-0.5 * ((action - action_mean) / logstd.exp()).square() - logstd - 0.5 * math.log(2 * math.pi))
+        logprob = -0.5 * ((action - action_mean) / logstd.exp()).square() - logstd - 0.5 * math.log(2 * math.pi)
         entropy = 0.5 + 0.5 * math.log(2 * math.pi) + logstd
         return action, logprob.sum(-1), entropy.sum(-1), self.get_value(x)
 
@@ -441,6 +450,7 @@ def ppo_loss(
     `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
     is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -479,9 +489,17 @@ def ppo_loss(
     return loss, stats
 
 
-def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor,
-                actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                values: torch.Tensor) -> dict[str, torch.Tensor]:
+def update_step(
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     """One gradient step on one minibatch: forward, advantage normalisation, the PPO loss, backward,
     global gradient clipping, the optimizer step. Returns the detached statistics of `ppo_loss` and
     `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update).
@@ -544,8 +562,11 @@ class Sampler:
     def collect(self, beat) -> dict[str, np.ndarray]:
         """`num_steps` steps with the current version; the arrays of chunk_schema. `beat` runs every step."""
         T, normalize = self.args.num_steps, self.obs_normalizer
-        chunk = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
-                 chunk_schema(T, self.obs_dim, self.act_dim).items() if name != "episodes"}
+        chunk = {
+            name: np.zeros(shape, dtype)
+            for name, (dtype, shape) in chunk_schema(T, self.obs_dim, self.act_dim).items()
+            if name != "episodes"
+        }
         episodes = []
         for step in range(T):
             beat()
@@ -555,7 +576,8 @@ class Sampler:
             chunk["actions"][step], chunk["logprobs"][step], chunk["values"][step] = action[0], logprob[0], value[0]
             # the environment gets the action clipped to its bounds; the chunk keeps the sample
             next_obs, reward, terminated, truncated, infos = self.envs.step(
-                np.clip(chunk["actions"][step:step + 1], self.low, self.high))
+                np.clip(chunk["actions"][step : step + 1], self.low, self.high)
+            )
             done = terminated | truncated
             chunk["rewards"][step], chunk["dones"][step], chunk["terminated"][step] = reward[0], done[0], terminated[0]
             chunk["returns"][step] = self.reward_scaler.track(reward, done)[0]
@@ -646,8 +668,10 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
         obs = torch.from_numpy(obs_normalizer(raw_obs, update=False))
         actions = torch.from_numpy(columns("actions").reshape(T * K, act_dim))
         rewards = torch.from_numpy(reward_scaler(columns("rewards")).astype(np.float32))  # logged returns stay raw
-        logprobs, values, dones, final_values = (torch.from_numpy(columns(name).astype(np.float32))
-                                                 for name in ("logprobs", "values", "dones", "final_values"))
+        logprobs, values, dones, final_values = (
+            torch.from_numpy(columns(name).astype(np.float32))
+            for name in ("logprobs", "values", "dones", "final_values")
+        )
         last_value = torch.from_numpy(columns("last_value")[0])
         base_step, global_step = global_step, global_step + args.batch_size
         for k, chunk in enumerate(received.chunks):  # chunk k covers the steps base_step + k * T + 1 ...
@@ -655,8 +679,15 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
                 log.episode(base_step + k * T + int(step) + 1, episodic_return, episodic_length)  # at its end step
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
-        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
-                                          gamma=args.gamma, gae_lambda=args.gae_lambda, final_values=final_values)
+        advantages, returns = compute_gae(
+            rewards=rewards,
+            values=values,
+            dones=dones,
+            last_value=last_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
+            final_values=final_values,
+        )
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
         update_start = time.perf_counter()
@@ -675,8 +706,14 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
                 mb_inds = b_inds[start : start + args.minibatch_size]
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                stats = update(b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
-                               b_returns[mb_inds], b_values[mb_inds])
+                stats = update(
+                    b_obs[mb_inds],
+                    b_actions[mb_inds],
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    b_values[mb_inds],
+                )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and start == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
@@ -693,13 +730,25 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
 
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        log.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time,
-                      received=received, publish_time=publish_time, policy_bytes=policy_bytes)
+        log.iteration(
+            iteration,
+            global_step,
+            stats,
+            lr,
+            values,
+            returns,
+            rollout_time,
+            update_time,
+            received=received,
+            publish_time=publish_time,
+            policy_bytes=policy_bytes,
+        )
         evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log, **statistics)
         checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir, **statistics)
         if iteration < args.num_iterations:  # the next version, which the samplers act with
-            policy_bytes, publish_time = publish_policy(client, run_id, iteration + 1, agent, obs_normalizer,
-                                                        args.num_chunks)
+            policy_bytes, publish_time = publish_policy(
+                client, run_id, iteration + 1, agent, obs_normalizer, args.num_chunks
+            )
 
     finish(args, client, agent, optimizer, run_dir, global_step, log, **statistics)
     return run_dir
@@ -738,8 +787,11 @@ def check_numbers(args: Args):
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
+        (
+            "seed",
+            0 <= args.seed <= 1_000_000_000,
+            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
+        ),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
         ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
@@ -760,8 +812,10 @@ def check_tracking(args: Args):
     import wandb  # imported only when used
 
     if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+        fail(
+            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
+        )
 
 
 def check_runs_dir(runs_dir: str):
@@ -799,9 +853,11 @@ def check_redis_url(args: Args):
     except ValueError as e:
         fail(f"--redis-url {redact(args.redis_url)} is not a Redis URL ({e}); e.g. redis://:PASSWORD@HOST:6379/0")
     if host is not None and not args.allow_open_redis:
-        fail(f"--redis-url {redact(args.redis_url)}: the server on {host} has no password, so anyone who can reach "
-             "it could push chunks and weights into this run; give it one (redis-server --requirepass PASSWORD, "
-             "then redis://:PASSWORD@HOST:PORT/DB), or pass --allow-open-redis to use it as it is")
+        fail(
+            f"--redis-url {redact(args.redis_url)}: the server on {host} has no password, so anyone who can reach "
+            "it could push chunks and weights into this run; give it one (redis-server --requirepass PASSWORD, "
+            "then redis://:PASSWORD@HOST:PORT/DB), or pass --allow-open-redis to use it as it is"
+        )
 
 
 def check_args(args: Args):
@@ -823,11 +879,15 @@ def check_args(args: Args):
     if args.checkpoint_every < 0 or args.torch_threads < 0 or args.num_samplers < 0:
         fail("--checkpoint-every, --torch-threads and --num-samplers must not be negative")
     if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             f"(--num-chunks {args.num_chunks} x --num-steps {args.num_steps})")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+            f"(--num-chunks {args.num_chunks} x --num-steps {args.num_steps})"
+        )
     if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
+        )
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
@@ -868,8 +928,10 @@ def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
         return saved, str(Path(args.resume).parent), checkpoint
     run_dir = f"{args.runs_dir}/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if os.path.exists(run_dir):
-        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-             "pass another --exp-name")
+        fail(
+            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+            "pass another --exp-name"
+        )
     return args, run_dir, None
 
 
@@ -887,8 +949,17 @@ def make_run_dir(run_dir: str):
 CHECKPOINT_FORMAT = 3
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int,
-                    global_step: int, *, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler):
+def save_checkpoint(
+    path: str,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    iteration: int,
+    global_step: int,
+    *,
+    obs_normalizer: ObsNormalizer,
+    reward_scaler: RewardScaler,
+):
     """Everything needed to continue or evaluate: weights, optimizer, normalisation statistics,
     progress, RNG states, args.
 
@@ -909,8 +980,15 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
-def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                      run_dir: str, **statistics):
+def checkpoint_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    **statistics,
+):
     """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration, with the statistics."""
     if args.checkpoint_every and iteration % args.checkpoint_every == 0:
         save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, **statistics)
@@ -959,8 +1037,11 @@ def rng_state(device: torch.device) -> dict:
     """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
     pickle); CUDA's too when the run uses it."""
     kind, key, *rest = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+        "python": random.getstate(),
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -977,8 +1058,14 @@ def set_rng_state(state: dict, device: torch.device):
 
 # What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
 # statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
-                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+FORMAT_2_NUMPY = [
+    np.ndarray,
+    np.dtype,
+    np._core.multiarray._reconstruct,
+    np._core.multiarray.scalar,
+    np.dtypes.UInt32DType,
+    np.dtypes.Float64DType,
+]
 
 
 def read_checkpoint(path: str) -> dict | str:
@@ -997,8 +1084,10 @@ def read_checkpoint(path: str) -> dict | str:
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+            return (
+                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                "numbers, strings, lists and dicts): refused, nothing in it was run"
+            )
         return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
@@ -1008,15 +1097,19 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-                "them); retrain, or read it with the version of the scripts that wrote it")
+        return (
+            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+            "them); retrain, or read it with the version of the scripts that wrote it"
+        )
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
     if checkpoint.get("format") == 2:
         checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-                f"{CHECKPOINT_FORMAT}")
+        return (
+            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
+            f"{CHECKPOINT_FORMAT}"
+        )
     return checkpoint
 
 
@@ -1030,10 +1123,28 @@ def load_checkpoint(path: str) -> dict:
 
 # the flags a --resume may change (where and how the run goes on); every other flag keeps the
 # checkpoint's value
-CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
-                        "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs", "redis_url", "allow_open_redis",
-                        "run_id", "num_samplers", "sampler_timeout")
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "total_timesteps",
+    "torch_threads",
+    "cuda",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "eval_episodes",
+    "eval_every",
+    "eval_deterministic",
+    "compile",
+    "cudagraphs",
+    "redis_url",
+    "allow_open_redis",
+    "run_id",
+    "num_samplers",
+    "sampler_timeout",
+)
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -1049,16 +1160,27 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
                 setattr(saved, name, given)
         elif given != default and given != getattr(saved, name):
             changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                 f"only {changeable} can; start a new run to change it")
+            fail(
+                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
+                f"only {changeable} can; start a new run to change it"
+            )
     if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-             "pass a larger --total-timesteps to train longer")
+        fail(
+            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+            "pass a larger --total-timesteps to train longer"
+        )
     return saved
 
 
-def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, *,
-            obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler) -> tuple[int, int]:
+def restore(
+    checkpoint: dict | None,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    *,
+    obs_normalizer: ObsNormalizer,
+    reward_scaler: RewardScaler,
+) -> tuple[int, int]:
     """--resume: the weights, the optimizer's state, the normalisation statistics and the random streams of
     `checkpoint`; returns the first iteration to run and the global step (1 and 0 for a new run)."""
     if checkpoint is None:
@@ -1077,8 +1199,17 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
 # EVALUATION --------------------------------------------------------------------------------------
 
 
-def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int, device: torch.device,
-             *, obs_normalizer: ObsNormalizer, video_prefix: str | None = None) -> list[float]:
+def evaluate(
+    agent: Agent,
+    args: Args,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    device: torch.device,
+    *,
+    obs_normalizer: ObsNormalizer,
+    video_prefix: str | None = None,
+) -> list[float]:
     """Plays `episodes` whole episodes of `args.env_id` with the given policy and returns their
     undiscounted returns.
 
@@ -1092,8 +1223,13 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     else:
         os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
         env = gym.make(args.env_id, render_mode="rgb_array")
-        env = gym.wrappers.RecordVideo(env, str(Path(video_prefix).parent), name_prefix=Path(video_prefix).name,
-                                       episode_trigger=lambda episode: True, disable_logger=True)
+        env = gym.wrappers.RecordVideo(
+            env,
+            str(Path(video_prefix).parent),
+            name_prefix=Path(video_prefix).name,
+            episode_trigger=lambda episode: True,
+            disable_logger=True,
+        )
     low, high = env.action_space.low, env.action_space.high
     returns = []
     with torch.random.fork_rng(devices=[]):
@@ -1113,8 +1249,16 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return returns
 
 
-def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                    run_dir: str, log: "RunLog", **statistics):
+def evaluate_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    log: "RunLog",
+    **statistics,
+):
     """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
     environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation),
     with the training's observation statistics frozen; the best evaluation's model is kept as
@@ -1123,14 +1267,24 @@ def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, 
         return
     eval_start = time.perf_counter()
     # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                       args.seed + 100_000, torch.device("cpu"), obs_normalizer=statistics["obs_normalizer"])
+    returns = evaluate(
+        copy.deepcopy(agent).cpu(),
+        args,
+        args.eval_episodes,
+        args.eval_deterministic,
+        args.seed + 100_000,
+        torch.device("cpu"),
+        obs_normalizer=statistics["obs_normalizer"],
+    )
     log.evaluation(returns, global_step)
     if np.mean(returns) > log.best_return:
         log.best_return = float(np.mean(returns))
         save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step, **statistics)
-    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+    print(
+        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
+        flush=True,
+    )
 
 
 def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
@@ -1151,10 +1305,20 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
     saved, agent, obs_normalizer = load_for_evaluation(path)
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,  # the episodes
-                       torch.device("cpu"), obs_normalizer=obs_normalizer, video_prefix=video_prefix)  # after training
-    print(f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
-          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    returns = evaluate(
+        agent,
+        saved,
+        args.eval_episodes,
+        args.eval_deterministic,
+        saved.seed + 100_000,  # the episodes
+        torch.device("cpu"),
+        obs_normalizer=obs_normalizer,
+        video_prefix=video_prefix,
+    )  # after training
+    print(
+        f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
+        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
     if video_prefix is not None:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
@@ -1203,13 +1367,20 @@ class RunLog:
         if args.track:
             import wandb  # imported only when used
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=asdict(args),
+                name=Path(run_dir).name,
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(run_dir)
-        self.writer.add_text("hyperparameters",
-                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        )
         self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
         self.start_time, self.start_step = time.time(), global_step
         self.episode_returns = []  # of the episodes that ended in this iteration
@@ -1220,9 +1391,21 @@ class RunLog:
         self.writer.add_scalar("charts/episodic_length", episodic_length, step)
         self.episode_returns.append(episodic_return)
 
-    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
-                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
-                  received: "Received", publish_time: float, policy_bytes: int):
+    def iteration(
+        self,
+        iteration: int,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        rollout_time: float,
+        update_time: float,
+        *,
+        received: "Received",
+        publish_time: float,
+        policy_bytes: int,
+    ):
         """The iteration's scalars (the statistics copied from the device at once) with this file's: the
         samplers' and the server's, and, when due, its line."""
         stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
@@ -1236,12 +1419,14 @@ class RunLog:
         writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         # steps per second of the samplers while the learner waited, and of the learner's update
-        writer.add_scalar("charts/experience_SPS", batch_size / max(rollout_time + received.transfer_time, 1e-9),
-                          global_step)
+        writer.add_scalar(
+            "charts/experience_SPS", batch_size / max(rollout_time + received.transfer_time, 1e-9), global_step
+        )
         writer.add_scalar("charts/learner_SPS", batch_size / update_time, global_step)
         # through Redis per step: the chunks popped, and the version each contributing sampler fetched
-        writer.add_scalar("charts/bytes_per_step", (received.nbytes + policy_bytes * received.samplers) / batch_size,
-                          global_step)
+        writer.add_scalar(
+            "charts/bytes_per_step", (received.nbytes + policy_bytes * received.samplers) / batch_size, global_step
+        )
         writer.add_scalar("charts/samplers_per_update", received.samplers, global_step)
         writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
         writer.add_scalar("debug/stale_chunks", received.stale, global_step)
@@ -1253,10 +1438,12 @@ class RunLog:
         line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
         self.episode_returns = []
         if line:
-            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, transfer "
-                  f"{received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers})",
-                  flush=True)
+            print(
+                f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, transfer "
+                f"{received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers})",
+                flush=True,
+            )
 
     def evaluation(self, returns: list[float], global_step: int):
         """An evaluation's scalars at the global step it was made: every episode's return as
@@ -1282,8 +1469,16 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-def finish(args: Args, client: redis.Redis, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str,
-           global_step: int, log: RunLog, **statistics):
+def finish(
+    args: Args,
+    client: redis.Redis,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    global_step: int,
+    log: RunLog,
+    **statistics,
+):
     """The end of a run: the run ended on the server (the samplers go while the model is evaluated); with
     --save-model the final model saved (with the statistics) and evaluated; the logs closed."""
     end_run(client, args.run_id)
@@ -1292,8 +1487,15 @@ def finish(args: Args, client: redis.Redis, agent: Agent, optimizer: torch.optim
         save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step, **statistics)
         print(f"model saved to {model_path}")
         agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"), obs_normalizer=statistics["obs_normalizer"])
+        returns = evaluate(
+            agent,
+            args,
+            args.eval_episodes,
+            args.eval_deterministic,
+            args.seed + 100_000,
+            torch.device("cpu"),
+            obs_normalizer=statistics["obs_normalizer"],
+        )
         log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     log.close()
@@ -1348,8 +1550,11 @@ def exit_on_write_error(run_dir: str):
         if e.errno not in WRITE_ERRORS:
             raise
         file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
         warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 
@@ -1432,7 +1637,7 @@ def read_header(message: bytes) -> tuple[dict, int]:
     if size > HEADER_LIMIT or 4 + size > len(message):
         raise BadMessage(f"header length {size} out of bounds")
     try:
-        header = json.loads(message[4:4 + size])
+        header = json.loads(message[4 : 4 + size])
     except (ValueError, UnicodeDecodeError) as e:
         raise BadMessage(f"header is not JSON: {e}") from None
     if not isinstance(header, dict):
@@ -1453,14 +1658,20 @@ def decode_message(message: bytes, run_id: str, schema: dict[str, tuple[str, tup
     layout = header.get("arrays")
     if not isinstance(layout, list) or len(layout) != len(schema):
         raise BadMessage("unexpected arrays")
-    payload = message[4 + size:]
+    payload = message[4 + size :]
     if zlib.crc32(payload) != header["crc32"]:
         raise BadMessage("checksum mismatch")
     arrays, offset = {}, 0
     for entry, (name, (dtype, shape)) in zip(layout, schema.items()):
-        if (not isinstance(entry, list) or len(entry) != 3 or entry[:2] != [name, dtype] or not isinstance(entry[2], list)
-                or len(entry[2]) != len(shape) or any(type(d) is not int for d in entry[2])
-                or any(d not in s if isinstance(s, range) else d != s for d, s in zip(entry[2], shape))):
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3
+            or entry[:2] != [name, dtype]
+            or not isinstance(entry[2], list)
+            or len(entry[2]) != len(shape)
+            or any(type(d) is not int for d in entry[2])
+            or any(d not in s if isinstance(s, range) else d != s for d, s in zip(entry[2], shape))
+        ):
             raise BadMessage(f"array {name}: expected {dtype} {shape}, got {str(entry)[:200]}")
         count, itemsize = math.prod(entry[2]), np.dtype(dtype).itemsize
         if offset + count * itemsize > len(payload):
@@ -1495,10 +1706,19 @@ def chunk_schema(num_steps: int, obs_dim: int, act_dim: int) -> dict[str, tuple[
     | episodes     | (E, 3)      | the episodes that ended: step in the chunk, return, length         |
     """
     T = num_steps
-    return {"obs": (F32, (T, obs_dim)), "actions": (F32, (T, act_dim)), "logprobs": (F32, (T,)),
-            "values": (F32, (T,)), "rewards": (F32, (T,)), "dones": (U8, (T,)), "terminated": (U8, (T,)),
-            "final_values": (F32, (T,)), "returns": (F32, (T,)), "last_value": (F32, (1,)),
-            "episodes": (F64, (range(T + 1), 3))}
+    return {
+        "obs": (F32, (T, obs_dim)),
+        "actions": (F32, (T, act_dim)),
+        "logprobs": (F32, (T,)),
+        "values": (F32, (T,)),
+        "rewards": (F32, (T,)),
+        "dones": (U8, (T,)),
+        "terminated": (U8, (T,)),
+        "final_values": (F32, (T,)),
+        "returns": (F32, (T,)),
+        "last_value": (F32, (1,)),
+        "episodes": (F64, (range(T + 1), 3)),
+    }
 
 
 def policy_schema(num_params: int, obs_dim: int) -> dict[str, tuple[str, tuple]]:
@@ -1550,9 +1770,24 @@ def start_redis_server() -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                               "no", "--loglevel", "warning"], stdout=subprocess.DEVNULL, start_new_session=True,
-                              preexec_fn=die_with_parent)
+    server = subprocess.Popen(
+        [
+            executable,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--loglevel",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
     url, deadline = f"redis://127.0.0.1:{port}/0", time.monotonic() + 10
     while time.monotonic() < deadline and server.poll() is None:
         try:
@@ -1637,6 +1872,7 @@ def beating(beat: Heartbeat, fn, *args):
 class Lab:
     """A learner's side of the server: the client, the URL the samplers connect to, the run's id, and the
     local processes started for the run (the samplers, then the embedded server), which `redis_lab` stops."""
+
     client: redis.Redis
     url: str
     run_id: str
@@ -1648,8 +1884,10 @@ class Lab:
         hint = shlex.join(sampler_command(self.url, self.run_id))
         print(f"run {self.run_id} on {redact(self.url)}; samplers join with: {hint}", flush=True)
         # before the server in the list: stop_processes stops them first
-        self.processes[:0] = [subprocess.Popen(sampler_command(self.url, self.run_id, sys.executable, __file__),
-                                               start_new_session=True) for _ in range(count)]
+        self.processes[:0] = [
+            subprocess.Popen(sampler_command(self.url, self.run_id, sys.executable, __file__), start_new_session=True)
+            for _ in range(count)
+        ]
         return hint
 
 
@@ -1722,7 +1960,9 @@ def run_sampler(args: Args):
             if ticket is None:
                 continue
             version = int(ticket) if ticket.isdigit() else -1
-            if version != sampler.version and not sampler.load_policy(client.get(key(run_id, "policy")), run_id, version):
+            if version != sampler.version and not sampler.load_policy(
+                client.get(key(run_id, "policy")), run_id, version
+            ):
                 client.lrem(pending, 1, ticket)  # a ticket of a version that is gone
                 continue
             chunk = sampler.collect(beat)
@@ -1739,8 +1979,9 @@ def run_sampler(args: Args):
         print(f"sampler {sampler_id}: lost the Redis server ({e}); exiting", file=sys.stderr)
         raise SystemExit(1)
     except KeyboardInterrupt:  # a sampler started by hand (local ones have their own session: no Ctrl-C)
-        print(f"sampler {sampler_id}: interrupted; the learner gives its tickets to the other samplers",
-              file=sys.stderr)
+        print(
+            f"sampler {sampler_id}: interrupted; the learner gives its tickets to the other samplers", file=sys.stderr
+        )
         raise SystemExit(130)
     finally:  # leaving: the learner gives this sampler's tickets to others at once
         if sampler_id is not None:
@@ -1753,15 +1994,18 @@ def run_sampler(args: Args):
 # THE LEARNER'S SIDE OF THE SERVER ----------------------------------------------------------------
 
 
-def publish_policy(client: redis.Redis, run_id: str, version: int, agent: Agent, obs_normalizer: ObsNormalizer,
-                   num_chunks: int) -> tuple[int, float]:
+def publish_policy(
+    client: redis.Redis, run_id: str, version: int, agent: Agent, obs_normalizer: ObsNormalizer, num_chunks: int
+) -> tuple[int, float]:
     """Publishes `version` (weights and observation statistics) with `num_chunks` tickets for it, in one
     transaction that also drops the tickets left of the version before. Returns the message's size and the
     seconds it took."""
     start = time.perf_counter()
     weights = nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
-    message = encode_message({"run_id": run_id, "version": version},
-                             {"weights": weights, "obs_mean": obs_normalizer.rms.mean, "obs_var": obs_normalizer.rms.var})
+    message = encode_message(
+        {"run_id": run_id, "version": version},
+        {"weights": weights, "obs_mean": obs_normalizer.rms.mean, "obs_var": obs_normalizer.rms.var},
+    )
     pipe = client.pipeline(transaction=True)
     pipe.set(key(run_id, "policy"), message)
     pipe.delete(key(run_id, "tickets"))
@@ -1787,6 +2031,7 @@ def requeue_lost_tickets(client: redis.Redis, run_id: str):
 
 class Received(NamedTuple):
     """What one update's collection brought: its chunks, in (sampler, seq) order, and the counts."""
+
     chunks: list[dict]
     samplers: int  # distinct samplers among the chunks
     transfer_time: float  # seconds spent decoding and checking
@@ -1795,8 +2040,9 @@ class Received(NamedTuple):
     malformed: int
 
 
-def receive_chunks(client: redis.Redis, run_id: str, version: int, args: Args, schema: dict, beat: Heartbeat,
-                   sampler_hint: str) -> Received:
+def receive_chunks(
+    client: redis.Redis, run_id: str, version: int, args: Args, schema: dict, beat: Heartbeat, sampler_hint: str
+) -> Received:
     """Pops chunks (each exactly once) until `args.num_chunks` of `version` are in; drops and counts the
     stale and malformed ones. Between pops it beats and gives lost samplers' tickets back; no chunk of
     this version for `args.sampler_timeout` seconds ends the run (one line, exit 1)."""
@@ -1807,8 +2053,10 @@ def receive_chunks(client: redis.Redis, run_id: str, version: int, args: Args, s
         popped = client.blpop([key(run_id, "chunks")], timeout=POP_TIMEOUT)
         if popped is None:
             if time.monotonic() - last_chunk > args.sampler_timeout:
-                abort(f"no chunk from any sampler for {args.sampler_timeout:g} s (run {run_id}, version {version}, "
-                      f"{len(chunks)}/{args.num_chunks} chunks); start samplers with: {sampler_hint}")
+                abort(
+                    f"no chunk from any sampler for {args.sampler_timeout:g} s (run {run_id}, version {version}, "
+                    f"{len(chunks)}/{args.num_chunks} chunks); start samplers with: {sampler_hint}"
+                )
             requeue_lost_tickets(client, run_id)
             continue
         decode_start, message = time.perf_counter(), popped[1]

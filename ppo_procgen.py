@@ -162,8 +162,16 @@ def make_envs(args: Args, num_envs: int, seed: int):
     """envpool's Procgen vector environment: the easy distribution (the id from procgen_id), unlimited levels,
     64x64 RGB frames as height x width x channel uint8, env i seeded with seed + i. Episodes end `truncated` at
     the game's fixed time-out (1000 steps; 500 in maze and leaper, 4000 in bossfight and plunder, 6000 in bigfish)."""
-    return envpool.make(procgen_id(args.env_id), env_type="gymnasium", num_envs=num_envs, seed=seed,
-                        num_threads=args.envpool_threads, num_levels=0, start_level=0, channel_first=False)
+    return envpool.make(
+        procgen_id(args.env_id),
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        num_threads=args.envpool_threads,
+        num_levels=0,
+        start_level=0,
+        channel_first=False,
+    )
 
 
 def as_images(frames: np.ndarray) -> torch.Tensor:
@@ -219,7 +227,8 @@ class VideoRecorder:
                 from moviepy import ImageSequenceClip  # imported only when used
 
                 ImageSequenceClip(self.frames, fps=15).write_videofile(
-                    f"{self.folder}/{self.name}-{self.episode}.mp4", logger=None)
+                    f"{self.folder}/{self.name}-{self.episode}.mp4", logger=None
+                )
             self.episode, self.frames = self.episode + 1, []
 
 
@@ -247,9 +256,12 @@ class ResidualBlock(nn.Module):
 
 def conv_sequence(in_channels: int, out_channels: int) -> nn.Sequential:
     """One IMPALA stage: a 3x3 convolution, a 3x3 max-pool of stride 2 (halves the size), two residual blocks."""
-    return nn.Sequential(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
-                         nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
-                         ResidualBlock(out_channels), ResidualBlock(out_channels))
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
+        nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+        ResidualBlock(out_channels),
+        ResidualBlock(out_channels),
+    )
 
 
 class Agent(nn.Module):
@@ -363,6 +375,7 @@ def ppo_loss(
     `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
     is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -401,9 +414,18 @@ def ppo_loss(
     return loss, stats
 
 
-def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor,
-                actions: torch.Tensor, logprobs: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor,
-                values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def update_step(
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     """One gradient step on one minibatch: forward, advantage normalisation, the PPO loss, backward,
     global gradient clipping, the optimizer step. Returns the detached statistics of `ppo_loss` and
     `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update).
@@ -467,8 +489,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     # fused: one kernel for all parameters. The learning rate is a tensor that annealing overwrites in place,
     # so a compiled update step does not recompile; CUDA graphs need the step count on the device (capturable)
     learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True,
-                                 capturable=args.cudagraphs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)  # its statistics are checkpointed
     start_iteration, global_step = restore(checkpoint, agent, optimizer, args, reward_scaler=reward_scaler)
     log = RunLog(args, run_dir, global_step)
@@ -479,20 +500,24 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     act, update = agent.act, partial(update_step, agent, optimizer, args)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
-        act, update = torch.compile(agent.act, mode=mode), partial(torch.compile(update_step, mode=mode), agent,
-                                                                   optimizer, args)
+        act, update = (
+            torch.compile(agent.act, mode=mode),
+            partial(torch.compile(update_step, mode=mode), agent, optimizer, args),
+        )
 
     # Rollout storage on the CPU, shared with NumPy. Observations: uint8 (T, N, 64, 64, 3) as envpool gives them,
     # viewed channels-last as (T, N, 3, 64, 64), the CNN's layout (pinned on CUDA: copied without a wait)
     T, N = args.num_steps, args.num_envs
-    obs = torch.zeros((T, N) + envs.observation_space.shape, dtype=torch.uint8,
-                      pin_memory=device.type == "cuda").permute(0, 1, 4, 2, 3)
+    obs = torch.zeros(
+        (T, N) + envs.observation_space.shape, dtype=torch.uint8, pin_memory=device.type == "cuda"
+    ).permute(0, 1, 4, 2, 3)
     obs_shape = obs.shape[2:]  # (3, 64, 64)
     actions = torch.zeros((T, N), dtype=torch.long)
     logprobs, rewards, terminations, dones, values = (torch.zeros((T, N)) for _ in range(5))
     valid = torch.zeros((T, N), dtype=torch.bool)  # False on envpool's reset rows
     actions_np, logprobs_np, rewards_np, terminations_np, dones_np, values_np, valid_np = (
-        x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid))
+        x.numpy() for x in (actions, logprobs, rewards, terminations, dones, values, valid)
+    )
 
     episode_stats = EpisodeStatistics(N)
     next_obs, _ = envs.reset()
@@ -513,7 +538,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
             # action, log-prob and value stacked
             action, logprob, value = act(obs[step].to(device, non_blocking=True))
             actions_np[step], logprobs_np[step], values_np[step] = (
-                torch.stack([action.float(), logprob, value]).cpu().numpy())
+                torch.stack([action.float(), logprob, value]).cpu().numpy()
+            )
             tock = time.perf_counter()
             next_obs, reward, terminated, truncated, info = envs.step(actions_np[step])
             env_time += time.perf_counter() - tock
@@ -531,8 +557,15 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
             last_value = agent.get_value(as_images(next_obs).to(device)).cpu()
-        advantages, returns = compute_gae(rewards=rewards, values=values, dones=dones, last_value=last_value,
-                                          gamma=args.gamma, gae_lambda=args.gae_lambda, terminations=terminations)
+        advantages, returns = compute_gae(
+            rewards=rewards,
+            values=values,
+            dones=dones,
+            last_value=last_value,
+            gamma=args.gamma,
+            gae_lambda=args.gae_lambda,
+            terminations=terminations,
+        )
         rollout_time = time.perf_counter() - rollout_start
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -551,8 +584,15 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
             for minibatch, mb_inds in enumerate(minibatch_indices(b_valid, args.num_minibatches)):
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
-                stats = update(b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds], b_advantages[mb_inds],
-                               b_returns[mb_inds], b_values[mb_inds], b_mask[mb_inds])
+                stats = update(
+                    b_obs[mb_inds],
+                    b_actions[mb_inds],
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    b_values[mb_inds],
+                    b_mask[mb_inds],
+                )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and minibatch == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
@@ -566,8 +606,19 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
         # the losses and KLs of the last minibatch, the clip fraction over the whole update; the critic's
         # explained variance and the reset rows from `valid`
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        log.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time, valid=valid,
-                      act_time=act_time, env_time=env_time)
+        log.iteration(
+            iteration,
+            global_step,
+            stats,
+            lr,
+            values,
+            returns,
+            rollout_time,
+            update_time,
+            valid=valid,
+            act_time=act_time,
+            env_time=env_time,
+        )
         evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log, reward_scaler=reward_scaler)
         checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir, reward_scaler=reward_scaler)
 
@@ -598,8 +649,11 @@ def check_numbers(args: Args):
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
+        (
+            "seed",
+            0 <= args.seed <= 1_000_000_000,
+            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
+        ),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
         ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
@@ -620,8 +674,10 @@ def check_tracking(args: Args):
     import wandb  # imported only when used
 
     if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+        fail(
+            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
+        )
 
 
 def check_runs_dir(runs_dir: str):
@@ -634,8 +690,24 @@ def check_runs_dir(runs_dir: str):
         fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
 
 
-GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot", "heist",
-         "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
+GAMES = (
+    "bigfish",
+    "bossfight",
+    "caveflyer",
+    "chaser",
+    "climber",
+    "coinrun",
+    "dodgeball",
+    "fruitbot",
+    "heist",
+    "jumper",
+    "leaper",
+    "maze",
+    "miner",
+    "ninja",
+    "plunder",
+    "starpilot",
+)
 # envpool's Procgen ids: game and distribution, e.g. StarpilotEasy-v0, MazeMemory-v0
 PROCGEN_ID = re.compile(rf"({'|'.join(g.capitalize() for g in GAMES)})(Easy|Hard|Extreme|Memory|Exploration)-v0")
 
@@ -646,12 +718,16 @@ def procgen_id(env_id: str) -> str:
         return f"{env_id.lower().capitalize()}Easy-v0"
     if PROCGEN_ID.fullmatch(env_id) and env_id in envpool.list_all_envs():
         return env_id
-    fail(f"unknown Procgen game '{env_id}': valid names are {', '.join(GAMES)} "
-         "(or an envpool Procgen id such as StarpilotEasy-v0)")
+    fail(
+        f"unknown Procgen game '{env_id}': valid names are {', '.join(GAMES)} "
+        "(or an envpool Procgen id such as StarpilotEasy-v0)"
+    )
 
 
-QT_MISSING = ("envpool's Procgen needs the Qt 5 runtime: install the Debian/Ubuntu package libqt5gui5 "
-              "(sudo apt-get install libqt5gui5)")
+QT_MISSING = (
+    "envpool's Procgen needs the Qt 5 runtime: install the Debian/Ubuntu package libqt5gui5 "
+    "(sudo apt-get install libqt5gui5)"
+)
 
 
 def check_args(args: Args):
@@ -665,11 +741,15 @@ def check_args(args: Args):
     if min(args.checkpoint_every, args.torch_threads, args.envpool_threads) < 0:
         fail("--checkpoint-every, --torch-threads and --envpool-threads must not be negative")
     if args.batch_size % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-             f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
+            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
+        )
     if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
+        )
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
@@ -705,8 +785,10 @@ def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
         return resume_args(args, checkpoint), str(Path(args.resume).parent), checkpoint
     run_dir = f"{args.runs_dir}/{procgen_id(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if os.path.exists(run_dir):
-        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-             "pass another --exp-name")
+        fail(
+            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+            "pass another --exp-name"
+        )
     return args, run_dir, None
 
 
@@ -724,8 +806,16 @@ def make_run_dir(run_dir: str):
 CHECKPOINT_FORMAT = 3
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int,
-                    global_step: int, *, reward_scaler: RewardScaler):
+def save_checkpoint(
+    path: str,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    iteration: int,
+    global_step: int,
+    *,
+    reward_scaler: RewardScaler,
+):
     """Everything needed to continue or evaluate: weights, optimizer, reward-scaling statistics,
     progress, RNG states, args.
 
@@ -745,12 +835,21 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
-def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                      run_dir: str, *, reward_scaler: RewardScaler):
+def checkpoint_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    *,
+    reward_scaler: RewardScaler,
+):
     """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration, with the reward statistics."""
     if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-        save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step,
-                        reward_scaler=reward_scaler)
+        save_checkpoint(
+            f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, reward_scaler=reward_scaler
+        )
 
 
 def write_checkpoint_file(checkpoint: dict, path: str):
@@ -796,8 +895,11 @@ def rng_state(device: torch.device) -> dict:
     """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
     pickle); CUDA's too when the run uses it."""
     kind, key, *rest = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+        "python": random.getstate(),
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -814,8 +916,14 @@ def set_rng_state(state: dict, device: torch.device):
 
 # What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
 # statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
-                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+FORMAT_2_NUMPY = [
+    np.ndarray,
+    np.dtype,
+    np._core.multiarray._reconstruct,
+    np._core.multiarray.scalar,
+    np.dtypes.UInt32DType,
+    np.dtypes.Float64DType,
+]
 
 
 def read_checkpoint(path: str) -> dict | str:
@@ -834,8 +942,10 @@ def read_checkpoint(path: str) -> dict | str:
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+            return (
+                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                "numbers, strings, lists and dicts): refused, nothing in it was run"
+            )
         return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
@@ -845,15 +955,19 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-                "them); retrain, or read it with the version of the scripts that wrote it")
+        return (
+            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+            "them); retrain, or read it with the version of the scripts that wrote it"
+        )
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
     if checkpoint.get("format") == 2:
         checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-                f"{CHECKPOINT_FORMAT}")
+        return (
+            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
+            f"{CHECKPOINT_FORMAT}"
+        )
     return checkpoint
 
 
@@ -867,9 +981,24 @@ def load_checkpoint(path: str) -> dict:
 
 # the flags a --resume may change (where and how the run goes on); every other flag keeps the
 # checkpoint's value
-CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
-                        "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs", "envpool_threads")
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "total_timesteps",
+    "torch_threads",
+    "cuda",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "eval_episodes",
+    "eval_every",
+    "eval_deterministic",
+    "compile",
+    "cudagraphs",
+    "envpool_threads",
+)
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -885,16 +1014,21 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
                 setattr(saved, name, given)
         elif given != default and given != getattr(saved, name):
             changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                 f"only {changeable} can; start a new run to change it")
+            fail(
+                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
+                f"only {changeable} can; start a new run to change it"
+            )
     if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-             "pass a larger --total-timesteps to train longer")
+        fail(
+            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+            "pass a larger --total-timesteps to train longer"
+        )
     return saved
 
 
-def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, *,
-            reward_scaler: RewardScaler) -> tuple[int, int]:
+def restore(
+    checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, *, reward_scaler: RewardScaler
+) -> tuple[int, int]:
     """--resume: the weights, the optimizer's state, the reward statistics and the random streams of
     `checkpoint`; returns the first iteration to run and the global step (1 and 0 for a new run)."""
     if checkpoint is None:
@@ -912,8 +1046,16 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
 # EVALUATION --------------------------------------------------------------------------------------
 
 
-def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
+def evaluate(
+    agent: Agent,
+    args: Args,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    device: torch.device,
+    *,
+    video_prefix: str | None = None,
+) -> list[float]:
     """Plays `episodes` whole episodes, one per environment, on the training distribution (easy, all
     levels) and returns their raw scores. The action sampling uses its own seeded RNG stream, so the
     same model and seed score the same right after training and later from the saved file.
@@ -923,8 +1065,11 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     episode_stats = EpisodeStatistics(episodes)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset()
-    video = None if video_prefix is None else VideoRecorder(str(Path(video_prefix).parent),
-                                                            name=f"{Path(video_prefix).name}-episode")
+    video = (
+        None
+        if video_prefix is None
+        else VideoRecorder(str(Path(video_prefix).parent), name=f"{Path(video_prefix).name}-episode")
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         while np.isnan(scores).any():
@@ -941,8 +1086,17 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return scores.tolist()
 
 
-def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                    run_dir: str, log: "RunLog", *, reward_scaler: RewardScaler):
+def evaluate_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    log: "RunLog",
+    *,
+    reward_scaler: RewardScaler,
+):
     """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
     environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation);
     the best evaluation's model is kept as `run_dir/best_model.pt`."""
@@ -950,15 +1104,25 @@ def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, 
         return
     eval_start = time.perf_counter()
     # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                       args.seed + 100_000, torch.device("cpu"))
+    returns = evaluate(
+        copy.deepcopy(agent).cpu(),
+        args,
+        args.eval_episodes,
+        args.eval_deterministic,
+        args.seed + 100_000,
+        torch.device("cpu"),
+    )
     log.evaluation(returns, global_step)
     if np.mean(returns) > log.best_return:
         log.best_return = float(np.mean(returns))
-        save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step,
-                        reward_scaler=reward_scaler)
-    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+        save_checkpoint(
+            f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step, reward_scaler=reward_scaler
+        )
+    print(
+        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
+        flush=True,
+    )
 
 
 def run_evaluation(path: str, args: Args) -> list[float]:
@@ -969,10 +1133,19 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same levels as the evaluation reported right after training
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"), video_prefix=video_prefix)
-    print(f"evaluation of {path} on {procgen_id(saved.env_id)}: {len(returns)} episodes, "
-          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    returns = evaluate(
+        agent,
+        saved,
+        args.eval_episodes,
+        args.eval_deterministic,
+        saved.seed + 100_000,
+        torch.device("cpu"),
+        video_prefix=video_prefix,
+    )
+    print(
+        f"evaluation of {path} on {procgen_id(saved.env_id)}: {len(returns)} episodes, "
+        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
     if video_prefix is not None:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
@@ -1021,13 +1194,20 @@ class RunLog:
         if args.track:
             import wandb  # imported only when used
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=asdict(args),
+                name=Path(run_dir).name,
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(run_dir)
-        self.writer.add_text("hyperparameters",
-                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        )
         self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
         self.start_time, self.start_step = time.time(), global_step
         self.episode_returns = []  # of the episodes that ended in this iteration
@@ -1038,9 +1218,21 @@ class RunLog:
         self.writer.add_scalar("charts/episodic_length", episodic_length, step)
         self.episode_returns.append(episodic_return)
 
-    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
-                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
-                  valid: torch.Tensor, act_time: float, env_time: float):
+    def iteration(
+        self,
+        iteration: int,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        rollout_time: float,
+        update_time: float,
+        *,
+        valid: torch.Tensor,
+        act_time: float,
+        env_time: float,
+    ):
         """The iteration's scalars (the statistics copied from the device at once) and, when due, its line.
         The critic's explained variance is over the real transitions (`valid`), without envpool's reset rows,
         whose number is `debug/reset_rows`; the rollout's time splits into the policy's and envpool's."""
@@ -1051,8 +1243,9 @@ class RunLog:
         self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for name, value in stats.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
-        self.writer.add_scalar("losses/explained_variance",
-                               explained_variance(values[valid].numpy(), returns[valid].numpy()), global_step)
+        self.writer.add_scalar(
+            "losses/explained_variance", explained_variance(values[valid].numpy(), returns[valid].numpy()), global_step
+        )
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
         self.writer.add_scalar("debug/reset_rows", valid.numel() - int(valid.sum()), global_step)
@@ -1063,8 +1256,11 @@ class RunLog:
         line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
         self.episode_returns = []
         if line:
-            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)", flush=True)
+            print(
+                f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)",
+                flush=True,
+            )
 
     def evaluation(self, returns: list[float], global_step: int):
         """An evaluation's scalars at the global step it was made: every episode's return as
@@ -1090,19 +1286,30 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-def finish(args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
-           log: RunLog, *, reward_scaler: RewardScaler):
+def finish(
+    args: Args,
+    envs,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    global_step: int,
+    log: RunLog,
+    *,
+    reward_scaler: RewardScaler,
+):
     """The end of a run: the environments closed; with --save-model the final model saved (with the reward
     statistics) and evaluated; the logs closed."""
     envs.close()
     if args.save_model:
         model_path = f"{run_dir}/model.pt"
-        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step,
-                        reward_scaler=reward_scaler)
+        save_checkpoint(
+            model_path, agent, optimizer, args, args.num_iterations, global_step, reward_scaler=reward_scaler
+        )
         print(f"model saved to {model_path}")
         agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"))
+        returns = evaluate(
+            agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000, torch.device("cpu")
+        )
         log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     log.close()
@@ -1157,8 +1364,11 @@ def exit_on_write_error(run_dir: str):
         if e.errno not in WRITE_ERRORS:
             raise
         file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
         warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 

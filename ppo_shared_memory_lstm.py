@@ -207,8 +207,17 @@ class HideVelocity(gym.ObservationWrapper):
         return observation[[0, 2]]
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_velocity: bool = False,
-             max_episode_steps: int = 27_000, video_prefix: str = "rl-video", video_trigger=None):
+def make_env(
+    env_id: str,
+    idx: int,
+    capture_video: bool,
+    run_dir: str,
+    *,
+    hide_velocity: bool = False,
+    max_episode_steps: int = 27_000,
+    video_prefix: str = "rl-video",
+    video_trigger=None,
+):
     """A thunk that builds environment `idx` of a vector environment; with `capture_video`, environment 0
     records videos to `run_dir/videos`.
 
@@ -243,19 +252,30 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
                 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
                 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
                 env = gym.make(env_id, render_mode="rgb_array")
-                env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
-                                               episode_trigger=video_trigger, disable_logger=True)
+                env = gym.wrappers.RecordVideo(
+                    env,
+                    f"{run_dir}/videos",
+                    name_prefix=video_prefix,
+                    episode_trigger=video_trigger,
+                    disable_logger=True,
+                )
             else:
                 env = gym.make(env_id)
             if hide_velocity:
                 env = HideVelocity(env)
             return gym.wrappers.RecordEpisodeStatistics(env)
-        settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False,
-                        max_num_frames_per_episode=4 * max_episode_steps)
+        settings = dict(
+            obs_type="grayscale",
+            frameskip=1,
+            repeat_action_probability=0.0,
+            full_action_space=False,
+            max_num_frames_per_episode=4 * max_episode_steps,
+        )
         if capture_video:
             env = gym.make(env_id, render_mode="rgb_array", **settings)
-            env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", name_prefix=video_prefix,
-                                           episode_trigger=video_trigger, disable_logger=True)
+            env = gym.wrappers.RecordVideo(
+                env, f"{run_dir}/videos", name_prefix=video_prefix, episode_trigger=video_trigger, disable_logger=True
+            )
         else:
             env = gym.make(env_id, **settings)
         env = NoopReset(env, noop_max=30)
@@ -271,15 +291,31 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str, *, hide_v
     return thunk
 
 
-def make_envs(args: Args, num_envs: int, run_dir: str, capture_video: bool = False,
-              video_prefix: str = "rl-video", video_trigger=None) -> gym.vector.VectorEnv:
+def make_envs(
+    args: Args,
+    num_envs: int,
+    run_dir: str,
+    capture_video: bool = False,
+    video_prefix: str = "rl-video",
+    video_trigger=None,
+) -> gym.vector.VectorEnv:
     """One worker's vector environment, stepped in the worker's own process, with same-step autoreset:
     the step that ends an episode returns the next episode's first observation (the last one of the
     old episode is in `info["final_obs"]`), so every stored transition is real experience."""
     return gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, capture_video, run_dir, hide_velocity=args.hide_velocity,
-                  max_episode_steps=args.max_episode_steps, video_prefix=video_prefix,
-                  video_trigger=video_trigger) for i in range(num_envs)],
+        [
+            make_env(
+                args.env_id,
+                i,
+                capture_video,
+                run_dir,
+                hide_velocity=args.hide_velocity,
+                max_episode_steps=args.max_episode_steps,
+                video_prefix=video_prefix,
+                video_trigger=video_trigger,
+            )
+            for i in range(num_envs)
+        ],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -363,9 +399,14 @@ class Agent(nn.Module):
             self.lstm = nn.LSTM(512, 128)
             head_size = 128
         else:
+
             def tower():
-                return nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(),
-                                     layer_init(nn.Linear(64, 64)), nn.Tanh())
+                return nn.Sequential(
+                    layer_init(nn.Linear(int(np.prod(obs_shape)), 64)),
+                    nn.Tanh(),
+                    layer_init(nn.Linear(64, 64)),
+                    nn.Tanh(),
+                )
 
             self.network, self.critic_network = tower(), tower()
             self.lstm = ActorCriticLSTM(64, 64)
@@ -382,8 +423,10 @@ class Agent(nn.Module):
 
     def initial_state(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Recurrent detail 2: every environment starts from the zero state."""
-        return (torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
-                torch.zeros(1, num_envs, self.lstm.hidden_size, device=device))
+        return (
+            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
+            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
+        )
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         if self.pixels:  # uint8 -> float32 in the input's own layout, then scaled in place
@@ -396,8 +439,13 @@ class Agent(nn.Module):
         actor_out, critic_out = (out, out) if self.pixels else out.chunk(2, dim=-1)
         return self.actor(actor_out), self.critic(critic_out).squeeze(-1)
 
-    def run_lstm(self, hidden: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
-                 cuts: list[int] | None = None):
+    def run_lstm(
+        self,
+        hidden: torch.Tensor,
+        starts: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        cuts: list[int] | None = None,
+    ):
         """Runs the LSTM over T steps of B sequences, resetting the state where an episode starts.
 
         | tensor  | shape      | meaning                                                             |
@@ -426,14 +474,21 @@ class Agent(nn.Module):
             outputs.append(out)
         return torch.cat(outputs), (h, c)
 
-    def get_states(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
-                   cuts: list[int] | None = None):
+    def get_states(
+        self,
+        x: torch.Tensor,
+        starts: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        cuts: list[int] | None = None,
+    ):
         """Observations (T, B, *obs_shape) -> LSTM outputs (T, B, H) and the state after step T-1."""
         T, B = starts.shape
         hidden = self.features(x.reshape((T * B,) + x.shape[2:])).view(T, B, -1)
         return self.run_lstm(hidden, starts, state, cuts)
 
-    def get_value(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def get_value(
+        self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         """Values of one step of observations (B, *obs_shape), given the state before it."""
         out, _ = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
         return self.heads(out[0])[1]
@@ -460,6 +515,7 @@ class Agent(nn.Module):
         action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
         return action, logprobs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value, state
 
+
 # THE ALGORITHM -----------------------------------------------------------------------------------
 
 
@@ -471,8 +527,16 @@ class Episode(NamedTuple):
     episodic_length: int  # in agent steps
 
 
-def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str, torch.Tensor], carry: tuple,
-                    args: Args, *, first_step: int, first_env: int) -> tuple[tuple, list[Episode], float, float]:
+def collect_rollout(
+    agent: Agent,
+    envs: gym.vector.VectorEnv,
+    rollout: dict[str, torch.Tensor],
+    carry: tuple,
+    args: Args,
+    *,
+    first_step: int,
+    first_env: int,
+) -> tuple[tuple, list[Episode], float, float]:
     """`--num-steps` steps of one worker's environments, written into `rollout` (the worker's
     column slice of the rollout buffer, tabulated at `allocate_shared_buffer`).
 
@@ -485,7 +549,8 @@ def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str,
     """
     next_obs, next_start, state = carry
     obs_np, starts_np, actions_np, logprobs_np, values_np, rewards_np, dones_np = (
-        rollout[name].numpy() for name in ("obs", "starts", "actions", "logprobs", "values", "rewards", "dones"))
+        rollout[name].numpy() for name in ("obs", "starts", "actions", "logprobs", "values", "rewards", "dones")
+    )
     final_values = rollout["final_values"]
     final_values.zero_()
     episodes, act_time, env_time = [], 0.0, 0.0
@@ -520,7 +585,8 @@ def collect_rollout(agent: Agent, envs: gym.vector.VectorEnv, rollout: dict[str,
             final_obs = torch.as_tensor(np.stack(infos["final_obs"][idx]))
             with torch.no_grad():
                 final_values[step, idx] = agent.get_value(
-                    final_obs, torch.full((len(idx),), 1.0 - args.memory), (state[0][:, idx], state[1][:, idx]))
+                    final_obs, torch.full((len(idx),), 1.0 - args.memory), (state[0][:, idx], state[1][:, idx])
+                )
         for i, episodic_return, episodic_length in finished_episodes(infos):
             episode_step = first_step + step * args.num_envs + first_env + i + 1
             episodes.append(Episode(episode_step, episodic_return, episodic_length))
@@ -617,6 +683,7 @@ def ppo_loss(
     `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
     is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
     """
+
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
@@ -655,10 +722,20 @@ def ppo_loss(
     return loss, stats
 
 
-def update_step(agent: Agent, optimizer: torch.optim.Optimizer, args: Args, obs: torch.Tensor, starts: torch.Tensor,
-                state: tuple[torch.Tensor, torch.Tensor], actions: torch.Tensor, logprobs: torch.Tensor,
-                advantages: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
-                cuts: list[int] | None = None) -> dict[str, torch.Tensor]:
+def update_step(
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    args: Args,
+    obs: torch.Tensor,
+    starts: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor],
+    actions: torch.Tensor,
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    cuts: list[int] | None = None,
+) -> dict[str, torch.Tensor]:
     """One gradient step on one minibatch of whole chunks, (seq_len, B, ...) each, replayed from the
     `state` the workers saved at their starts (recurrent detail 5; `cuts`: see `Agent.run_lstm`):
     forward, advantage normalisation, the PPO loss, backward, global gradient clipping, the optimizer
@@ -702,8 +779,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees the
     # same input every iteration and does not recompile; CUDA graphs need the step count on the device too
     learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True,
-                                 capturable=args.cudagraphs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
     # --compile: the same update step, compiled; --cudagraphs also records its kernels in CUDA graphs and
     # replays them. The compiled update runs the LSTM step by step (`cuts` None): one graph, wherever
     # episodes start
@@ -736,18 +812,31 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
                 log.episode(episode.step, episode.episodic_return, episode.episodic_length)  # at its own step
 
             # CALCULATE ADVANTAGES --------------------------------------------------------------
-            advantages, returns = compute_gae(rewards=buffer["rewards"], values=buffer["values"],
-                                              dones=buffer["dones"], last_value=buffer["last_values"][0],
-                                              gamma=args.gamma, gae_lambda=args.gae_lambda,
-                                              final_values=buffer["final_values"])
+            advantages, returns = compute_gae(
+                rewards=buffer["rewards"],
+                values=buffer["values"],
+                dones=buffer["dones"],
+                last_value=buffer["last_values"][0],
+                gamma=args.gamma,
+                gae_lambda=args.gae_lambda,
+                final_values=buffer["final_values"],
+            )
 
             # UPDATE THE NETWORK ----------------------------------------------------------------
             # Recurrent detail 4: a minibatch is a set of whole chunks, each replayed in time order
             # from the state the worker saved at its start (recurrent detail 5).
             c_obs, c_starts, c_actions, c_logprobs, c_values, c_advantages, c_returns = (
-                to_chunks(x, args.seq_len).to(device) for x in (
-                    buffer["obs"], buffer["starts"], buffer["actions"], buffer["logprobs"], buffer["values"],
-                    advantages, returns))
+                to_chunks(x, args.seq_len).to(device)
+                for x in (
+                    buffer["obs"],
+                    buffer["starts"],
+                    buffer["actions"],
+                    buffer["logprobs"],
+                    buffer["values"],
+                    advantages,
+                    returns,
+                )
+            )
             H = agent.lstm.hidden_size
             c_state = (buffer["chunk_h"].reshape(1, -1, H).to(device), buffer["chunk_c"].reshape(1, -1, H).to(device))
             # where the eager update cuts the LSTM's sequences: where some chunk starts an episode (found
@@ -758,9 +847,20 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
                 for k, mb in enumerate(chunk_minibatches(args.num_chunks, args.num_minibatches, device)):
                     if args.cudagraphs:
                         torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
-                    stats = update(agent, optimizer, args, c_obs[:, mb], c_starts[:, mb],
-                                   (c_state[0][:, mb], c_state[1][:, mb]), c_actions[:, mb], c_logprobs[:, mb],
-                                   c_advantages[:, mb], c_returns[:, mb], c_values[:, mb], cuts)
+                    stats = update(
+                        agent,
+                        optimizer,
+                        args,
+                        c_obs[:, mb],
+                        c_starts[:, mb],
+                        (c_state[0][:, mb], c_state[1][:, mb]),
+                        c_actions[:, mb],
+                        c_logprobs[:, mb],
+                        c_advantages[:, mb],
+                        c_returns[:, mb],
+                        c_values[:, mb],
+                        cuts,
+                    )
                     if args.cudagraphs:
                         stats = {k: v.clone() for k, v in stats.items()}  # the next replay overwrites its outputs
                     clipfracs.append(stats["clipfrac"])
@@ -778,8 +878,18 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
 
             # the losses and KLs of the last minibatch, the clip fraction over the whole update
             stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-            log.iteration(iteration, global_step, stats, lr, buffer["values"], returns, rollout_time, update_time,
-                          publish_time=publish_time, replies=replies)
+            log.iteration(
+                iteration,
+                global_step,
+                stats,
+                lr,
+                buffer["values"],
+                returns,
+                rollout_time,
+                update_time,
+                publish_time=publish_time,
+                replies=replies,
+            )
             evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
             checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)
 
@@ -811,8 +921,11 @@ def check_numbers(args: Args):
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, valid, meaning in (
-        ("seed", 0 <= args.seed <= 1_000_000_000, "from 0 to 1000000000 (NumPy seeds and the per-environment "
-                                                  "offsets added to it must stay below 2**31)"),
+        (
+            "seed",
+            0 <= args.seed <= 1_000_000_000,
+            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
+        ),
         ("learning_rate", args.learning_rate > 0, "positive"),
         ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
         ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
@@ -833,8 +946,10 @@ def check_tracking(args: Args):
     import wandb  # imported only when used
 
     if not wandb.login(prompt=False, verify=False):
-        fail("--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-             "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)")
+        fail(
+            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
+            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
+        )
 
 
 def check_runs_dir(runs_dir: str):
@@ -845,6 +960,7 @@ def check_runs_dir(runs_dir: str):
         path = path.parent
     if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
         fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
+
 
 def env_spaces(args: Args) -> tuple[gym.Space, gym.Space]:
     """The observation and action spaces of one environment, made with this file's wrappers."""
@@ -857,8 +973,17 @@ def env_spaces(args: Args) -> tuple[gym.Space, gym.Space]:
 def check_args(args: Args):
     """Reject arguments that would crash or silently misbehave later."""
     check_numbers(args)
-    for name in ("total_timesteps", "num_workers", "num_envs_per_worker", "num_steps", "seq_len", "num_minibatches",
-                 "update_epochs", "eval_episodes", "max_episode_steps"):
+    for name in (
+        "total_timesteps",
+        "num_workers",
+        "num_envs_per_worker",
+        "num_steps",
+        "seq_len",
+        "num_minibatches",
+        "update_epochs",
+        "eval_episodes",
+        "max_episode_steps",
+    ):
         if getattr(args, name) <= 0:
             fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.checkpoint_every < 0 or args.torch_threads < 0:
@@ -866,12 +991,16 @@ def check_args(args: Args):
     if args.num_steps % args.seq_len != 0:
         fail(f"--seq-len {args.seq_len} does not divide --num-steps {args.num_steps} (the rollout is cut into chunks)")
     if args.num_chunks % args.num_minibatches != 0:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the {args.num_chunks} chunks "
-             f"(--num-workers {args.num_workers} x --num-envs-per-worker {args.num_envs_per_worker} x "
-             f"--num-steps {args.num_steps} / --seq-len {args.seq_len}; a minibatch is a set of whole chunks)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide the {args.num_chunks} chunks "
+            f"(--num-workers {args.num_workers} x --num-envs-per-worker {args.num_envs_per_worker} x "
+            f"--num-steps {args.num_steps} / --seq-len {args.seq_len}; a minibatch is a set of whole chunks)"
+        )
     if args.batch_size // args.num_minibatches < 2:
-        fail(f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-             f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)")
+        fail(
+            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
+            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
+        )
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
     if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
@@ -888,14 +1017,18 @@ def check_args(args: Args):
     try:
         atari = is_atari(args.env_id)
     except (gym.error.Error, ImportError) as e:
-        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}: {e}; gymnasium.pprint_registry() lists "
-             "the ids: CartPole-v1, ..., and the Atari games as Pong, PongNoFrameskip-v4 or ALE/Pong-v5)")
+        fail(
+            f"unknown environment id '{args.env_id}' ({type(e).__name__}: {e}; gymnasium.pprint_registry() lists "
+            "the ids: CartPole-v1, ..., and the Atari games as Pong, PongNoFrameskip-v4 or ALE/Pong-v5)"
+        )
     if args.hide_velocity and (atari or "CartPole" not in args.env_id):
         fail(f"--hide-velocity is for CartPole only, not {args.env_id}")
     action_space = env_spaces(args)[1]
     if not isinstance(action_space, gym.spaces.Discrete):
-        fail(f"{args.env_id} has action space {action_space}; this script supports Discrete actions only "
-             "(ppo_continuous_action.py trains Box actions)")
+        fail(
+            f"{args.env_id} has action space {action_space}; this script supports Discrete actions only "
+            "(ppo_continuous_action.py trains Box actions)"
+        )
 
 
 # THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
@@ -913,8 +1046,10 @@ def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
     name = atari_id(args.env_id).replace("/", "-").replace(":", "-")
     run_dir = f"{args.runs_dir}/{name}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if os.path.exists(run_dir):
-        fail(f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-             "pass another --exp-name")
+        fail(
+            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+            "pass another --exp-name"
+        )
     return args, run_dir, None
 
 
@@ -932,8 +1067,9 @@ def make_run_dir(run_dir: str):
 CHECKPOINT_FORMAT = 3
 
 
-def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args,
-                    iteration: int, global_step: int):
+def save_checkpoint(
+    path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int, global_step: int
+):
     """Everything needed to continue or evaluate: weights, optimizer, progress, the learner's RNG states,
     args. (The workers' random streams are drawn anew from the seed and the global step on resume.)
 
@@ -952,8 +1088,9 @@ def save_checkpoint(path: str, agent: Agent, optimizer: torch.optim.Optimizer, a
     write_checkpoint_file(checkpoint, path)
 
 
-def checkpoint_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                      run_dir: str):
+def checkpoint_if_due(
+    args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str
+):
     """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration."""
     if args.checkpoint_every and iteration % args.checkpoint_every == 0:
         save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
@@ -1002,8 +1139,11 @@ def rng_state(device: torch.device) -> dict:
     """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
     pickle); CUDA's too when the run uses it."""
     kind, key, *rest = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+        "python": random.getstate(),
+    }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -1020,8 +1160,14 @@ def set_rng_state(state: dict, device: torch.device):
 
 # What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
 # statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, np._core.multiarray.scalar,
-                  np.dtypes.UInt32DType, np.dtypes.Float64DType]
+FORMAT_2_NUMPY = [
+    np.ndarray,
+    np.dtype,
+    np._core.multiarray._reconstruct,
+    np._core.multiarray.scalar,
+    np.dtypes.UInt32DType,
+    np.dtypes.Float64DType,
+]
 
 
 def read_checkpoint(path: str) -> dict | str:
@@ -1040,8 +1186,10 @@ def read_checkpoint(path: str) -> dict | str:
                 checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                    "numbers, strings, lists and dicts): refused, nothing in it was run")
+            return (
+                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                "numbers, strings, lists and dicts): refused, nothing in it was run"
+            )
         return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
     except Exception as e:
         if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
@@ -1051,15 +1199,19 @@ def read_checkpoint(path: str) -> dict | str:
         return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
     script = checkpoint.get("script")
     if script is None:
-        return (f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-                "them); retrain, or read it with the version of the scripts that wrote it")
+        return (
+            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+            "them); retrain, or read it with the version of the scripts that wrote it"
+        )
     if script != Path(__file__).name:
         return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
     if checkpoint.get("format") == 2:
         checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-                f"{CHECKPOINT_FORMAT}")
+        return (
+            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
+            f"{CHECKPOINT_FORMAT}"
+        )
     return checkpoint
 
 
@@ -1073,9 +1225,23 @@ def load_checkpoint(path: str) -> dict:
 
 # the flags a --resume may change (where and how the run goes on); every other flag keeps the
 # checkpoint's value
-CHANGEABLE_ON_RESUME = ("resume", "total_timesteps", "torch_threads", "cuda", "checkpoint_every", "track",
-                        "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_episodes",
-                        "eval_every", "eval_deterministic", "compile", "cudagraphs")
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "total_timesteps",
+    "torch_threads",
+    "cuda",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "eval_episodes",
+    "eval_every",
+    "eval_deterministic",
+    "compile",
+    "cudagraphs",
+)
 
 
 def resume_args(args: Args, checkpoint: dict) -> Args:
@@ -1091,11 +1257,15 @@ def resume_args(args: Args, checkpoint: dict) -> Args:
                 setattr(saved, name, given)
         elif given != default and given != getattr(saved, name):
             changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                 f"only {changeable} can; start a new run to change it")
+            fail(
+                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
+                f"only {changeable} can; start a new run to change it"
+            )
     if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-             "pass a larger --total-timesteps to train longer")
+        fail(
+            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+            "pass a larger --total-timesteps to train longer"
+        )
     return saved
 
 
@@ -1116,8 +1286,16 @@ def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimi
 # EVALUATION --------------------------------------------------------------------------------------
 
 
-def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed: int,
-             device: torch.device, *, video_prefix: str | None = None) -> list[float]:
+def evaluate(
+    agent: Agent,
+    args: Args,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    device: torch.device,
+    *,
+    video_prefix: str | None = None,
+) -> list[float]:
     """Plays `episodes` whole episodes (Atari: games, all lives), one per environment, in this process
     with the training preprocessing, and returns their returns (unclipped scores). The action sampling
     uses its own seeded RNG stream, so the same model and seed score the same right after training
@@ -1125,8 +1303,14 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     `video_prefix` (`--evaluate --capture-video`): records the episode of environment 0 (the first) with
     RecordVideo, the unpreprocessed RGB frames for a game, as `<video_prefix>-episode-0.mp4`."""
     # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
-    envs = make_envs(args, episodes, str(Path(video_prefix or ".").parent.parent), video_prefix is not None,
-                     video_prefix=Path(video_prefix or "rl-video").name, video_trigger=lambda episode: episode == 0)
+    envs = make_envs(
+        args,
+        episodes,
+        str(Path(video_prefix or ".").parent.parent),
+        video_prefix is not None,
+        video_prefix=Path(video_prefix or "rl-video").name,
+        video_trigger=lambda episode: episode == 0,
+    )
     returns = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
     state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
@@ -1147,8 +1331,15 @@ def evaluate(agent: Agent, args: Args, episodes: int, deterministic: bool, seed:
     return returns.tolist()
 
 
-def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer,
-                    run_dir: str, log: "RunLog"):
+def evaluate_if_due(
+    args: Args,
+    iteration: int,
+    global_step: int,
+    agent: Agent,
+    optimizer: torch.optim.Optimizer,
+    run_dir: str,
+    log: "RunLog",
+):
     """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
     environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation);
     the best evaluation's model is kept as `run_dir/best_model.pt`."""
@@ -1156,14 +1347,23 @@ def evaluate_if_due(args: Args, iteration: int, global_step: int, agent: Agent, 
         return
     eval_start = time.perf_counter()
     # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(copy.deepcopy(agent).cpu(), args, args.eval_episodes, args.eval_deterministic,
-                       args.seed + 100_000, torch.device("cpu"))
+    returns = evaluate(
+        copy.deepcopy(agent).cpu(),
+        args,
+        args.eval_episodes,
+        args.eval_deterministic,
+        args.seed + 100_000,
+        torch.device("cpu"),
+    )
     log.evaluation(returns, global_step)
     if np.mean(returns) > log.best_return:
         log.best_return = float(np.mean(returns))
         save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
-    print(f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-          f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)", flush=True)
+    print(
+        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
+        flush=True,
+    )
 
 
 def run_evaluation(path: str, args: Args) -> list[float]:
@@ -1175,10 +1375,19 @@ def run_evaluation(path: str, args: Args) -> list[float]:
     agent.load_state_dict(checkpoint["model"])
     # the trained run's seed: the same episodes as the evaluation reported right after training
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(agent, saved, args.eval_episodes, args.eval_deterministic, saved.seed + 100_000,
-                       torch.device("cpu"), video_prefix=video_prefix)
-    print(f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
-          f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    returns = evaluate(
+        agent,
+        saved,
+        args.eval_episodes,
+        args.eval_deterministic,
+        saved.seed + 100_000,
+        torch.device("cpu"),
+        video_prefix=video_prefix,
+    )
+    print(
+        f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
+        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
     if video_prefix is not None:
         videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
         print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
@@ -1227,13 +1436,20 @@ class RunLog:
         if args.track:
             import wandb  # imported only when used
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=asdict(args), name=Path(run_dir).name, save_code=True)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=asdict(args),
+                name=Path(run_dir).name,
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(run_dir)
-        self.writer.add_text("hyperparameters",
-                             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items()))
+        self.writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        )
         self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
         self.start_time, self.start_step = time.time(), global_step
         self.episode_returns = []  # of the episodes that ended in this iteration
@@ -1248,9 +1464,20 @@ class RunLog:
         self.writer.add_scalar("charts/episodic_length", episodic_length, step)
         self.episode_returns.append(episodic_return)
 
-    def iteration(self, iteration: int, global_step: int, stats: dict[str, torch.Tensor], learning_rate: float,
-                  values: torch.Tensor, returns: torch.Tensor, rollout_time: float, update_time: float, *,
-                  publish_time: float, replies: list["Done"]):
+    def iteration(
+        self,
+        iteration: int,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        rollout_time: float,
+        update_time: float,
+        *,
+        publish_time: float,
+        replies: list["Done"],
+    ):
         """The iteration's scalars (the statistics copied from the device at once) and, when due, its line;
         besides the scalars of every script, the transitions per second of the rollout and of the update,
         the time the weights took to publish, and the workers' own split of the rollout (`replies`: their
@@ -1262,8 +1489,9 @@ class RunLog:
         self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for name, value in stats.items():
             self.writer.add_scalar(f"losses/{name}", value, global_step)
-        self.writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()),
-                               global_step)
+        self.writer.add_scalar(
+            "losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step
+        )
         self.writer.add_scalar("charts/SPS", sps, global_step)
         self.writer.add_scalar("charts/experience_SPS", self.args.batch_size / rollout_time, global_step)
         self.writer.add_scalar("charts/learning_SPS", self.args.batch_size / update_time, global_step)
@@ -1276,9 +1504,11 @@ class RunLog:
         line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
         self.episode_returns = []
         if line:
-            print(f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                  f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, publish {publish_time:.4f}s)",
-                  flush=True)
+            print(
+                f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, publish {publish_time:.4f}s)",
+                flush=True,
+            )
 
     def evaluation(self, returns: list[float], global_step: int):
         """An evaluation's scalars at the global step it was made: every episode's return as
@@ -1304,8 +1534,7 @@ def finish_tracking(run_dir: str):
     wandb.finish()
 
 
-def finish(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int,
-           log: RunLog):
+def finish(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int, log: RunLog):
     """The end of a run, after the workers stopped: with --save-model the final model saved and evaluated;
     the logs closed."""
     if args.save_model:
@@ -1313,8 +1542,9 @@ def finish(args: Args, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: 
         save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
         print(f"model saved to {model_path}")
         agent.cpu()
-        returns = evaluate(agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000,
-                           torch.device("cpu"))
+        returns = evaluate(
+            agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000, torch.device("cpu")
+        )
         log.evaluation(returns, global_step)
         print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     log.close()
@@ -1369,8 +1599,11 @@ def exit_on_write_error(run_dir: str):
         if e.errno not in WRITE_ERRORS:
             raise
         file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
         warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None
 
@@ -1511,13 +1744,17 @@ def allocate_shared_memory(args: Args, agent: Agent, observation_space: gym.Spac
     buffer = allocate_shared_buffer(args, observation_space.shape, obs_dtype, agent.lstm.hidden_size)
     weights = share({"weights": torch.zeros(sum(p.numel() for p in agent.parameters()))}, "the weights")["weights"]
     publish_weights(agent, weights)
-    print(f"shared memory: rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB; "
-          f"{args.num_workers} workers x {args.num_envs_per_worker} envs", flush=True)
+    print(
+        f"shared memory: rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB; "
+        f"{args.num_workers} workers x {args.num_envs_per_worker} envs",
+        flush=True,
+    )
     return buffer, weights
 
 
-def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: torch.dtype,
-                           hidden_size: int) -> dict[str, torch.Tensor]:
+def allocate_shared_buffer(
+    args: Args, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, hidden_size: int
+) -> dict[str, torch.Tensor]:
     """The rollout buffer, allocated once in shared memory and reused every iteration.
 
     T = num_steps, N = num_workers * num_envs_per_worker, K = T / seq_len chunks per environment,
@@ -1543,9 +1780,11 @@ def allocate_shared_buffer(args: Args, obs_shape: tuple[int, ...], obs_dtype: to
     | chunk_c      | (K, N, H)        | float32       | reset at that step): where chunk k is replayed from|
     """
     T, N, K = args.num_steps, args.num_envs, args.num_steps // args.seq_len
-    buffer = {"obs": torch.zeros((T, N) + tuple(obs_shape), dtype=obs_dtype),
-              "starts": torch.zeros(T, N),
-              "actions": torch.zeros(T, N, dtype=torch.long)}
+    buffer = {
+        "obs": torch.zeros((T, N) + tuple(obs_shape), dtype=obs_dtype),
+        "starts": torch.zeros(T, N),
+        "actions": torch.zeros(T, N, dtype=torch.long),
+    }
     for name in ("logprobs", "values", "rewards", "dones", "final_values"):
         buffer[name] = torch.zeros(T, N)
     buffer["last_values"] = torch.zeros(1, N)
@@ -1567,8 +1806,9 @@ def share(tensors: dict[str, torch.Tensor], what: str) -> dict[str, torch.Tensor
             raise
         if file is not None:
             Path(f"/dev/shm{file[1]}").unlink(missing_ok=True)
-        raise OSError(int(code[1]), os.strerror(int(code[1])),
-                      f"{what} in /dev/shm ({mib(tensors.values()):.2f} MiB)") from None
+        raise OSError(
+            int(code[1]), os.strerror(int(code[1])), f"{what} in /dev/shm ({mib(tensors.values()):.2f} MiB)"
+        ) from None
 
 
 def mib(tensors) -> float:
@@ -1658,8 +1898,16 @@ def next_command(conn, parent_pid: int) -> Start | Stop:
         return Stop()
 
 
-def rollout_worker(worker_id: int, args: Args, buffer: dict[str, torch.Tensor], weights: torch.Tensor, conn,
-                   parent_pid: int, start_step: int, run_dir: str):
+def rollout_worker(
+    worker_id: int,
+    args: Args,
+    buffer: dict[str, torch.Tensor],
+    weights: torch.Tensor,
+    conn,
+    parent_pid: int,
+    start_step: int,
+    run_dir: str,
+):
     """A rollout worker process: builds its environments and policy copy, replies Ready, then for
     every Start: loads the weights, collects a rollout into its slice of `buffer` and replies Done.
     Ends at Stop; on an exception replies Failed and exits with code 1."""
@@ -1681,8 +1929,9 @@ def rollout_worker(worker_id: int, args: Args, buffer: dict[str, torch.Tensor], 
         conn.send(Ready(worker_id))
         while isinstance(command := next_command(conn, parent_pid), Start):
             load_weights(agent, weights)
-            carry, episodes, act_time, env_time = collect_rollout(agent, envs, rollout, carry, args,
-                                                                  first_step=command.global_step, first_env=lo)
+            carry, episodes, act_time, env_time = collect_rollout(
+                agent, envs, rollout, carry, args, first_step=command.global_step, first_env=lo
+            )
             conn.send(Done(worker_id, episodes, act_time, env_time, slice_checksum(buffer, lo, lo + n)))
     except Exception:
         try:
@@ -1700,8 +1949,7 @@ class WorkerFailed(Exception):
 
 
 @contextlib.contextmanager
-def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.Tensor, run_dir: str,
-                    start_step: int):
+def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.Tensor, run_dir: str, start_step: int):
     """Starts the rollout workers, each a fresh interpreter ("spawn": safe with a CUDA learner) given the
     shared buffer and weights as it is created, waits for every Ready, and yields (processes, pipes). On
     leaving, every worker is stopped, also on an error, a refused write or Ctrl-C of the learner (no process
@@ -1711,8 +1959,12 @@ def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.
     try:
         for w in range(args.num_workers):
             conn, child_conn = context.Pipe()
-            process = context.Process(target=rollout_worker, name=f"rollout-worker-{w}", daemon=True,
-                                      args=(w, args, buffer, weights, child_conn, os.getpid(), start_step, run_dir))
+            process = context.Process(
+                target=rollout_worker,
+                name=f"rollout-worker-{w}",
+                daemon=True,
+                args=(w, args, buffer, weights, child_conn, os.getpid(), start_step, run_dir),
+            )
             process.start()
             child_conn.close()
             workers.append(process)
@@ -1772,8 +2024,10 @@ def check_slices(buffer: dict[str, torch.Tensor], replies: list[Done], num_envs_
     for done in replies:
         lo = done.worker * num_envs_per_worker
         if slice_checksum(buffer, lo, lo + num_envs_per_worker) != done.checksum:
-            raise WorkerFailed(f"rollout worker {done.worker}: its slice of the rollout buffer in iteration "
-                               f"{iteration} is not what it wrote (checksum mismatch)")
+            raise WorkerFailed(
+                f"rollout worker {done.worker}: its slice of the rollout buffer in iteration "
+                f"{iteration} is not what it wrote (checksum mismatch)"
+            )
 
 
 def stop_workers(workers: list, conns: list, graceful: bool):

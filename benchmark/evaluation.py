@@ -31,10 +31,16 @@ def measure(name: str, episodes: int) -> dict:
     torch.manual_seed(0)
     agent, extra = make_agent(script, args)
     start = time.perf_counter()
-    returns = script.evaluate(copy.deepcopy(agent), args, episodes, False, args.seed + 100_000, torch.device("cpu"),
-                              **extra)
-    return dict(script=name, env=args.env_id, episodes=episodes, seconds=time.perf_counter() - start,
-                mean_return=float(np.mean(returns)))
+    returns = script.evaluate(
+        copy.deepcopy(agent), args, episodes, False, args.seed + 100_000, torch.device("cpu"), **extra
+    )
+    return dict(
+        script=name,
+        env=args.env_id,
+        episodes=episodes,
+        seconds=time.perf_counter() - start,
+        mean_return=float(np.mean(returns)),
+    )
 
 
 def make_agent(script, args):
@@ -63,7 +69,10 @@ def main():
     print("|---|---|---|---|---|")
     for name in args.scripts:
         r = measure(name, args.episodes)
-        print(f"| {r['script']}.py | {r['env']} | {r['episodes']} | {r['seconds']:.2f} | {r['mean_return']:.1f} |", flush=True)
+        print(
+            f"| {r['script']}.py | {r['env']} | {r['episodes']} | {r['seconds']:.2f} | {r['mean_return']:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -86,8 +86,10 @@ def main():
 
     # NumpyUpdate first: it moves the parameters into one flat tensor, which NumpyPolicy then reads
     numpy_update = script.NumpyUpdate(agent, optimizer, args) if hasattr(script, "NumpyUpdate") else None
-    variants = {"policy step, eager act": lambda: agent.act(step_obs),
-                "policy step, compiled act": lambda: compiled_act(step_obs)}
+    variants = {
+        "policy step, eager act": lambda: agent.act(step_obs),
+        "policy step, compiled act": lambda: compiled_act(step_obs),
+    }
     if hasattr(script, "NumpyPolicy"):
         numpy_policy = script.NumpyPolicy(agent)
         variants["policy step, NumpyPolicy"] = lambda: numpy_policy(step_obs.numpy())
@@ -100,8 +102,10 @@ def main():
         for name, fn in variants.items():
             results[name].append(per_call(fn, options.seconds))
 
-    print(f"{options.script}: {n_obs} observations per policy step, {args.minibatch_size} samples per update "
-          f"step, 1 thread, torch {torch.__version__}, median of {options.rounds} alternating rounds\n")
+    print(
+        f"{options.script}: {n_obs} observations per policy step, {args.minibatch_size} samples per update "
+        f"step, 1 thread, torch {torch.__version__}, median of {options.rounds} alternating rounds\n"
+    )
     print("| what | CPU time per call |\n|---|---|")
     for name, times in results.items():
         print(f"| {name} | {statistics.median(times) * 1e6:.0f} us |")

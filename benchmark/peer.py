@@ -65,8 +65,17 @@ PEER_DIR = Path(os.environ.get("PPO_LAB_PEER_DIR") or Path.home() / ".cache" / "
 # 2.3.7 is the last 2.x release, the one Hopper-v4 ran on then (imageio: gymnasium 0.29's MuJoCo envs
 # import it); gym 0.23's CartPole imports pygame, whose pin in CleanRL (2.1.0) has no Python 3.11 wheel;
 # torch is ours, so that the networks' kernels are the same on both sides.
-PEER_PACKAGES = ["torch==2.13.0", "numpy<2", "gym==0.23.1", "gymnasium==0.29.1", "envpool==0.8.4",
-                 "mujoco==2.3.7", "imageio", "pygame==2.6.1", "tensorboard"]
+PEER_PACKAGES = [
+    "torch==2.13.0",
+    "numpy<2",
+    "gym==0.23.1",
+    "gymnasium==0.29.1",
+    "envpool==0.8.4",
+    "mujoco==2.3.7",
+    "imageio",
+    "pygame==2.6.1",
+    "tensorboard",
+]
 VERSIONS_OF = ["cleanrl", "torch", "numpy", "gym", "gymnasium", "envpool", "mujoco"]
 DEFAULT_LOG = ROOT / "runs" / "benchmark_peer.jsonl"
 
@@ -85,15 +94,33 @@ PAIRS = {
     "breakout": Pair("ppo_atari_envpool", "ppo_atari_envpool.py", "Breakout-v5", 10_000_000),
 }
 # given to both sides as flags, with our script's default values (CleanRL's flags have the same names)
-HYPERPARAMETERS = ("seed", "torch_deterministic", "learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma",
-                   "gae_lambda", "num_minibatches", "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef",
-                   "vf_coef", "max_grad_norm", "target_kl")
+HYPERPARAMETERS = (
+    "seed",
+    "torch_deterministic",
+    "learning_rate",
+    "num_envs",
+    "num_steps",
+    "anneal_lr",
+    "gamma",
+    "gae_lambda",
+    "num_minibatches",
+    "update_epochs",
+    "norm_adv",
+    "clip_coef",
+    "clip_vloss",
+    "ent_coef",
+    "vf_coef",
+    "max_grad_norm",
+    "target_kl",
+)
 # off on both sides: the benchmark times the training alone, on the CPU
 OFF = ("cuda", "track", "capture_video")
 # CleanRL's flags that do not change what is computed, which the benchmark leaves at their defaults
 NOT_PASSED = {"help", "exp-name", "wandb-project-name", "wandb-entity"}
-SETTINGS = {"plain": "default threads, nothing else started by the benchmark",
-            "busy": "default threads, +1 process busy on one core"}
+SETTINGS = {
+    "plain": "default threads, nothing else started by the benchmark",
+    "busy": "default threads, +1 process busy on one core",
+}
 THEIRS = "CleanRL"
 BASELINE = "baseline"  # the label of the --baseline checkout's runs
 
@@ -126,8 +153,10 @@ def peer_versions(peer_dir: Path) -> dict[str, str]:
 def check_peer(peer_dir: Path):
     """A one-line error when the peer is not built."""
     if not peer_versions(peer_dir):
-        fail(f"CleanRL {PEER_VERSION}'s virtualenv is missing ({peer_dir}): build it first with "
-             "`python -m benchmark.peer --build`")
+        fail(
+            f"CleanRL {PEER_VERSION}'s virtualenv is missing ({peer_dir}): build it first with "
+            "`python -m benchmark.peer --build`"
+        )
 
 
 def build(peer_dir: Path):
@@ -145,14 +174,15 @@ def build(peer_dir: Path):
     for command in steps:
         print("$", shlex.join(command), flush=True)
         subprocess.run(command, check=True)
-    check = ("import json, sys; from importlib import metadata; import gym, gymnasium, envpool, torch, "
-             "torch.utils.tensorboard; gym.make('CartPole-v1').reset(); gymnasium.make('Hopper-v4').reset(seed=1); "
-             "envpool.make('Breakout-v5', env_type='gym', num_envs=1).reset(); "
-             f"json.dump({{p: metadata.version(p) for p in {VERSIONS_OF!r}}}, sys.stdout)")
+    check = (
+        "import json, sys; from importlib import metadata; import gym, gymnasium, envpool, torch, "
+        "torch.utils.tensorboard; gym.make('CartPole-v1').reset(); gymnasium.make('Hopper-v4').reset(seed=1); "
+        "envpool.make('Breakout-v5', env_type='gym', num_envs=1).reset(); "
+        f"json.dump({{p: metadata.version(p) for p in {VERSIONS_OF!r}}}, sys.stdout)"
+    )
     versions = subprocess.run([python, "-c", check], check=True, capture_output=True, text=True).stdout
     (peer_dir / "versions.json").write_text(versions + "\n")
     print(f"CleanRL {PEER_VERSION} ready in {peer_dir}: {versions}")
-
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -181,11 +211,16 @@ def flags(values: dict, ours: bool) -> list[str]:
     return out
 
 
-def our_command(pair: Pair, steps: int, defaults: dict, runs_dir: str, extra: tuple[str, ...] = (),
-                root: Path = ROOT) -> list[str]:
+def our_command(
+    pair: Pair, steps: int, defaults: dict, runs_dir: str, extra: tuple[str, ...] = (), root: Path = ROOT
+) -> list[str]:
     """Our script in the checkout `root` (this one, or a --baseline), with the hyperparameters of `defaults`."""
-    values = {"env_id": pair.env_id, "total_timesteps": steps, **hyperparameters(defaults),
-              **dict.fromkeys(OFF + ("save_model",), False)}
+    values = {
+        "env_id": pair.env_id,
+        "total_timesteps": steps,
+        **hyperparameters(defaults),
+        **dict.fromkeys(OFF + ("save_model",), False),
+    }
     return [sys.executable, str(root / f"{pair.ours}.py"), *flags(values, ours=True), "--runs-dir", runs_dir, *extra]
 
 
@@ -202,8 +237,9 @@ def unmatched_flags(help_text: str, command: list[str], unset: set[str]) -> list
     return sorted(offered - passed - NOT_PASSED - unset)
 
 
-def our_variants(defaults: dict, threads: list[int], split: bool = True,
-                 baseline: bool = False) -> list[tuple[str, tuple[str, ...]]]:
+def our_variants(
+    defaults: dict, threads: list[int], split: bool = True, baseline: bool = False
+) -> list[tuple[str, tuple[str, ...]]]:
     """(label, extra flags) of each run of our script: its defaults; where it has `--compile` (and `split`),
     the other mode too; each asked-for `--torch-threads` count; and with `baseline`, the --baseline
     checkout's script at its defaults."""
@@ -282,8 +318,17 @@ def time_run(command: list[str], env: dict[str, str], busy: bool, cwd: str) -> t
     return seconds, done.stdout
 
 
-def measure(pair_name: str, steps: int, setting: str, label: str, extra: tuple[str, ...], defaults: dict,
-            peer_dir: Path, cold: bool, baseline: Path | None = None) -> dict:
+def measure(
+    pair_name: str,
+    steps: int,
+    setting: str,
+    label: str,
+    extra: tuple[str, ...],
+    defaults: dict,
+    peer_dir: Path,
+    cold: bool,
+    baseline: Path | None = None,
+) -> dict:
     """One timed run: a record for the log. `cold`: torch.compile starts from an empty cache; `baseline`: the
     checkout whose script the runs labelled BASELINE run."""
     pair = PAIRS[pair_name]
@@ -297,8 +342,17 @@ def measure(pair_name: str, steps: int, setting: str, label: str, extra: tuple[s
         env = child_env(ours, f"{tmp}/compile_cache" if cold else None)
         seconds, output = time_run(command, env, setting == "busy", tmp)
         times = own_times(Path(tmp, "runs")) if ours else {}
-    return {"pair": pair_name, "steps": steps, "setting": setting, "run": label, "cold": cold,
-            "seconds": round(seconds, 3), "sps": last_sps(output), **times, "command": shlex.join(command)}
+    return {
+        "pair": pair_name,
+        "steps": steps,
+        "setting": setting,
+        "run": label,
+        "cold": cold,
+        "seconds": round(seconds, 3),
+        "sps": last_sps(output),
+        **times,
+        "command": shlex.join(command),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -328,26 +382,41 @@ def ratio_text(theirs: dict[int, float], ours: dict[int, float]) -> str:
     return text
 
 
-def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings: list[str], rounds: int,
-          modes: dict[str, dict[str, str]], cold: bool = False) -> str:
+def table(
+    records: list[dict],
+    pairs: list[str],
+    steps: dict[str, int],
+    settings: list[str],
+    rounds: int,
+    modes: dict[str, dict[str, str]],
+    cold: bool = False,
+) -> str:
     """The markdown tables: whole-process seconds of each run per round, median, range, the script's own
     last SPS (median) and the ratio CleanRL / ours; then, where our script has `--compile`, its eager and
     compiled times. `modes[pair]` maps the labels of our runs to 'eager' or 'compiled' (the table's rows:
     CleanRL, then these in order). Only the records with the compile cache `cold` (or not) count."""
     found = {key(record)[:5]: record for record in records if record.get("cold", False) == cold}
     header = " | ".join(f"round {r}" for r in range(1, rounds + 1))
-    lines = [f"| pair | steps | setting | run | {header} | median (s) | range (s) | script's SPS | CleanRL / this |",
-             "|---|---|---|---|" + "---|" * rounds + "---|---|---|---|"]
-    split = ["| script | steps | setting | eager (s) | compiled (s) | compiled / eager | compiled - eager (s) "
-             "| compile time (s) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| pair | steps | setting | run | {header} | median (s) | range (s) | script's SPS | CleanRL / this |",
+        "|---|---|---|---|" + "---|" * rounds + "---|---|---|---|",
+    ]
+    split = [
+        "| script | steps | setting | eager (s) | compiled (s) | compiled / eager | compiled - eager (s) "
+        "| compile time (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     baseline_lines = ["| pair | steps | setting | baseline time / our time |", "|---|---|---|---|"]
     for pair in pairs:
         name = f"{pair} ({PAIRS[pair].env_id})"
         for setting in settings:
             times, own = {}, {}
             for label in [THEIRS, *modes[pair]]:
-                runs = {r: found[pair, steps[pair], setting, label, r] for r in range(1, rounds + 1)
-                        if (pair, steps[pair], setting, label, r) in found}
+                runs = {
+                    r: found[pair, steps[pair], setting, label, r]
+                    for r in range(1, rounds + 1)
+                    if (pair, steps[pair], setting, label, r) in found
+                }
                 times[label] = {r: run["seconds"] for r, run in runs.items()}
                 own[label] = list(runs.values())
                 cells = " | ".join(f"{times[label][r]:.1f}" if r in runs else "" for r in range(1, rounds + 1))
@@ -358,23 +427,32 @@ def table(records: list[dict], pairs: list[str], steps: dict[str, int], settings
                 speeds = [run["sps"] for run in runs.values() if run.get("sps") is not None]
                 speed = f"{statistics.median(speeds):,.0f}" if speeds else ""
                 ratio = "" if label == THEIRS else ratio_text(times[THEIRS], times[label])
-                lines.append(f"| {name} | {steps[pair]:,} | {setting} | {label} | {cells} "
-                             f"| {statistics.median(seconds):.1f} | {min(seconds):.1f}-{max(seconds):.1f} "
-                             f"| {speed} | {ratio} |")
+                lines.append(
+                    f"| {name} | {steps[pair]:,} | {setting} | {label} | {cells} "
+                    f"| {statistics.median(seconds):.1f} | {min(seconds):.1f}-{max(seconds):.1f} "
+                    f"| {speed} | {ratio} |"
+                )
             # the eager/compiled split: the runs that differ from the default in the compile mode only
-            by_mode = {modes[pair][label]: label for label in modes[pair]
-                       if times[label] and not label.startswith("ours --torch-threads") and label != BASELINE}
+            by_mode = {
+                modes[pair][label]: label
+                for label in modes[pair]
+                if times[label] and not label.startswith("ours --torch-threads") and label != BASELINE
+            }
             if times.get(BASELINE) and times["ours"]:
-                baseline_lines.append(f"| {name} | {steps[pair]:,} | {setting} | "
-                                      f"{ratio_text(times[BASELINE], times['ours'])} |")
+                baseline_lines.append(
+                    f"| {name} | {steps[pair]:,} | {setting} | {ratio_text(times[BASELINE], times['ours'])} |"
+                )
             if len(by_mode) == 2:
                 eager = statistics.median(times[by_mode["eager"]].values())
                 compiled = statistics.median(times[by_mode["compiled"]].values())
                 compile_time = compile_text(own[by_mode["compiled"]], own[by_mode["eager"]])
-                split.append(f"| {PAIRS[pair].ours}.py | {steps[pair]:,} | {setting} | {eager:.1f} | {compiled:.1f} "
-                             f"| {compiled / eager:.2f} | {compiled - eager:+.1f} | {compile_time} |")
-    return "\n".join(lines + ([""] + split if len(split) > 2 else [])
-                     + ([""] + baseline_lines if len(baseline_lines) > 2 else []))
+                split.append(
+                    f"| {PAIRS[pair].ours}.py | {steps[pair]:,} | {setting} | {eager:.1f} | {compiled:.1f} "
+                    f"| {compiled / eager:.2f} | {compiled - eager:+.1f} | {compile_time} |"
+                )
+    return "\n".join(
+        lines + ([""] + split if len(split) > 2 else []) + ([""] + baseline_lines if len(baseline_lines) > 2 else [])
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -386,8 +464,9 @@ def compile_text(compiled: list[dict], eager: list[dict]) -> str:
     logged = [run["compile_s"] for run in compiled if run.get("compile_s") is not None]
     if logged:
         return f"{statistics.median(logged):.1f}"
-    extra = [[run["first_extra_s"] for run in runs if run.get("first_extra_s") is not None]
-             for runs in (compiled, eager)]
+    extra = [
+        [run["first_extra_s"] for run in runs if run.get("first_extra_s") is not None] for runs in (compiled, eager)
+    ]
     if all(extra):
         return f"about {statistics.median(extra[0]) - statistics.median(extra[1]):.1f} (first iteration's extra time)"
     return "not logged"
@@ -425,18 +504,30 @@ def our_commit(root: Path = ROOT) -> str:
 def check_flags(command: list[str], defaults: dict):
     """Fails unless every flag of CleanRL's script (from its --help) is one the command passes or one
     that does not change the training (NOT_PASSED): then no default of theirs differs unseen from ours."""
-    help_text = subprocess.run([*command[:2], "--help"], capture_output=True, text=True,
-                               env=child_env(ours=False)).stdout
+    help_text = subprocess.run(
+        [*command[:2], "--help"], capture_output=True, text=True, env=child_env(ours=False)
+    ).stdout
     unset = {name.replace("_", "-") for name in HYPERPARAMETERS if defaults[name] is None}
     missing = unmatched_flags(help_text, command, unset)
     if missing or "--env-id" not in help_text:
-        fail(f"CleanRL's {Path(command[1]).name} has flags that the benchmark does not set: {missing} "
-             f"(its --help: {help_text.strip()[-200:]!r})")
+        fail(
+            f"CleanRL's {Path(command[1]).name} has flags that the benchmark does not set: {missing} "
+            f"(its --help: {help_text.strip()[-200:]!r})"
+        )
 
 
-def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], settings: list[str],
-               variants: dict[str, list[tuple[str, tuple[str, ...]]]], defaults: dict[str, dict], peer_dir: Path,
-               cold: bool = False, baseline: Path | None = None):
+def run_rounds(
+    log: Path,
+    rounds: int,
+    pairs: list[str],
+    steps: dict[str, int],
+    settings: list[str],
+    variants: dict[str, list[tuple[str, tuple[str, ...]]]],
+    defaults: dict[str, dict],
+    peer_dir: Path,
+    cold: bool = False,
+    baseline: Path | None = None,
+):
     """Every run not yet in the log, round after round, each appended to the log as it finishes. In a
     round, ours go first in odd rounds and CleanRL's in even ones."""
     done = {key(record) for record in read_log(log)}
@@ -451,32 +542,46 @@ def run_rounds(log: Path, rounds: int, pairs: list[str], steps: dict[str, int], 
                     if (pair, steps[pair], setting, label, r, cold) in done:
                         continue
                     load = os.getloadavg()[0]  # the machine's state just before: a disturbed run shows here
-                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir, cold,
-                                     baseline)
+                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir, cold, baseline)
                     record.update(round=r, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), load=load)
                     with log.open("a") as f:
                         f.write(json.dumps(record) + "\n")
                     print(f"round {r} {pair} {setting} {label}: {record['seconds']:.1f} s", flush=True)
 
 
-def describe(command: str, peer_dir: Path, pairs: list[str], settings: list[str], defaults: dict[str, dict],
-             records: list[dict], cold: bool, baseline: Path | None = None) -> str:
+def describe(
+    command: str,
+    peer_dir: Path,
+    pairs: list[str],
+    settings: list[str],
+    defaults: dict[str, dict],
+    records: list[dict],
+    cold: bool,
+    baseline: Path | None = None,
+) -> str:
     """The lines above the table: machine, load during the runs, versions, command, settings, scripts."""
     loads = [record["load"] for record in records if "load" in record and record["pair"] in pairs]
     during = f"1-minute load average before each run {min(loads):.2f}-{max(loads):.2f}" if loads else "no runs logged"
     theirs = ", ".join(f"{k} {v}" for k, v in peer_versions(peer_dir).items()) or "not built here"
-    lines = [f"Machine: {machine()}; {during}.",
-             f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + ".",
-             f"CleanRL: {theirs} (virtualenv {peer_dir}).",
-             *([f"Baseline: {baseline}, commit {our_commit(baseline)}, with our flags."] if baseline else []),
-             f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-             "Settings: " + "; ".join(f"{name}: {SETTINGS[name]}" for name in settings) + "; torch.compile cache: "
-             + ("empty for each run (cold)." if cold else "the user's (warm after the first compile).")]
+    lines = [
+        f"Machine: {machine()}; {during}.",
+        f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + ".",
+        f"CleanRL: {theirs} (virtualenv {peer_dir}).",
+        *([f"Baseline: {baseline}, commit {our_commit(baseline)}, with our flags."] if baseline else []),
+        f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "Settings: "
+        + "; ".join(f"{name}: {SETTINGS[name]}" for name in settings)
+        + "; torch.compile cache: "
+        + ("empty for each run (cold)." if cold else "the user's (warm after the first compile)."),
+    ]
     for pair in pairs:
-        compile_note = (f"`--compile` default {defaults[pair]['compile']}" if "compile" in defaults[pair]
-                        else "no `--compile`")
-        lines.append(f"{pair}: {PAIRS[pair].ours}.py (`--torch-threads` default {defaults[pair]['torch_threads']}, "
-                     f"{compile_note}) against cleanrl/{PAIRS[pair].theirs} (PyTorch's default threads).")
+        compile_note = (
+            f"`--compile` default {defaults[pair]['compile']}" if "compile" in defaults[pair] else "no `--compile`"
+        )
+        lines.append(
+            f"{pair}: {PAIRS[pair].ours}.py (`--torch-threads` default {defaults[pair]['torch_threads']}, "
+            f"{compile_note}) against cleanrl/{PAIRS[pair].theirs} (PyTorch's default threads)."
+        )
     return "\n".join(lines)
 
 
@@ -499,28 +604,47 @@ def parse_steps(text: str | None) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(prog="python -m benchmark.peer", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmark.peer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--build", action="store_true", help="create the CleanRL virtualenv (then exit)")
-    parser.add_argument("--peer-dir", type=Path, default=PEER_DIR,
-                        help="the CleanRL virtualenv (default: $PPO_LAB_PEER_DIR or %(default)s)")
+    parser.add_argument(
+        "--peer-dir",
+        type=Path,
+        default=PEER_DIR,
+        help="the CleanRL virtualenv (default: $PPO_LAB_PEER_DIR or %(default)s)",
+    )
     parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated, of: %(default)s")
     parser.add_argument("--steps", default=None, help="N for every pair or PAIR=N,...; default: the scripts' own")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating runs (default: %(default)s)")
     parser.add_argument("--busy", action="store_true", help="also time every run beside a process busy on one core")
-    parser.add_argument("--torch-threads", default="", help="also time our scripts with these thread counts, "
-                        "comma-separated (e.g. 1,2)")
-    parser.add_argument("--no-split", action="store_true",
-                        help="time our scripts in their default compile mode only (no eager/compiled split)")
-    parser.add_argument("--cold-compile", action="store_true",
-                        help="give every run an empty torch.compile cache (default: the user's, warm after the "
-                        "first compile)")
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="also time the scripts of this other checkout of the repository (e.g. a git worktree "
-                        "of an earlier commit) in the same rounds, with the same flags, and tabulate its time "
-                        "against ours")
-    parser.add_argument("--log", type=Path, default=DEFAULT_LOG,
-                        help="JSON lines of the finished runs, read to resume (default: %(default)s)")
+    parser.add_argument(
+        "--torch-threads", default="", help="also time our scripts with these thread counts, comma-separated (e.g. 1,2)"
+    )
+    parser.add_argument(
+        "--no-split",
+        action="store_true",
+        help="time our scripts in their default compile mode only (no eager/compiled split)",
+    )
+    parser.add_argument(
+        "--cold-compile",
+        action="store_true",
+        help="give every run an empty torch.compile cache (default: the user's, warm after the first compile)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="also time the scripts of this other checkout of the repository (e.g. a git worktree "
+        "of an earlier commit) in the same rounds, with the same flags, and tabulate its time "
+        "against ours",
+    )
+    parser.add_argument(
+        "--log",
+        type=Path,
+        default=DEFAULT_LOG,
+        help="JSON lines of the finished runs, read to resume (default: %(default)s)",
+    )
     parser.add_argument("--table", action="store_true", help="print the table from --log only, run nothing")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown to this file")
     args = parser.parse_args(argv)
@@ -548,20 +672,33 @@ def main(argv: list[str] | None = None):
             fail(f"--steps: {pair} needs at least one batch, {batch} steps, got {steps[pair]}")
     if args.baseline is not None and not all((args.baseline / f"{PAIRS[pair].ours}.py").is_file() for pair in pairs):
         fail(f"--baseline {args.baseline}: not a checkout of this repository (its scripts are missing)")
-    variants = {pair: our_variants(defaults[pair], threads, not args.no_split, args.baseline is not None)
-                for pair in pairs}
+    variants = {
+        pair: our_variants(defaults[pair], threads, not args.no_split, args.baseline is not None) for pair in pairs
+    }
     modes = {pair: {label: mode(defaults[pair], label) for label, _ in variants[pair]} for pair in pairs}
     if not args.table:
         for pair in pairs:
             check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.peer_dir), defaults[pair])
-        run_rounds(args.log, args.rounds, pairs, steps, settings, variants, defaults, args.peer_dir, args.cold_compile,
-                   args.baseline)
+        run_rounds(
+            args.log,
+            args.rounds,
+            pairs,
+            steps,
+            settings,
+            variants,
+            defaults,
+            args.peer_dir,
+            args.cold_compile,
+            args.baseline,
+        )
 
     records = read_log(args.log)
     command = "python -m benchmark.peer " + shlex.join(argv if argv is not None else sys.argv[1:])
-    text = (describe(command, args.peer_dir, pairs, settings, defaults, records, args.cold_compile, args.baseline)
-            + "\n\n"
-            + table(records, pairs, steps, settings, args.rounds, modes, args.cold_compile))
+    text = (
+        describe(command, args.peer_dir, pairs, settings, defaults, records, args.cold_compile, args.baseline)
+        + "\n\n"
+        + table(records, pairs, steps, settings, args.rounds, modes, args.cold_compile)
+    )
     print("\n" + text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -78,9 +78,11 @@ def summarize_run(run_dir: Path, last: int) -> dict:
 
 def table(root: Path, last: int, references: dict[tuple[str, str], dict] | None = None) -> str:
     references = load_references() if references is None else references
-    lines = [f"| script | env | seeds | per seed (mean of last {last} episodes) | mean ± std | steps | runtime (s) "
-             "| SPS | published reference |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| script | env | seeds | per seed (mean of last {last} episodes) | mean ± std | steps | runtime (s) "
+        "| SPS | published reference |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     sources = []
     for (env_id, exp_name), runs in group_runs(root).items():
         summaries = [summarize_run(run_dir, last) for run_dir, _ in runs]
@@ -95,7 +97,8 @@ def table(root: Path, last: int, references: dict[tuple[str, str], dict] | None 
             f"| {exp_name}.py | {env_id} | {', '.join(seed for _, seed in runs)} | {per_seed} "
             f"| {means.mean():.2f} ± {means.std():.2f} | {int(np.mean([s['steps'] for s in summaries])):,} "
             f"| {np.mean([s['runtime'] for s in summaries]):.0f} | {np.mean([s['sps'] for s in summaries]):.0f} "
-            f"| {published} |")
+            f"| {published} |"
+        )
     if sources:
         lines += ["", "Published references (CleanRL): " + "; ".join(sources) + "."]
     return "\n".join(lines)
@@ -115,8 +118,9 @@ def iqm_with_ci(scores: np.ndarray, reps: int, seed: int = 0) -> tuple[float, fl
     from rliable import library as rly, metrics
 
     with seeded_numpy(seed):
-        points, intervals = rly.get_interval_estimates({"scores": scores}, lambda x: np.array([metrics.aggregate_iqm(x)]),
-                                                       reps=reps)
+        points, intervals = rly.get_interval_estimates(
+            {"scores": scores}, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps
+        )
     return float(points["scores"][0]), float(intervals["scores"][0, 0]), float(intervals["scores"][1, 0])
 
 
@@ -139,8 +143,9 @@ def block_scores(root: Path, last: int, references: dict[tuple[str, str], dict])
     for (env_id, exp_name), runs in group_runs(root).items():
         reference = references.get((f"{exp_name}.py", env_id))
         if reference and reference["mean"] != 0:
-            per_script[exp_name][env_id] = {seed: normalise(summarize_run(run_dir, last)["return"], reference["mean"])
-                                            for run_dir, seed in runs}
+            per_script[exp_name][env_id] = {
+                seed: normalise(summarize_run(run_dir, last)["return"], reference["mean"]) for run_dir, seed in runs
+            }
     blocks = {}
     for exp_name, envs in per_script.items():
         seeds = sorted(set.intersection(*(set(by_seed) for by_seed in envs.values())))
@@ -149,8 +154,9 @@ def block_scores(root: Path, last: int, references: dict[tuple[str, str], dict])
     return blocks
 
 
-def aggregate_table(root: Path, last: int, references: dict[tuple[str, str], dict] | None = None,
-                    reps: int = 10_000) -> str:
+def aggregate_table(
+    root: Path, last: int, references: dict[tuple[str, str], dict] | None = None, reps: int = 10_000
+) -> str:
     """The IQM table: per (env, script) over seeds (raw returns), then per script over seeds and the
     environments with a reference (normalised scores)."""
     references = load_references() if references is None else references
@@ -161,15 +167,20 @@ def aggregate_table(root: Path, last: int, references: dict[tuple[str, str], dic
         lines.append(f"| {exp_name}.py | {env_id} | {len(runs)} | {iqm:.2f} [{low:.2f}, {high:.2f}] |")
     blocks = block_scores(root, last, references)
     if blocks:
-        lines += ["", "| script | envs (normalised: 1 = published reference) | seeds | IQM [95% CI] |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "| script | envs (normalised: 1 = published reference) | seeds | IQM [95% CI] |",
+            "|---|---|---|---|",
+        ]
         for exp_name, (envs, scores) in blocks.items():
             iqm, low, high = iqm_with_ci(scores, reps)
             lines.append(f"| {exp_name}.py | {', '.join(envs)} | {len(scores)} | {iqm:.3f} [{low:.3f}, {high:.3f}] |")
     return "\n".join(lines)
 
 
-def plot_profiles(root: Path, out_dir: Path, last: int, references: dict[tuple[str, str], dict] | None = None,
-                  reps: int = 2000) -> list[Path]:
+def plot_profiles(
+    root: Path, out_dir: Path, last: int, references: dict[tuple[str, str], dict] | None = None, reps: int = 2000
+) -> list[Path]:
     """Writes one performance profile per script (`profile__<exp_name>.png`): the fraction of its runs
     (seeds x envs) whose normalised score exceeds tau, with rliable's stratified-bootstrap 95% band."""
     import matplotlib
@@ -186,10 +197,15 @@ def plot_profiles(root: Path, out_dir: Path, last: int, references: dict[tuple[s
         with seeded_numpy(0):
             profiles, bands = rly.create_performance_profile({exp_name: scores}, taus, reps=reps)
         fig, ax = plt.subplots(figsize=(6, 4))
-        plot_utils.plot_performance_profiles(profiles, taus, performance_profile_cis=bands, ax=ax,
-                                             colors={exp_name: "tab:blue"},
-                                             xlabel=r"normalised score $\tau$ (1 = published reference)",
-                                             ylabel=r"fraction of runs with score $> \tau$")
+        plot_utils.plot_performance_profiles(
+            profiles,
+            taus,
+            performance_profile_cis=bands,
+            ax=ax,
+            colors={exp_name: "tab:blue"},
+            xlabel=r"normalised score $\tau$ (1 = published reference)",
+            ylabel=r"fraction of runs with score $> \tau$",
+        )
         ax.set_title(f"{exp_name}.py: {len(scores)} seeds x {len(envs)} envs", fontsize="medium")
         written.append(save_figure(fig, out_dir / f"profile__{exp_name}.png"))
     return written
@@ -243,8 +259,9 @@ def curves(run_dirs: list[Path], axis: str = "step", window: int = 1, points: in
     return grid, np.stack([np.interp(grid, x, y) for x, y in zip(xs, ys)])
 
 
-def plot(root: Path, out_dir: Path, window: int = 10,
-         references: dict[tuple[str, str], dict] | None = None) -> list[Path]:
+def plot(
+    root: Path, out_dir: Path, window: int = 10, references: dict[tuple[str, str], dict] | None = None
+) -> list[Path]:
     """Writes the learning-curve PNGs of every group below root into out_dir (curves smoothed over
     `window` episodes); returns their paths."""
     import matplotlib
@@ -260,16 +277,22 @@ def plot(root: Path, out_dir: Path, window: int = 10,
         for axis, suffix, xlabel in (("step", "", "global step"), ("time", "-time", "wall time (s)")):
             curve = curves([run_dir for run_dir, _ in runs], axis, window)
             if curve is None:
-                print(f"no {axis} curve for {exp_name}.py on {env_id}: "
-                      f"no episodes, or no {axis} range that all seeds cover")
+                print(
+                    f"no {axis} curve for {exp_name}.py on {env_id}: "
+                    f"no episodes, or no {axis} range that all seeds cover"
+                )
                 continue
             grid, values = curve
             fig, ax = plt.subplots(figsize=(6, 4))
             ax.plot(grid, values.mean(0), label=f"{exp_name}.py, mean of {len(values)} seed{'s' * (len(values) > 1)}")
             ax.fill_between(grid, values.min(0), values.max(0), alpha=0.25, label="min-max over seeds")
             if reference:
-                ax.axhline(reference["mean"], color="grey", linestyle="--",
-                           label=f"CleanRL at {short_steps(reference['steps'])} steps")
+                ax.axhline(
+                    reference["mean"],
+                    color="grey",
+                    linestyle="--",
+                    label=f"CleanRL at {short_steps(reference['steps'])} steps",
+                )
             ax.set(title=f"{exp_name}.py on {env_id}", xlabel=xlabel, ylabel="episodic return")
             ax.legend(loc="best", fontsize="small")
             written.append(save_figure(fig, out_dir / f"{env_id.replace('/', '_')}__{exp_name}{suffix}.png"))
@@ -287,14 +310,17 @@ def main():
     parser.add_argument("--reps", type=int, default=10_000, help="bootstrap resamples of the IQM intervals")
     args = parser.parse_args()
     references = load_references(args.references)
-    text = table(args.root, args.last, references) + "\n\n" + aggregate_table(args.root, args.last, references, args.reps)
+    text = (
+        table(args.root, args.last, references) + "\n\n" + aggregate_table(args.root, args.last, references, args.reps)
+    )
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     if args.plots:
-        for path in plot(args.root, args.plots, args.window, references) + plot_profiles(args.root, args.plots,
-                                                                                         args.last, references):
+        for path in plot(args.root, args.plots, args.window, references) + plot_profiles(
+            args.root, args.plots, args.last, references
+        ):
             print(f"wrote {path}")
 
 

@@ -45,9 +45,16 @@ class Job:
 
 def make_jobs(command: str, env_ids: list[str], seeds: list[int], logs: Path) -> list[Job]:
     base = shlex.split(command)
-    return [Job(env_id, seed, base + ["--env-id", env_id, "--seed", str(seed)],
-                logs / f"{env_id.replace('/', '_')}__{seed}.log")
-            for env_id in env_ids for seed in seeds]
+    return [
+        Job(
+            env_id,
+            seed,
+            base + ["--env-id", env_id, "--seed", str(seed)],
+            logs / f"{env_id.replace('/', '_')}__{seed}.log",
+        )
+        for env_id in env_ids
+        for seed in seeds
+    ]
 
 
 def start(job: Job):
@@ -59,8 +66,14 @@ def start(job: Job):
         log.write(f"$ {shlex.join(job.argv)}\n")
         log.flush()
         try:
-            job.process = subprocess.Popen(job.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                           env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+            job.process = subprocess.Popen(
+                job.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, OMP_NUM_THREADS="1"),
+                start_new_session=True,
+            )
         except OSError as error:
             log.write(f"cannot start the command: {error}\n")
             job.returncode = 127
@@ -97,8 +110,11 @@ def run_jobs(jobs: list[Job], workers: int) -> list[Job]:
         finished.append(job)
         failed = sum(j.returncode != 0 for j in finished)
         status = "done  " if job.returncode == 0 else f"FAILED (exit {job.returncode})"
-        print(f"[{len(finished):{width}}/{len(jobs)}] {status:<16} {job.name:<28} {job.elapsed:8.1f}s   "
-              f"running {len(running)}, pending {len(pending)}, failed {failed}", flush=True)
+        print(
+            f"[{len(finished):{width}}/{len(jobs)}] {status:<16} {job.name:<28} {job.elapsed:8.1f}s   "
+            f"running {len(running)}, pending {len(pending)}, failed {failed}",
+            flush=True,
+        )
 
     try:
         while pending or running:

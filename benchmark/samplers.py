@@ -39,10 +39,13 @@ BATCH = 2048
 
 
 def summarize(scalars: dict) -> dict:
-    return {"experience_sps": float(np.median(later(scalars, "charts/experience_SPS"))),
-            "learner_sps": float(np.median(later(scalars, "charts/learner_SPS"))),
-            "bytes_per_step": float(np.median(later(scalars, "charts/bytes_per_step"))),
-            "sps": scalars["charts/SPS"][-1][1], "time_split": time_split(scalars)}
+    return {
+        "experience_sps": float(np.median(later(scalars, "charts/experience_SPS"))),
+        "learner_sps": float(np.median(later(scalars, "charts/learner_SPS"))),
+        "bytes_per_step": float(np.median(later(scalars, "charts/bytes_per_step"))),
+        "sps": scalars["charts/SPS"][-1][1],
+        "time_split": time_split(scalars),
+    }
 
 
 def free_port() -> int:
@@ -55,21 +58,54 @@ def multi_host(env_id: str, iterations: int, samplers: int) -> dict:
     """A learner and `samplers` sampler commands started separately against a redis-server of their own."""
     port, run_id = free_port(), f"benchmark-{os.getpid()}"
     url = f"redis://127.0.0.1:{port}/0"
-    server = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                               "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
     processes = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             time.sleep(0.5)  # the server's start
-            learner = subprocess.Popen([sys.executable, str(ROOT / f"{SCRIPT}.py"), "--env-id", env_id, "--redis-url",
-                                        url, "--num-samplers", "0", "--run-id", run_id, "--total-timesteps",
-                                        str(iterations * BATCH), "--runs-dir", tmp], env=child_env(), cwd=ROOT,
-                                       stdout=subprocess.DEVNULL)
+            learner = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / f"{SCRIPT}.py"),
+                    "--env-id",
+                    env_id,
+                    "--redis-url",
+                    url,
+                    "--num-samplers",
+                    "0",
+                    "--run-id",
+                    run_id,
+                    "--total-timesteps",
+                    str(iterations * BATCH),
+                    "--runs-dir",
+                    tmp,
+                ],
+                env=child_env(),
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+            )
             processes.append(learner)
             for _ in range(samplers):  # what another machine runs
-                processes.append(subprocess.Popen([sys.executable, str(ROOT / f"{SCRIPT}.py"), "--role", "sampler",
-                                                   "--redis-url", url, "--run-id", run_id], env=child_env(), cwd=ROOT,
-                                                  stdout=subprocess.DEVNULL))
+                processes.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(ROOT / f"{SCRIPT}.py"),
+                            "--role",
+                            "sampler",
+                            "--redis-url",
+                            url,
+                            "--run-id",
+                            run_id,
+                        ],
+                        env=child_env(),
+                        cwd=ROOT,
+                        stdout=subprocess.DEVNULL,
+                    )
+                )
             if learner.wait() != 0:
                 raise RuntimeError("the multi-host learner failed")
             (run_dir,) = Path(tmp).iterdir()
@@ -92,30 +128,44 @@ def main():
         parser.error("--iterations must be at least 2 (the first is left out)")
 
     cores = os.cpu_count()
-    rows = ["| run | samplers | experience SPS | speedup | learner SPS | end-to-end SPS | bytes/step | time split "
-            "| note |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| run | samplers | experience SPS | speedup | learner SPS | end-to-end SPS | bytes/step | time split | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     points = []
     for samplers in args.samplers:
         result = summarize(run(SCRIPT, args.iterations, BATCH, "--env-id", args.env_id, "--num-samplers", samplers))
         points.append({"samplers": samplers, **result})
-        note = f"{samplers} samplers + learner + redis-server on {cores} cores: oversubscribed" \
-            if samplers + 1 > cores else ""
-        rows.append(f"| embedded server | {samplers} | {result['experience_sps']:,.0f} | "
-                    f"{result['experience_sps'] / points[0]['experience_sps']:.2f}x | {result['learner_sps']:,.0f} | "
-                    f"{result['sps']:,.0f} | {result['bytes_per_step']:,.0f} | {result['time_split']} | {note} |")
+        note = (
+            f"{samplers} samplers + learner + redis-server on {cores} cores: oversubscribed"
+            if samplers + 1 > cores
+            else ""
+        )
+        rows.append(
+            f"| embedded server | {samplers} | {result['experience_sps']:,.0f} | "
+            f"{result['experience_sps'] / points[0]['experience_sps']:.2f}x | {result['learner_sps']:,.0f} | "
+            f"{result['sps']:,.0f} | {result['bytes_per_step']:,.0f} | {result['time_split']} | {note} |"
+        )
         print(rows[-1], flush=True)
     remote = multi_host(args.env_id, args.iterations, 2)
-    rows.append(f"| separate commands (multi-host, simulated) | 2 | {remote['experience_sps']:,.0f} | | "
-                f"{remote['learner_sps']:,.0f} | {remote['sps']:,.0f} | {remote['bytes_per_step']:,.0f} | "
-                f"{remote['time_split']} | server, learner and samplers started apart |")
+    rows.append(
+        f"| separate commands (multi-host, simulated) | 2 | {remote['experience_sps']:,.0f} | | "
+        f"{remote['learner_sps']:,.0f} | {remote['sps']:,.0f} | {remote['bytes_per_step']:,.0f} | "
+        f"{remote['time_split']} | server, learner and samplers started apart |"
+    )
     print(rows[-1], flush=True)
     plain = run("ppo_continuous_action", args.iterations, BATCH, "--env-id", args.env_id)
-    rows.append(f"| ppo_continuous_action.py | (1 env in the learner) | | | | {plain['charts/SPS'][-1][1]:,.0f} | | "
-                f"{time_split(plain)} | same batch and update |")
+    rows.append(
+        f"| ppo_continuous_action.py | (1 env in the learner) | | | | {plain['charts/SPS'][-1][1]:,.0f} | | "
+        f"{time_split(plain)} | same batch and update |"
+    )
     print(rows[-1], flush=True)
 
-    lines = [f"{SCRIPT}.py on {args.env_id}, batch {BATCH}, {args.iterations} iterations per run (medians of "
-             f"iterations 2..{args.iterations}); machine: {cores} cores", ""] + rows
+    lines = [
+        f"{SCRIPT}.py on {args.env_id}, batch {BATCH}, {args.iterations} iterations per run (medians of "
+        f"iterations 2..{args.iterations}); machine: {cores} cores",
+        "",
+    ] + rows
     report("\n".join(lines), args.out)
     if args.plot:
         plot(points, args.plot, args.env_id)

@@ -49,10 +49,27 @@ def num_envs(mode: str, world_size: int, envs_per_rank: int, global_envs: int) -
 def run_job(world_size: int, envs: int, args: argparse.Namespace, runs_dir: Path, *extra: str) -> Path:
     """One torchrun job (`extra`: more flags of the script); returns its run folder."""
     runs_dir.mkdir(parents=True)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-               str(ROOT / "ppo_atari_multigpu.py"), "--env-id", args.env_id, "--num-envs", str(envs),
-               "--num-steps", str(args.num_steps), "--total-timesteps", str(args.iterations * envs * args.num_steps),
-               "--torch-threads", "1", "--runs-dir", str(runs_dir), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world_size}",
+        str(ROOT / "ppo_atari_multigpu.py"),
+        "--env-id",
+        args.env_id,
+        "--num-envs",
+        str(envs),
+        "--num-steps",
+        str(args.num_steps),
+        "--total-timesteps",
+        str(args.iterations * envs * args.num_steps),
+        "--torch-threads",
+        "1",
+        "--runs-dir",
+        str(runs_dir),
+        *extra,
+    ]
     result = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"scaling: W={world_size} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -67,8 +84,9 @@ def measure(run_dir: Path) -> dict[str, float]:
     if len(iterations) < 2:
         raise SystemExit(f"scaling: {run_dir} has fewer than 2 iterations; pass more --iterations")
     (first_step, first_time, _), (last_step, last_time, _) = iterations[0], iterations[-1]
-    rollout, update, comm = (sum(value for _, _, value in scalars[f"perf/{part}_time"][1:])
-                             for part in ("rollout", "update", "comm"))
+    rollout, update, comm = (
+        sum(value for _, _, value in scalars[f"perf/{part}_time"][1:]) for part in ("rollout", "update", "comm")
+    )
     split = {"rollout": rollout, "learn": update - comm, "comm": comm}  # the update's time includes its collectives
     total = rollout + update
     return {"sps": (last_step - first_step) / (last_time - first_time), **{k: v / total for k, v in split.items()}}
@@ -79,36 +97,56 @@ def scaling_table(results: dict[tuple[str, int], dict], cpus: int) -> list[dict]
     rows = []
     for (mode, world_size), result in results.items():
         speedup = result["sps"] / results[(mode, 1)]["sps"]
-        rows.append(dict(mode=mode, world_size=world_size, speedup=speedup, efficiency=speedup / world_size,
-                         oversubscribed=world_size > cpus, **result))
+        rows.append(
+            dict(
+                mode=mode,
+                world_size=world_size,
+                speedup=speedup,
+                efficiency=speedup / world_size,
+                oversubscribed=world_size > cpus,
+                **result,
+            )
+        )
     return rows
 
 
 def markdown(rows: list[dict], args: argparse.Namespace, cpus: int) -> str:
-    lines = [f"`python -m benchmark.scaling {' '.join(args.argv)}` on {args.env_id}, {args.num_steps} steps per "
-             f"rollout, one thread per rank, {cpus} CPUs, gloo.", "",
-             "| mode | W | envs per rank | SPS | speedup S | efficiency E | rollout | learn | comm |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`python -m benchmark.scaling {' '.join(args.argv)}` on {args.env_id}, {args.num_steps} steps per "
+        f"rollout, one thread per rank, {cpus} CPUs, gloo.",
+        "",
+        "| mode | W | envs per rank | SPS | speedup S | efficiency E | rollout | learn | comm |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         envs = num_envs(row["mode"], row["world_size"], args.envs_per_rank, args.num_envs) // row["world_size"]
         note = " (oversubscribed)" if row["oversubscribed"] else ""
-        lines.append(f"| {MODES[row['mode']]} | {row['world_size']}{note} | {envs} | {row['sps']:.0f} | "
-                     f"{row['speedup']:.2f} | {row['efficiency']:.2f} | {row['rollout']:.0%} | {row['learn']:.0%} | "
-                     f"{row['comm']:.0%} |")
+        lines.append(
+            f"| {MODES[row['mode']]} | {row['world_size']}{note} | {envs} | {row['sps']:.0f} | "
+            f"{row['speedup']:.2f} | {row['efficiency']:.2f} | {row['rollout']:.0%} | {row['learn']:.0%} | "
+            f"{row['comm']:.0%} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def straggler_rows(args: argparse.Namespace, tmp: Path) -> str:
     """The largest W with an injected straggler, without and with preemption (a markdown table)."""
     world_size = max(args.world_sizes)
-    lines = [f"Straggler: W={world_size}, fixed global batch, the last rank sleeps {args.straggler_delay:g} s after "
-             "every environment step.", "", "| preemption | SPS | rollout | learn | comm |", "|---|---|---|---|---|"]
+    lines = [
+        f"Straggler: W={world_size}, fixed global batch, the last rank sleeps {args.straggler_delay:g} s after "
+        "every environment step.",
+        "",
+        "| preemption | SPS | rollout | learn | comm |",
+        "|---|---|---|---|---|",
+    ]
     for name, extra in (("off", ()), ("--preempt-fraction 0.5", ("--preempt-fraction", "0.5"))):
         runs_dir = tmp / f"straggler-{len(extra)}"
-        result = measure(run_job(world_size, args.num_envs, args, runs_dir, "--straggler-delay",
-                                 str(args.straggler_delay), *extra))
-        lines.append(f"| {name} | {result['sps']:.0f} | {result['rollout']:.0%} | {result['learn']:.0%} | "
-                     f"{result['comm']:.0%} |")
+        result = measure(
+            run_job(world_size, args.num_envs, args, runs_dir, "--straggler-delay", str(args.straggler_delay), *extra)
+        )
+        lines.append(
+            f"| {name} | {result['sps']:.0f} | {result['rollout']:.0%} | {result['learn']:.0%} | {result['comm']:.0%} |"
+        )
         print(f"straggler, preemption {name}: {result['sps']:.0f} SPS", file=sys.stderr)
     return "\n".join(lines) + "\n"
 
@@ -127,14 +165,22 @@ def time_to_return(run_dir: Path, target: float, games: int) -> tuple[float, int
 
 def target_rows(args: argparse.Namespace, tmp: Path) -> str:
     """For each W, the fixed-global-batch job trained for --target-steps: when it reached the target."""
-    lines = [f"Time to a mean score of {args.target_return:g} over {args.target_games} games, fixed global batch "
-             f"({args.num_envs} environments), {args.target_steps} steps per job, seed 1.", "",
-             "| W | reached at step | wall time (s) | speedup in time |", "|---|---|---|---|"]
+    lines = [
+        f"Time to a mean score of {args.target_return:g} over {args.target_games} games, fixed global batch "
+        f"({args.num_envs} environments), {args.target_steps} steps per job, seed 1.",
+        "",
+        "| W | reached at step | wall time (s) | speedup in time |",
+        "|---|---|---|---|",
+    ]
     times = {}
     for world_size in args.world_sizes:
         steps = args.target_steps // (args.num_envs * args.num_steps)
-        run_dir = run_job(world_size, args.num_envs, argparse.Namespace(**{**vars(args), "iterations": steps}),
-                          tmp / f"target-{world_size}")
+        run_dir = run_job(
+            world_size,
+            args.num_envs,
+            argparse.Namespace(**{**vars(args), "iterations": steps}),
+            tmp / f"target-{world_size}",
+        )
         reached = time_to_return(run_dir, args.target_return, args.target_games)
         times[world_size] = reached[0] if reached else None
         print(f"time to return, W={world_size}: {reached}", file=sys.stderr)
@@ -142,10 +188,17 @@ def target_rows(args: argparse.Namespace, tmp: Path) -> str:
         speedup = f"{baseline / reached[0]:.2f}" if reached and baseline else "-"
         if not reached:
             scores = [value for _, _, value in read_timed_scalars(run_dir)[1].get("charts/episodic_return", [])]
-            best = max((sum(scores[k - args.target_games : k]) / args.target_games
-                        for k in range(args.target_games, len(scores) + 1)), default=float("nan"))
-        lines.append(f"| {world_size} | {reached[1] if reached else f'not reached (best mean {best:.2f})'} | "
-                     f"{f'{reached[0]:.0f}' if reached else '-'} | {speedup} |")
+            best = max(
+                (
+                    sum(scores[k - args.target_games : k]) / args.target_games
+                    for k in range(args.target_games, len(scores) + 1)
+                ),
+                default=float("nan"),
+            )
+        lines.append(
+            f"| {world_size} | {reached[1] if reached else f'not reached (best mean {best:.2f})'} | "
+            f"{f'{reached[0]:.0f}' if reached else '-'} | {speedup} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -183,9 +236,13 @@ def main(argv=None):
     parser.add_argument("--num-envs", type=int, default=8, help="fixed global batch: environments in all")
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--env-id", default="Breakout")
-    parser.add_argument("--straggler-delay", type=float, default=0.0,
-                        help="also run the largest W (fixed global batch) with its last rank sleeping this many seconds "
-                             "per step, without and with --preempt-fraction 0.5")
+    parser.add_argument(
+        "--straggler-delay",
+        type=float,
+        default=0.0,
+        help="also run the largest W (fixed global batch) with its last rank sleeping this many seconds "
+        "per step, without and with --preempt-fraction 0.5",
+    )
     parser.add_argument("--target-return", type=float, help="also measure the time to this mean score")
     parser.add_argument("--target-steps", type=int, default=200_000, help="steps of each time-to-return job")
     parser.add_argument("--target-games", type=int, default=20, help="games in the mean score of --target-return")
@@ -203,7 +260,9 @@ def main(argv=None):
         for mode in [] if args.skip_sps else args.modes:
             for world_size in args.world_sizes:
                 envs = num_envs(mode, world_size, args.envs_per_rank, args.num_envs)
-                results[(mode, world_size)] = measure(run_job(world_size, envs, args, Path(tmp) / f"{mode}-{world_size}"))
+                results[(mode, world_size)] = measure(
+                    run_job(world_size, envs, args, Path(tmp) / f"{mode}-{world_size}")
+                )
                 print(f"{MODES[mode]}, W={world_size}: {results[(mode, world_size)]['sps']:.0f} SPS", file=sys.stderr)
         extra = [straggler_rows(args, Path(tmp))] if args.straggler_delay else []
         extra += [target_rows(args, Path(tmp))] if args.target_return is not None else []

@@ -9,13 +9,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCRIPTS = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_procgen",
-           "ppo_atari_multigpu", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
+SCRIPTS = [
+    "ppo",
+    "ppo_continuous_action",
+    "ppo_atari",
+    "ppo_atari_lstm",
+    "ppo_atari_envpool",
+    "ppo_procgen",
+    "ppo_atari_multigpu",
+    "ppo_shared_memory_lstm",
+    "ppo_continuous_action_redis",
+]
 
 # script -> the real environment it is measured and run end to end on: its default (the Atari scripts:
 # the short id they expand; ppo_procgen: the game, in easy mode)
-ENV_ID = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v4", "ppo_atari": "Breakout",
-          "ppo_atari_lstm": "Breakout", "ppo_atari_envpool": "Breakout-v5", "ppo_procgen": "starpilot"}
+ENV_ID = {
+    "ppo": "CartPole-v1",
+    "ppo_continuous_action": "Hopper-v4",
+    "ppo_atari": "Breakout",
+    "ppo_atari_lstm": "Breakout",
+    "ppo_atari_envpool": "Breakout-v5",
+    "ppo_procgen": "starpilot",
+}
 
 
 def import_script(script: str):

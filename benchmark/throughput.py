@@ -42,8 +42,14 @@ from benchmark.scripts import ENV_ID, ROOT, child_env, import_script
 from tests.lstm_reference import lstm_step_by_step
 
 # script -> default number of steps to measure over (on its environment, ENV_ID)
-STEPS = {"ppo": 50_000, "ppo_continuous_action": 20_480, "ppo_atari_envpool": 10_240, "ppo_atari": 10_240,
-         "ppo_atari_lstm": 10_240, "ppo_procgen": 2 * 64 * 256}
+STEPS = {
+    "ppo": 50_000,
+    "ppo_continuous_action": 20_480,
+    "ppo_atari_envpool": 10_240,
+    "ppo_atari": 10_240,
+    "ppo_atari_lstm": 10_240,
+    "ppo_procgen": 2 * 64 * 256,
+}
 
 
 def env_only_sps(script: str, env_id: str, steps: int) -> float:
@@ -102,11 +108,27 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
     """Runs the script in a fresh process for `steps` steps, as VARIANTS[variant] says, and reads its
     SPS and time split from its event file; its peak memory is sampled twice a second meanwhile."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, str(ROOT / f"{script}.py"), "--env-id", env_id, "--total-timesteps", str(steps),
-                   "--runs-dir", f"{tmp}/runs"]
+        command = [
+            sys.executable,
+            str(ROOT / f"{script}.py"),
+            "--env-id",
+            env_id,
+            "--total-timesteps",
+            str(steps),
+            "--runs-dir",
+            f"{tmp}/runs",
+        ]
         if variant == "straightforward":
-            command = [sys.executable, "-m", "benchmark.throughput", "--run-straightforward", script, env_id,
-                       str(steps), f"{tmp}/runs"]
+            command = [
+                sys.executable,
+                "-m",
+                "benchmark.throughput",
+                "--run-straightforward",
+                script,
+                env_id,
+                str(steps),
+                f"{tmp}/runs",
+            ]
         env = child_env()
         if variant.startswith("pytorch threads"):
             command += ["--torch-threads", "0"]
@@ -207,8 +229,14 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
 
 def measure_in_child(script: str, env_id: str, steps: int) -> float:
     """env_only_sps in a fresh process, like the training runs it is compared with."""
-    out = subprocess.run([sys.executable, "-m", "benchmark.throughput", "--env-only", script, env_id, str(steps)],
-                         check=True, capture_output=True, text=True, env=child_env(), cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmark.throughput", "--env-only", script, env_id, str(steps)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -218,8 +246,9 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="steps per measurement (default: per script)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of measurements; the table shows medians")
     parser.add_argument("--busy", action="store_true", help="also measure with a busy process on another core")
-    parser.add_argument("--straightforward", action="store_true",
-                        help="also measure the scripts with their speed levers undone")
+    parser.add_argument(
+        "--straightforward", action="store_true", help="also measure the scripts with their speed levers undone"
+    )
     parser.add_argument("--out", type=str, default=None, help="also write the markdown table to this file")
     parser.add_argument("--env-only", nargs=3, metavar=("SCRIPT", "ENV_ID", "STEPS"), help=argparse.SUPPRESS)
     parser.add_argument("--run-straightforward", nargs=4, help=argparse.SUPPRESS)
@@ -232,9 +261,11 @@ def main():
         run_straightforward(script, env_id, int(steps), runs_dir)
         return
 
-    rows = ["| script | env | steps | env-only SPS | training SPS | training / env-only | time: act / env / update "
-            "| peak memory (MiB) | setting |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| script | env | steps | env-only SPS | training SPS | training / env-only | time: act / env / update "
+        "| peak memory (MiB) | setting |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     speedups = []
     for script in args.scripts:
         env_id, steps = ENV_ID[script], args.steps or STEPS[script]
@@ -253,12 +284,16 @@ def main():
                 split = f"{median['act']:.0%} / {median['env']:.0%} / {1 - median['rollout']:.0%}"
             else:  # rollout (acting and env stepping together) / update
                 split = f"{median['rollout']:.0%} rollout / {1 - median['rollout']:.0%}"
-            rows.append(f"| {script}.py | {env_id} | {steps} | {env_sps:,.0f} | {sps[variant]:,.0f} "
-                        f"| {sps[variant] / env_sps:.2f} | {split} | {median['peak_mib']:,.0f} | {VARIANTS[variant]} |")
+            rows.append(
+                f"| {script}.py | {env_id} | {steps} | {env_sps:,.0f} | {sps[variant]:,.0f} "
+                f"| {sps[variant] / env_sps:.2f} | {split} | {median['peak_mib']:,.0f} | {VARIANTS[variant]} |"
+            )
             print(rows[-1], flush=True)
         if args.straightforward:
-            speedups.append(f"{script}.py: {sps['default'] / sps['straightforward']:.2f}x the training SPS with "
-                            "its speed levers undone")
+            speedups.append(
+                f"{script}.py: {sps['default'] / sps['straightforward']:.2f}x the training SPS with "
+                "its speed levers undone"
+            )
 
     table = "\n".join(rows + [""] + speedups)
     print(f"\n{table}")

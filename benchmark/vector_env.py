@@ -41,7 +41,9 @@ def gymnasium_make_envs(script):
     def make_envs(args, run_dir: str):
         envs = gym.vector.SyncVectorEnv(
             [script.make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
-            copy=False, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+            copy=False,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
         return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
     return make_envs
@@ -50,8 +52,11 @@ def gymnasium_make_envs(script):
 def script_at(name: str, revision: str, folder: str) -> Path:
     """The file `name.py` as it is at a git revision, written into `folder`."""
     path = Path(folder) / f"{name}.py"
-    path.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{name}.py"], check=True,
-                                   capture_output=True, text=True).stdout)
+    path.write_text(
+        subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{revision}:{name}.py"], check=True, capture_output=True, text=True
+        ).stdout
+    )
     return path
 
 
@@ -104,8 +109,13 @@ def child(path: str, variant: str, flags: list[str]):
 def run_time(path: Path, variant: str, flags: list[str]) -> float:
     """Wall seconds of one whole training process."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "benchmark.vector_env", "child", str(path), variant, *flags],
-                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmark.vector_env", "child", str(path), variant, *flags],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     if done.returncode != 0:
         sys.exit(f"{variant} run of {path} failed:\n{done.stderr[-3000:]}")
     return time.perf_counter() - start
@@ -114,13 +124,18 @@ def run_time(path: Path, variant: str, flags: list[str]) -> float:
 def table(unit: str, times: dict[tuple[str, str], list[float]], scale: float) -> str:
     """Markdown: per (case, variant) every round, the median, the range and the ratio to gymnasium's."""
     rounds = max(len(t) for t in times.values())
-    lines = [f"| case | variant | {' | '.join(f'round {r + 1}' for r in range(rounds))} | median ({unit}) "
-             f"| range ({unit}) | / gymnasium |", "|---|---|" + "---|" * (rounds + 3)]
+    lines = [
+        f"| case | variant | {' | '.join(f'round {r + 1}' for r in range(rounds))} | median ({unit}) "
+        f"| range ({unit}) | / gymnasium |",
+        "|---|---|" + "---|" * (rounds + 3),
+    ]
     for (case, variant), values in times.items():
         median = statistics.median(values)
         ratio = median / statistics.median(times[case, "gymnasium"])
-        lines.append(f"| {case} | {variant} | {' | '.join(f'{v * scale:.1f}' for v in values)} | "
-                     f"{median * scale:.1f} | {min(values) * scale:.1f}-{max(values) * scale:.1f} | {ratio:.3f} |")
+        lines.append(
+            f"| {case} | {variant} | {' | '.join(f'{v * scale:.1f}' for v in values)} | "
+            f"{median * scale:.1f} | {min(values) * scale:.1f}-{max(values) * scale:.1f} | {ratio:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -142,8 +157,11 @@ def measure_steps(cases: dict[str, dict[str, Path]], rounds: int, steps: int, fo
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1, user_api="blas")  # as the scripts set it
-    modules = {(name, variant): import_script(name) if path.parent == ROOT else load(path, f"{name}_baseline")
-               for name, files in cases.items() for variant, path in files.items()}
+    modules = {
+        (name, variant): import_script(name) if path.parent == ROOT else load(path, f"{name}_baseline")
+        for name, files in cases.items()
+        for variant, path in files.items()
+    }
     cpu_times, wall_times = {}, {}
     for r, name, variant in rounds_of(cases, rounds):
         module = modules[name, variant]
@@ -154,8 +172,10 @@ def measure_steps(cases: dict[str, dict[str, Path]], rounds: int, steps: int, fo
         cpu_times.setdefault((case, variant), []).append(cpu)
         wall_times.setdefault((case, variant), []).append(wall)
         print(f"round {r + 1} {case} {variant}: {cpu * 1e6:.1f} us", file=sys.stderr, flush=True)
-    return (f"One vector step, CPU time of this thread:\n\n{table('us', cpu_times, 1e6)}\n\n"
-            f"One vector step, wall time:\n\n{table('us', wall_times, 1e6)}")
+    return (
+        f"One vector step, CPU time of this thread:\n\n{table('us', cpu_times, 1e6)}\n\n"
+        f"One vector step, wall time:\n\n{table('us', wall_times, 1e6)}"
+    )
 
 
 def measure_runs(cases: dict[str, dict[str, Path]], rounds: int, total: int | None, folder: str) -> str:
@@ -182,8 +202,13 @@ def main():
         if command == "step":
             sub.add_argument("--steps", type=int, default=20_000, help="vector steps per variant and round")
         else:
-            sub.add_argument("--total-timesteps", type=int, help="for every script (default: "
-                             + ", ".join(f"{name} {steps:,}" for name, steps in BUDGETS.items()) + ")")
+            sub.add_argument(
+                "--total-timesteps",
+                type=int,
+                help="for every script (default: "
+                + ", ".join(f"{name} {steps:,}" for name, steps in BUDGETS.items())
+                + ")",
+            )
     inner = commands.add_parser("child", help="one training run (what `run` starts)")
     inner.add_argument("path")
     inner.add_argument("variant")
@@ -195,8 +220,10 @@ def main():
     wanted = ("python", "numpy", "gymnasium", "mujoco")
     versions = ", ".join(f"{k} {v}" for k, v in our_versions().items() if k in wanted)
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
-    print(f"{machine()}; commit {our_commit()}; {versions}; OMP_NUM_THREADS={threads}; "
-          f"command: python -m benchmark.vector_env {' '.join(sys.argv[1:])}")
+    print(
+        f"{machine()}; commit {our_commit()}; {versions}; OMP_NUM_THREADS={threads}; "
+        f"command: python -m benchmark.vector_env {' '.join(sys.argv[1:])}"
+    )
     with tempfile.TemporaryDirectory() as folder:
         cases = {name: variants(name, options.baseline, folder) for name in options.scripts.split(",")}
         if options.command == "step":

@@ -43,8 +43,15 @@ SCRIPT = "ppo_shared_memory_lstm"
 def run(script: str, iterations: int, batch: int, *flags) -> dict[str, list[tuple[int, float]]]:
     """Trains `script` for `iterations` iterations of `batch` steps in a fresh process; its scalars."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, str(ROOT / f"{script}.py"), "--total-timesteps", str(iterations * batch),
-                   "--runs-dir", tmp, *map(str, flags)]
+        command = [
+            sys.executable,
+            str(ROOT / f"{script}.py"),
+            "--total-timesteps",
+            str(iterations * batch),
+            "--runs-dir",
+            tmp,
+            *map(str, flags),
+        ]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=child_env(), cwd=ROOT)
         (run_dir,) = Path(tmp).iterdir()
         return read_scalars(run_dir)
@@ -58,38 +65,64 @@ def later(scalars: dict[str, list[tuple[int, float]]], tag: str) -> list[float]:
 def time_split(scalars: dict[str, list[tuple[int, float]]]) -> str:
     """The shares of rollout, (where logged) transfer, update and publication in the time after the first iteration,
     as `58.1% rollout / 41.8% update / 0.1% publish`."""
-    times = {part: float(np.sum(later(scalars, f"perf/{part}_time")))
-             for part in ("rollout", "transfer", "update", "publish") if f"perf/{part}_time" in scalars}
+    times = {
+        part: float(np.sum(later(scalars, f"perf/{part}_time")))
+        for part in ("rollout", "transfer", "update", "publish")
+        if f"perf/{part}_time" in scalars
+    }
     total = sum(times.values())
     return " / ".join(f"{value / total:.1%} {part}" for part, value in times.items())
 
 
 def summarize(scalars: dict[str, list[tuple[int, float]]]) -> dict:
     """Medians over the iterations after the first, the end-to-end SPS at the end, the time split."""
-    return {"experience_sps": float(np.median(later(scalars, "charts/experience_SPS"))),
-            "learning_sps": float(np.median(later(scalars, "charts/learning_SPS"))),
-            "sps": scalars["charts/SPS"][-1][1], "time_split": time_split(scalars)}
+    return {
+        "experience_sps": float(np.median(later(scalars, "charts/experience_SPS"))),
+        "learning_sps": float(np.median(later(scalars, "charts/learning_SPS"))),
+        "sps": scalars["charts/SPS"][-1][1],
+        "time_split": time_split(scalars),
+    }
 
 
 def scaling(args) -> tuple[list[str], dict[str, list[dict]]]:
     """The table rows of both modes and their measurements, worker count by worker count."""
     cores = os.cpu_count()
-    modes = {"fixed global batch": lambda w: args.total_envs // w, "fixed envs per worker": lambda w: args.envs_per_worker}
-    rows = ["| mode | workers | envs per worker | batch | experience SPS | speedup | learner SPS | end-to-end SPS "
-            "| time split | note |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    modes = {
+        "fixed global batch": lambda w: args.total_envs // w,
+        "fixed envs per worker": lambda w: args.envs_per_worker,
+    }
+    rows = [
+        "| mode | workers | envs per worker | batch | experience SPS | speedup | learner SPS | end-to-end SPS "
+        "| time split | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     results = {mode: [] for mode in modes}
     for mode, envs_per_worker in modes.items():
         for workers in args.workers:
             n = envs_per_worker(workers)
             batch = workers * n * args.num_steps
-            result = summarize(run(SCRIPT, args.iterations, batch, "--env-id", args.env_id, "--num-workers", workers,
-                                   "--num-envs-per-worker", n, "--num-steps", args.num_steps))
+            result = summarize(
+                run(
+                    SCRIPT,
+                    args.iterations,
+                    batch,
+                    "--env-id",
+                    args.env_id,
+                    "--num-workers",
+                    workers,
+                    "--num-envs-per-worker",
+                    n,
+                    "--num-steps",
+                    args.num_steps,
+                )
+            )
             results[mode].append({"workers": workers, **result})
             speedup = result["experience_sps"] / results[mode][0]["experience_sps"]
             note = f"{workers} workers + learner on {cores} cores: oversubscribed" if workers > cores else ""
-            rows.append(f"| {mode} | {workers} | {n} | {batch} | {result['experience_sps']:,.0f} | {speedup:.2f}x "
-                        f"| {result['learning_sps']:,.0f} | {result['sps']:,.0f} | {result['time_split']} | {note} |")
+            rows.append(
+                f"| {mode} | {workers} | {n} | {batch} | {result['experience_sps']:,.0f} | {speedup:.2f}x "
+                f"| {result['learning_sps']:,.0f} | {result['sps']:,.0f} | {result['time_split']} | {note} |"
+            )
             print(rows[-1], flush=True)
     return rows, results
 
@@ -100,15 +133,35 @@ def atari_side_by_side(game: str, iterations: int) -> list[str]:
     batch = 8 * 128
     rows = ["| script | processes | env-steps per iteration | end-to-end SPS | time split |", "|---|---|---|---|---|"]
     lstm = run("ppo_atari_lstm", iterations, batch, *common, "--num-envs", 8)
-    rows.append(f"| ppo_atari_lstm.py | 1 (8 games) | {batch} | {lstm['charts/SPS'][-1][1]:,.0f} | "
-                f"{time_split(lstm)} |")
+    rows.append(
+        f"| ppo_atari_lstm.py | 1 (8 games) | {batch} | {lstm['charts/SPS'][-1][1]:,.0f} | {time_split(lstm)} |"
+    )
     print(rows[-1], flush=True)
     for workers in (2, 4):
-        result = summarize(run(SCRIPT, iterations, batch, *common, "--num-workers", workers, "--num-envs-per-worker",
-                               8 // workers, "--seq-len", 128, "--clip-coef", 0.1, "--learning-rate", 2.5e-4,
-                               "--torch-threads", 2))
-        rows.append(f"| {SCRIPT}.py | 1 learner + {workers} workers ({8 // workers} games each) | {batch} | "
-                    f"{result['sps']:,.0f} | {result['time_split']} |")
+        result = summarize(
+            run(
+                SCRIPT,
+                iterations,
+                batch,
+                *common,
+                "--num-workers",
+                workers,
+                "--num-envs-per-worker",
+                8 // workers,
+                "--seq-len",
+                128,
+                "--clip-coef",
+                0.1,
+                "--learning-rate",
+                2.5e-4,
+                "--torch-threads",
+                2,
+            )
+        )
+        rows.append(
+            f"| {SCRIPT}.py | 1 learner + {workers} workers ({8 // workers} games each) | {batch} | "
+            f"{result['sps']:,.0f} | {result['time_split']} |"
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -157,19 +210,29 @@ def main():
     parser.add_argument("--plot", default=None, help="write the PNG plot of SPS against workers here")
     args = parser.parse_args()
     if args.iterations < 2 or args.atari_iterations < 2 or any(args.total_envs % w for w in args.workers):
-        parser.error("--iterations and --atari-iterations must be at least 2 (the first is left out) and every "
-                     "--workers count must divide --total-envs")
+        parser.error(
+            "--iterations and --atari-iterations must be at least 2 (the first is left out) and every "
+            "--workers count must divide --total-envs"
+        )
 
     rows, results = scaling(args)
-    lines = [f"{SCRIPT}.py on {args.env_id}, {args.num_steps} steps per rollout, {args.iterations} iterations per "
-             f"run (medians of iterations 2..{args.iterations}); machine: {os.cpu_count()} cores", ""] + rows
+    lines = [
+        f"{SCRIPT}.py on {args.env_id}, {args.num_steps} steps per rollout, {args.iterations} iterations per "
+        f"run (medians of iterations 2..{args.iterations}); machine: {os.cpu_count()} cores",
+        "",
+    ] + rows
     for mode, points in results.items():
         if len(points) > 1 and points[1]["workers"] == 2 * points[0]["workers"]:
-            lines.append(f"\n{mode}: experience SPS {points[0]['workers']} -> {points[1]['workers']} workers: "
-                         f"{points[1]['experience_sps'] / points[0]['experience_sps']:.2f}x")
+            lines.append(
+                f"\n{mode}: experience SPS {points[0]['workers']} -> {points[1]['workers']} workers: "
+                f"{points[1]['experience_sps'] / points[0]['experience_sps']:.2f}x"
+            )
     if args.atari_game:
-        lines += ["", f"End to end on {args.atari_game}, {args.atari_iterations} iterations each, one after the other:",
-                  ""] + atari_side_by_side(args.atari_game, args.atari_iterations)
+        lines += [
+            "",
+            f"End to end on {args.atari_game}, {args.atari_iterations} iterations each, one after the other:",
+            "",
+        ] + atari_side_by_side(args.atari_game, args.atari_iterations)
     report("\n".join(lines), args.out)
     if args.plot:
         plot(results, args.plot, args.env_id)

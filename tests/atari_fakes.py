@@ -57,8 +57,14 @@ class FakeAtariEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 60}
 
-    def __init__(self, has_fire: bool = True, truncate_on_noop_after_life_loss: bool = False,
-                 truncate_on_life_loss: bool = False, render_mode=None, **settings):
+    def __init__(
+        self,
+        has_fire: bool = True,
+        truncate_on_noop_after_life_loss: bool = False,
+        truncate_on_life_loss: bool = False,
+        render_mode=None,
+        **settings,
+    ):
         assert settings.get("obs_type", "grayscale") == "grayscale"
         self.settings = settings
         self.render_mode = render_mode
@@ -96,9 +102,12 @@ class FakeAtariEnv(gym.Env):
         return np.repeat(frame_image(self.frame)[:, :, None], 3, axis=2)
 
 
-for env_id, kwargs in (("FakeAtari-v0", {}), ("FakeAtariNoFire-v0", {"has_fire": False}),
-                       ("FakeAtariNoopTruncation-v0", {"truncate_on_noop_after_life_loss": True}),
-                       ("FakeAtariLifeLossTruncation-v0", {"truncate_on_life_loss": True})):
+for env_id, kwargs in (
+    ("FakeAtari-v0", {}),
+    ("FakeAtariNoFire-v0", {"has_fire": False}),
+    ("FakeAtariNoopTruncation-v0", {"truncate_on_noop_after_life_loss": True}),
+    ("FakeAtariLifeLossTruncation-v0", {"truncate_on_life_loss": True}),
+):
     if env_id not in gym.registry:
         gym.register(env_id, entry_point=FakeAtariEnv, kwargs=kwargs)
 

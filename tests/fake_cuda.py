@@ -44,14 +44,34 @@ THIS_FILE = os.path.abspath(__file__)
 TORCH_DIR = os.path.dirname(torch.__file__)
 
 # Python-level reads of a device tensor's value: each waits for the device
-READS = {torch.Tensor.item: ".item()", torch.Tensor.tolist: ".tolist()", torch.Tensor.__bool__: "bool()",
-         torch.Tensor.__float__: "float()", torch.Tensor.__int__: "int()", torch.Tensor.__index__: "index()"}
+READS = {
+    torch.Tensor.item: ".item()",
+    torch.Tensor.tolist: ".tolist()",
+    torch.Tensor.__bool__: "bool()",
+    torch.Tensor.__float__: "float()",
+    torch.Tensor.__int__: "int()",
+    torch.Tensor.__index__: "index()",
+}
 # operations whose output size depends on the data: the host waits for the device to know it
-DATA_DEPENDENT = {aten.nonzero, aten.masked_select, aten.equal, aten._unique2, aten.unique_consecutive,
-                  aten.repeat_interleave, aten.unique_dim}
+DATA_DEPENDENT = {
+    aten.nonzero,
+    aten.masked_select,
+    aten.equal,
+    aten._unique2,
+    aten.unique_consecutive,
+    aten.repeat_interleave,
+    aten.unique_dim,
+}
 # operations that may take CPU and device tensors together on real CUDA
-MAY_MIX = {aten.copy_, aten._to_copy, aten.lift_fresh, aten.lift_fresh_copy, aten.detach, aten.alias,
-           aten._local_scalar_dense}
+MAY_MIX = {
+    aten.copy_,
+    aten._to_copy,
+    aten.lift_fresh,
+    aten.lift_fresh_copy,
+    aten.detach,
+    aten.alias,
+    aten._local_scalar_dense,
+}
 INDEX = {aten.index, aten._unsafe_index}
 INDEX_PUT = {aten.index_put_, aten.index_put, aten._index_put_impl_, aten._unsafe_index_put}
 
@@ -160,10 +180,18 @@ class FakeCuda:
         def set_rng_state(state, device="cuda"):
             fake.cuda_rng_state = state.clone()
 
-        self._patch(torch.cuda, is_available=lambda: True, device_count=lambda: 1, current_device=lambda: 0,
-                    set_device=lambda device: None, _lazy_init=lambda: None,
-                    synchronize=lambda device=None: fake.event("sync torch.cuda.synchronize"), Event=Event,
-                    get_rng_state=lambda device="cuda": fake.cuda_rng_state.clone(), set_rng_state=set_rng_state)
+        self._patch(
+            torch.cuda,
+            is_available=lambda: True,
+            device_count=lambda: 1,
+            current_device=lambda: 0,
+            set_device=lambda device: None,
+            _lazy_init=lambda: None,
+            synchronize=lambda device=None: fake.event("sync torch.cuda.synchronize"),
+            Event=Event,
+            get_rng_state=lambda device="cuda": fake.cuda_rng_state.clone(),
+            set_rng_state=set_rng_state,
+        )
         # torch's optimizers and gradient clipping group tensors by device: by the tagged one here, as
         # they would on a GPU (else they would move the device's results "to the CPU")
         for name in ("torch.nn.utils.clip_grad", "torch.optim.optimizer"):
@@ -172,8 +200,13 @@ class FakeCuda:
 
         def grouped(tensorlistlist, with_indices=False):
             groups = original(tensorlistlist, with_indices)
-            return {(DEVICE if next((t for t in value[0] if t is not None), None) in fake.on_device else device,
-                     dtype): value for (device, dtype), value in groups.items()}
+            return {
+                (
+                    DEVICE if next((t for t in value[0] if t is not None), None) in fake.on_device else device,
+                    dtype,
+                ): value
+                for (device, dtype), value in groups.items()
+            }
 
         for module in list(sys.modules.values()):
             if getattr(module, "_group_tensors_by_device_and_dtype", None) is original:
@@ -290,8 +323,11 @@ class _DispatchMode(TorchDispatchMode):
                 fake.event("D2H (a sync, copy_ into a host tensor)")
         if any(on_device) and packet in DATA_DEPENDENT:
             fake.event(f"sync {packet.__name__}")
-        if any(on_device) and packet in INDEX and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                                                      for i in args[1]):
+        if (
+            any(on_device)
+            and packet in INDEX
+            and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+        ):
             fake.event("sync boolean-mask indexing")
         result = func(*args, **kwargs)
         if any(on_device) and packet not in (aten.copy_, aten._local_scalar_dense):

@@ -118,8 +118,10 @@ class MixedEndsEnvPool:
         self.ended = np.zeros(num_envs, dtype=bool)
 
     def _obs(self) -> np.ndarray:
-        return np.broadcast_to((self.t * 40 % 256).astype(np.uint8).reshape(-1, *[1] * len(self.observation_space.shape)),
-                               (self.num_envs,) + self.observation_space.shape).copy()
+        return np.broadcast_to(
+            (self.t * 40 % 256).astype(np.uint8).reshape(-1, *[1] * len(self.observation_space.shape)),
+            (self.num_envs,) + self.observation_space.shape,
+        ).copy()
 
     def reset(self):
         self.t[:], self.episodes[:], self.ended[:] = 0, 1, False
@@ -133,8 +135,12 @@ class MixedEndsEnvPool:
         terminated = truncated & (self.episodes % 2 == 1)
         reward = np.where(terminated, -1.0, 0.0)
         self.ended = truncated
-        info = {"env_id": np.arange(self.num_envs), "reward": reward, "terminated": terminated.astype(np.int32),
-                "elapsed_step": self.t.copy()}
+        info = {
+            "env_id": np.arange(self.num_envs),
+            "reward": reward,
+            "terminated": terminated.astype(np.int32),
+            "elapsed_step": self.t.copy(),
+        }
         return self._obs(), reward, terminated, truncated.copy(), info
 
     def close(self):

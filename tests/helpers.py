@@ -24,14 +24,27 @@ CONSTANT_ENV = {"ppo": "Constant-v0", "ppo_continuous_action": "ConstantBox-v0"}
 # The per-iteration line every script prints at its first and last iteration and at most every few seconds
 # between them: captures iteration, total, step, episode count (since the previous line), mean return (nan
 # when none ended)
-LINE = re.compile(r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean_return=(-?[\d.]+|nan) SPS=\d+ "
-                  r"ETA=\d+:\d\d:\d\d \(rollout [\d.]+s, update [\d.]+s[^)]*\)$", re.M)
+LINE = re.compile(
+    r"^iteration (\d+)/(\d+) global_step=(\d+) episodes=(\d+) mean_return=(-?[\d.]+|nan) SPS=\d+ "
+    r"ETA=\d+:\d\d:\d\d \(rollout [\d.]+s, update [\d.]+s[^)]*\)$",
+    re.M,
+)
 
 METRICS = [
-    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
-    "losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
-    "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
-    "debug/first_minibatch_ratio_deviation", "perf/rollout_time", "perf/update_time",
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "debug/first_minibatch_ratio_deviation",
+    "perf/rollout_time",
+    "perf/update_time",
 ]
 
 
@@ -41,20 +54,34 @@ ATARI = dict(env_id="MixedEndsAtari-v0", num_envs=2, num_steps=64, num_minibatch
 ENVPOOL = dict(num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)
 RUNS = {  # the Args of a run of ITERATIONS iterations
     "ppo": dict(env_id="MixedEnds-v0", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2),
-    "ppo_continuous_action": dict(env_id="MixedEndsBox-v0", num_envs=2, num_steps=16, num_minibatches=2,
-                                  update_epochs=2),
+    "ppo_continuous_action": dict(
+        env_id="MixedEndsBox-v0", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2
+    ),
     "ppo_atari": ATARI,
     "ppo_atari_lstm": ATARI,
     "ppo_atari_multigpu": ATARI,
     "ppo_atari_envpool": dict(ENVPOOL, env_id="Breakout"),
     "ppo_procgen": dict(ENVPOOL, env_id="starpilot"),
     # spawned rollout workers import tests/fake_envs.py by the id's module part, which registers the id
-    "ppo_shared_memory_lstm": dict(env_id="tests.fake_envs:MixedEnds-v0", num_workers=2, num_envs_per_worker=1,
-                                   num_steps=16, seq_len=8, num_minibatches=2, update_epochs=2),
+    "ppo_shared_memory_lstm": dict(
+        env_id="tests.fake_envs:MixedEnds-v0",
+        num_workers=2,
+        num_envs_per_worker=1,
+        num_steps=16,
+        seq_len=8,
+        num_minibatches=2,
+        update_epochs=2,
+    ),
     # its own redis-server and one sampler process: with two, which sampler fills which column races, so
     # same seed, same run holds only with one
-    "ppo_continuous_action_redis": dict(env_id="tests.fake_envs:MixedEndsBox-v0", num_samplers=1, num_chunks=2,
-                                        num_steps=16, num_minibatches=2, update_epochs=2),
+    "ppo_continuous_action_redis": dict(
+        env_id="tests.fake_envs:MixedEndsBox-v0",
+        num_samplers=1,
+        num_chunks=2,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=2,
+    ),
 }
 ITERATIONS = 3
 
@@ -68,16 +95,32 @@ def batch_size(config: dict) -> int:
 
 def make_args(script, runs_dir, **overrides):
     config = RUNS[script.__name__]
-    fields = dict(config, runs_dir=str(runs_dir), cuda=False, total_timesteps=ITERATIONS * batch_size(config),
-                  checkpoint_every=1, save_model=True, eval_episodes=1)
+    fields = dict(
+        config,
+        runs_dir=str(runs_dir),
+        cuda=False,
+        total_timesteps=ITERATIONS * batch_size(config),
+        checkpoint_every=1,
+        save_model=True,
+        eval_episodes=1,
+    )
     fields.update(overrides)
     return script.Args(**fields)
 
 
 def tiny_args(script, runs_dir, **overrides):
     """Args for a run of a few seconds: 2 envs x 16 steps, 3 iterations, small update."""
-    fields = dict(runs_dir=str(runs_dir), cuda=False, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=2,
-                  total_timesteps=2 * 16 * 3, eval_episodes=2, env_id=REAL_ENV[script.__name__])
+    fields = dict(
+        runs_dir=str(runs_dir),
+        cuda=False,
+        num_envs=2,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=2,
+        total_timesteps=2 * 16 * 3,
+        eval_episodes=2,
+        env_id=REAL_ENV[script.__name__],
+    )
     fields.update(overrides)
     return script.Args(**fields)
 
@@ -91,8 +134,9 @@ def script_command(name: str, *argv) -> list[str]:
 def run_script(name: str, *argv, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python <repo>/<name>.py argv...` as a user runs it, on the CPU with one thread, output captured."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run(script_command(name, *argv), cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        script_command(name, *argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def default_ctrl_c():
@@ -105,8 +149,15 @@ def default_ctrl_c():
 def start_script(name: str, *argv, cwd) -> subprocess.Popen:
     """Like run_script, but returns the running process (with the default Ctrl-C disposition)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen(script_command(name, *argv), cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
+    return subprocess.Popen(
+        script_command(name, *argv),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_ctrl_c,
+    )
 
 
 def only_run_dir(runs_dir) -> Path:
@@ -127,15 +178,17 @@ def assert_evaluate_flag_matches_training(name: str, e2e: dict, episodes: int):
     training printed: it plays the trained run's own seeded episodes."""
     pattern = rf": {episodes} episodes, mean return (-?[\d.]+)"
     trained = re.search(rf"^evaluation{pattern}", e2e["result"].stdout, re.M)
-    result = run_script(name, "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", episodes, "--seed", 7,
-                        cwd=e2e["cwd"])
+    result = run_script(
+        name, "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", episodes, "--seed", 7, cwd=e2e["cwd"]
+    )
     assert result.returncode == 0, result.stderr
     evaluated = re.search(rf"^evaluation of .*model\.pt on \S+{pattern}", result.stdout, re.M)
     assert trained and evaluated and evaluated[1] == trained[1]
 
 
-def check_resume_after_interruption(script, make_args, iterations: int, batch: int, monkeypatch, full_dir=None,
-                                    **resume_overrides):
+def check_resume_after_interruption(
+    script, make_args, iterations: int, batch: int, monkeypatch, full_dir=None, **resume_overrides
+):
     """A run interrupted right after its second checkpoint and resumed from it ends like an
     uninterrupted run: same final step, every iteration logged once, at the same learning rates.
     `make_args(folder)` gives the Args of both runs (checkpoint_every=1, save_model=True); `full_dir`,
@@ -195,7 +248,10 @@ def assert_evaluation_videos(script, model: Path, episodes: int, videos: int, ca
     folder = model.parent / "videos"
     recorded = sorted(folder.glob(f"{model.stem}-eval-episode-*.mp4"))
     assert len(recorded) == videos and all(video.stat().st_size > 1000 for video in recorded), recorded
-    assert f"videos of the evaluation in {folder}: {', '.join(video.name for video in recorded)}" in capsys.readouterr().out
+    assert (
+        f"videos of the evaluation in {folder}: {', '.join(video.name for video in recorded)}"
+        in capsys.readouterr().out
+    )
 
 
 def process_table() -> dict[int, tuple[int, str, int]]:

@@ -11,12 +11,23 @@ from benchmark.scripts import SCRIPTS
 
 MODULES = ["ppo", "ppo_continuous_action"]
 # several processes each; their process layout is part of their lesson, and so comes before their loop
-MULTI_PROCESS = ["ppo_atari_multigpu", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]  # vector-observation scripts, tested on the fake envs too
+MULTI_PROCESS = [
+    "ppo_atari_multigpu",
+    "ppo_shared_memory_lstm",
+    "ppo_continuous_action_redis",
+]  # vector-observation scripts, tested on the fake envs too
 
 # compute_gae in its two forms: same-step autoreset (keyword `final_values`) and envpool's next-step
 # reset with its reset rows (keyword `terminations`)
-SAME_STEP_GAE = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu",
-                 "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
+SAME_STEP_GAE = [
+    "ppo",
+    "ppo_continuous_action",
+    "ppo_atari",
+    "ppo_atari_lstm",
+    "ppo_atari_multigpu",
+    "ppo_shared_memory_lstm",
+    "ppo_continuous_action_redis",
+]
 NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
 
 # Functions and classes that several scripts repeat on purpose. Within each group the copies must be
@@ -34,8 +45,10 @@ IDENTICAL = {
     "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
     # gymnasium's vector RecordEpisodeStatistics (classic control, MuJoCo) / a per-env one below the
     # Atari wrappers, whose info arrives in final_info with same-step autoreset
-    "finished_episodes": [["ppo", "ppo_continuous_action", "ppo_continuous_action_redis"],
-                          ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
+    "finished_episodes": [
+        ["ppo", "ppo_continuous_action", "ppo_continuous_action_redis"],
+        ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"],
+    ],
     # gymnasium's same-step SyncVectorEnv, written out for the per-step cost
     "SameStepVectorEnv": [["ppo", "ppo_continuous_action"]],
     "step_in_reset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
@@ -67,9 +80,13 @@ IDENTICAL = {
     "exit_on_write_error": [SCRIPTS],
     # one minibatch's gradient step: the plain form / with the all-reduce of the gradients / with the
     # 0/1 mask of fixed-shape minibatches (reset rows kept, not counted) / with the recurrent state
-    "update_step": [["ppo", "ppo_continuous_action", "ppo_atari", "ppo_continuous_action_redis"],
-                    ["ppo_atari_multigpu"], ["ppo_atari_envpool", "ppo_procgen"], ["ppo_atari_lstm"],
-                    ["ppo_shared_memory_lstm"]],
+    "update_step": [
+        ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_continuous_action_redis"],
+        ["ppo_atari_multigpu"],
+        ["ppo_atari_envpool", "ppo_procgen"],
+        ["ppo_atari_lstm"],
+        ["ppo_shared_memory_lstm"],
+    ],
 }
 
 # The policy step in NumPy beside Agent.act, for the small-MLP scripts on the CPU (tests/test_fast_path.py
@@ -89,8 +106,12 @@ def top_level_definitions(name: str) -> dict[str, ast.AST]:
     tree = ast.parse(script_path(name).read_text())
     definitions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id.isupper()):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id.isupper()
+        ):
             definitions[node.targets[0].id] = node
     return definitions
 
@@ -100,9 +121,13 @@ def without_docstrings(node: ast.AST) -> str:
     node = ast.parse(ast.unparse(node)).body[0]  # a copy
     for child in ast.walk(node):
         body = getattr(child, "body", None)
-        if (isinstance(child, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
+        if (
+            isinstance(child, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             child.body = body[1:] or [ast.Pass()]
     return ast.dump(node)
 

@@ -9,8 +9,17 @@ import pytest
 
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari as script
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
-                     assert_progress_lines, load, only_run_dir, read_scalars, run_script)
+from helpers import (
+    LINE,
+    METRICS,
+    assert_evaluate_flag_matches_training,
+    assert_evaluation_videos,
+    assert_progress_lines,
+    load,
+    only_run_dir,
+    read_scalars,
+    run_script,
+)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS, MAX_STEPS = 4, 2, 64, 60
 BATCH = NUM_ENVS * NUM_STEPS
@@ -21,10 +30,28 @@ def e2e(tmp_path_factory):
     """One short Breakout run from the command line, shared by the tests of this file. The games are
     cut at MAX_STEPS agent steps, so every environment finishes games within the run."""
     cwd = tmp_path_factory.mktemp("ppo_atari")
-    result = run_script("ppo_atari", "--env-id", "Breakout", "--total-timesteps", ITERATIONS * BATCH + BATCH // 2,
-                        "--num-envs", NUM_ENVS, "--num-steps", NUM_STEPS, "--max-episode-steps", MAX_STEPS,
-                        "--save-model", "--eval-episodes", 1, "--checkpoint-every", 1, "--capture-video", "--torch-threads", 1,
-                        cwd=cwd)
+    result = run_script(
+        "ppo_atari",
+        "--env-id",
+        "Breakout",
+        "--total-timesteps",
+        ITERATIONS * BATCH + BATCH // 2,
+        "--num-envs",
+        NUM_ENVS,
+        "--num-steps",
+        NUM_STEPS,
+        "--max-episode-steps",
+        MAX_STEPS,
+        "--save-model",
+        "--eval-episodes",
+        1,
+        "--checkpoint-every",
+        1,
+        "--capture-video",
+        "--torch-threads",
+        1,
+        cwd=cwd,
+    )
     run_dir = only_run_dir(cwd / "runs") if result.returncode == 0 else None
     return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir) if run_dir else None)
 
@@ -59,8 +86,7 @@ def test_games_are_logged_with_their_scores(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
-                                                ITERATIONS, BATCH)
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"], ITERATIONS, BATCH)
 
 
 def test_ratio_is_one_at_the_first_minibatch(e2e):
@@ -87,8 +113,13 @@ def test_evaluate_flag_prints_the_training_evaluation(e2e):
     assert_evaluate_flag_matches_training("ppo_atari", e2e, episodes=1)
 
 
-@pytest.mark.parametrize("env_id, words", [("Breakoutt", ["unknown Atari game", "Breakoutt", "pprint_registry"]),
-                                           ("CartPole-v1", ["CartPole-v1", "not an Atari game"])])
+@pytest.mark.parametrize(
+    "env_id, words",
+    [
+        ("Breakoutt", ["unknown Atari game", "Breakoutt", "pprint_registry"]),
+        ("CartPole-v1", ["CartPole-v1", "not an Atari game"]),
+    ],
+)
 def test_bad_env_id_gets_one_line_and_exit_code_2(env_id, words, tmp_path):
     result = run_script("ppo_atari", "--env-id", env_id, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
@@ -101,8 +132,16 @@ def test_bad_env_id_gets_one_line_and_exit_code_2(env_id, words, tmp_path):
 
 def fake_args(runs_dir, **overrides):
     """A run of a second or two on the fake game: 2 envs x 32 steps (each env ends a game within 64)."""
-    fields = dict(env_id="FakeAtari-v0", runs_dir=str(runs_dir), num_envs=2, num_steps=32, num_minibatches=2,
-                  update_epochs=2, total_timesteps=2 * 32 * 2, torch_threads=1)
+    fields = dict(
+        env_id="FakeAtari-v0",
+        runs_dir=str(runs_dir),
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=2,
+        total_timesteps=2 * 32 * 2,
+        torch_threads=1,
+    )
     fields.update(overrides)
     return script.Args(**fields)
 

@@ -8,15 +8,27 @@ import pytest
 import torch
 
 import ppo_atari_envpool as script
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
-                     assert_progress_lines, load, only_run_dir, read_scalars, run_script)
+from helpers import (
+    LINE,
+    METRICS,
+    assert_evaluate_flag_matches_training,
+    assert_evaluation_videos,
+    assert_progress_lines,
+    load,
+    only_run_dir,
+    read_scalars,
+    run_script,
+)
 
 MAX_STEPS = 40  # a short time limit, so that games are truncated within the test
 
 
 def infos(reward, terminated, elapsed):
-    return {"reward": np.array(reward, dtype=float), "terminated": np.array(terminated),
-            "elapsed_step": np.array(elapsed)}
+    return {
+        "reward": np.array(reward, dtype=float),
+        "terminated": np.array(terminated),
+        "elapsed_step": np.array(elapsed),
+    }
 
 
 def test_game_score_sums_unclipped_rewards_over_lives():
@@ -79,9 +91,26 @@ def test_agent_is_the_same_network_in_both_memory_layouts():
 def e2e(tmp_path_factory):
     """One short run from the command line with a short time limit, shared by the tests below."""
     cwd = tmp_path_factory.mktemp("envpool")
-    result = run_script("ppo_atari_envpool", "--env-id", "Breakout", "--num-envs", 2, "--num-steps", 64,
-                        "--total-timesteps", 3 * 128, "--max-episode-steps", MAX_STEPS, "--save-model",
-                        "--eval-episodes", 2, "--checkpoint-every", 1, "--capture-video", cwd=cwd)
+    result = run_script(
+        "ppo_atari_envpool",
+        "--env-id",
+        "Breakout",
+        "--num-envs",
+        2,
+        "--num-steps",
+        64,
+        "--total-timesteps",
+        3 * 128,
+        "--max-episode-steps",
+        MAX_STEPS,
+        "--save-model",
+        "--eval-episodes",
+        2,
+        "--checkpoint-every",
+        1,
+        "--capture-video",
+        cwd=cwd,
+    )
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(cwd / "runs")
     return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
@@ -97,8 +126,7 @@ def test_run_writes_its_files_and_metrics(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
-                                                3, 128)
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"], 3, 128)
 
 
 def test_capture_video_saves_env_0s_first_games(e2e):
@@ -120,8 +148,10 @@ def test_evaluate_flag_plays_the_same_games_as_after_training(e2e):
     assert_evaluate_flag_matches_training("ppo_atari_envpool", e2e, episodes=2)
 
 
-@pytest.mark.parametrize("env_id, words", [("Breakoutt", ["Breakoutt-v5", "list_all_envs"]),
-                                           ("CartPole-v1", ["CartPole-v1", "not an Atari game"])])
+@pytest.mark.parametrize(
+    "env_id, words",
+    [("Breakoutt", ["Breakoutt-v5", "list_all_envs"]), ("CartPole-v1", ["CartPole-v1", "not an Atari game"])],
+)
 def test_bad_env_id_gets_one_line_and_exit_code_2(tmp_path, env_id, words):
     result = run_script("ppo_atari_envpool", "--env-id", env_id, cwd=tmp_path)
     assert result.returncode == 2

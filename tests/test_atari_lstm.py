@@ -3,14 +3,22 @@ loop, states reset where episodes start, the LSTM details, in-process runs on th
 atari_fakes.py (truncation bootstrap, episode starts carried from one rollout into the next), and a
 short run whose first minibatch replays the rollout exactly (ratio 1)."""
 
-
 import pytest
 import torch
 
 import atari_fakes  # noqa: F401  (registers the FakeAtari games)
 import ppo_atari_lstm as script
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_evaluation_videos,
-                     assert_progress_lines, load, only_run_dir, read_scalars, run_script)
+from helpers import (
+    LINE,
+    METRICS,
+    assert_evaluate_flag_matches_training,
+    assert_evaluation_videos,
+    assert_progress_lines,
+    load,
+    only_run_dir,
+    read_scalars,
+    run_script,
+)
 from lstm_reference import lstm_step_by_step
 
 T, B = 40, 3
@@ -82,8 +90,17 @@ def test_lstm_is_orthogonal_with_zero_biases_and_starts_from_zeros():
 
 def fake_args(runs_dir, **overrides):
     """A run of a second or two on the fake game: 2 envs x 32 steps, 2 iterations."""
-    fields = dict(env_id="FakeAtari-v0", runs_dir=str(runs_dir), cuda=False, num_envs=2, num_steps=32,
-                  num_minibatches=2, update_epochs=1, total_timesteps=2 * 32 * 2, torch_threads=1)
+    fields = dict(
+        env_id="FakeAtari-v0",
+        runs_dir=str(runs_dir),
+        cuda=False,
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=1,
+        total_timesteps=2 * 32 * 2,
+        torch_threads=1,
+    )
     fields.update(overrides)
     return script.Args(**fields)
 
@@ -100,12 +117,16 @@ def spy_on_gae(monkeypatch) -> list[dict]:
     return calls
 
 
-@pytest.mark.parametrize("env_id, max_episode_steps, bootstraps", [
-    ("FakeAtari-v0", 12, True),  # ALE's frame limit (4 x 12 frames) cuts every game before its first lost life
-    ("FakeAtariLifeLossTruncation-v0", 27_000, False),  # the frame limit falls on a lost life: terminated too
-])
-def test_only_truncated_and_not_terminated_episodes_bootstrap(env_id, max_episode_steps, bootstraps, tmp_path,
-                                                              monkeypatch):
+@pytest.mark.parametrize(
+    "env_id, max_episode_steps, bootstraps",
+    [
+        ("FakeAtari-v0", 12, True),  # ALE's frame limit (4 x 12 frames) cuts every game before its first lost life
+        ("FakeAtariLifeLossTruncation-v0", 27_000, False),  # the frame limit falls on a lost life: terminated too
+    ],
+)
+def test_only_truncated_and_not_terminated_episodes_bootstrap(
+    env_id, max_episode_steps, bootstraps, tmp_path, monkeypatch
+):
     calls = spy_on_gae(monkeypatch)
     script.main(fake_args(tmp_path, env_id=env_id, max_episode_steps=max_episode_steps))
     dones = torch.cat([call["dones"] for call in calls]).bool()
@@ -147,9 +168,27 @@ def test_a_rollout_starts_with_the_episode_starts_the_previous_one_ended_with(tm
 def e2e(tmp_path_factory):
     """A short run whose 20-step time limit starts episodes inside every rollout."""
     cwd = tmp_path_factory.mktemp("lstm")
-    result = run_script("ppo_atari_lstm", "--env-id", "Breakout", "--num-envs", 2, "--num-steps", 48,
-                        "--num-minibatches", 2, "--total-timesteps", 3 * 96, "--max-episode-steps", 20,
-                        "--save-model", "--eval-episodes", 2, "--checkpoint-every", 1, cwd=cwd)
+    result = run_script(
+        "ppo_atari_lstm",
+        "--env-id",
+        "Breakout",
+        "--num-envs",
+        2,
+        "--num-steps",
+        48,
+        "--num-minibatches",
+        2,
+        "--total-timesteps",
+        3 * 96,
+        "--max-episode-steps",
+        20,
+        "--save-model",
+        "--eval-episodes",
+        2,
+        "--checkpoint-every",
+        1,
+        cwd=cwd,
+    )
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(cwd / "runs")
     return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
@@ -167,8 +206,7 @@ def test_first_minibatch_replays_the_rollout(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
-                                                3, 96)
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"], 3, 96)
 
 
 def test_evaluate_flag_plays_the_same_games_as_after_training(e2e):

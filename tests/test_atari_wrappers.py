@@ -95,7 +95,7 @@ def play_one_game(env, fake, seed):
             obs, info = env.reset()
             # a lost life: reset() continues the same game (one no-op step, FIRE, action 2) ...
             assert fake.resets == resets
-            assert fake.actions[loss_frames[-1]:] == [0] * 4 + [FIRE] * 4 + [ACTION_2] * 4
+            assert fake.actions[loss_frames[-1] :] == [0] * 4 + [FIRE] * 4 + [ACTION_2] * 4
             # ... and the agent sees that game go on
             np.testing.assert_array_equal(obs[-1], processed(fake.frame))
             assert "episode" not in info

@@ -54,10 +54,15 @@ def test_both_sides_get_the_same_steps_and_hyperparameters(name, fake_peer):
 
 def test_hopper_and_breakout_keep_their_published_sizes(fake_peer):
     """The hyperparameters both sides get are the published ones of each variant (CleanRL's defaults)."""
-    hopper = their_values(peer.their_command(peer.PAIRS["hopper"], 10**6, peer.our_defaults(peer.PAIRS["hopper"]),
-                                             fake_peer))
-    assert (hopper["num_envs"], hopper["num_steps"], hopper["num_minibatches"], hopper["update_epochs"]) == \
-        ("1", "2048", "32", "10")
+    hopper = their_values(
+        peer.their_command(peer.PAIRS["hopper"], 10**6, peer.our_defaults(peer.PAIRS["hopper"]), fake_peer)
+    )
+    assert (hopper["num_envs"], hopper["num_steps"], hopper["num_minibatches"], hopper["update_epochs"]) == (
+        "1",
+        "2048",
+        "32",
+        "10",
+    )
     breakout = peer.PAIRS["breakout"]
     atari = their_values(peer.their_command(breakout, 10**7, peer.our_defaults(breakout), fake_peer))
     assert (atari["num_envs"], atari["clip_coef"], atari["ent_coef"]) == ("8", "0.1", "0.01")
@@ -76,18 +81,32 @@ def test_flags_of_cleanrl_that_the_command_leaves_unset_are_found():
 def test_our_variants_time_the_other_compile_mode_and_asked_thread_counts():
     assert peer.our_variants({"torch_threads": 1}, []) == [("ours", ())]
     variants = peer.our_variants({"compile": False}, [2])
-    assert variants == [("ours", ()), ("ours --compile", ("--compile",)),
-                        ("ours --torch-threads 2", ("--torch-threads", "2"))]
+    assert variants == [
+        ("ours", ()),
+        ("ours --compile", ("--compile",)),
+        ("ours --torch-threads 2", ("--torch-threads", "2")),
+    ]
     assert [peer.mode({"compile": False}, label) for label, _ in variants] == ["eager", "compiled", "eager"]
     assert [label for label, _ in peer.our_variants({"compile": True}, [])] == ["ours", "ours --no-compile"]
     assert peer.mode({"compile": True}, "ours --no-compile") == "eager"
     assert peer.our_variants({"compile": True}, [1], split=False) == [
-        ("ours", ()), ("ours --torch-threads 1", ("--torch-threads", "1"))]
+        ("ours", ()),
+        ("ours --torch-threads 1", ("--torch-threads", "1")),
+    ]
 
 
 def record(pair, run, r, seconds, setting="plain", sps=None, compile_s=None, cold=False):
-    return {"pair": pair, "steps": 1000, "setting": setting, "run": run, "round": r, "seconds": seconds, "sps": sps,
-            "compile_s": compile_s, "cold": cold}
+    return {
+        "pair": pair,
+        "steps": 1000,
+        "setting": setting,
+        "run": run,
+        "round": r,
+        "seconds": seconds,
+        "sps": sps,
+        "compile_s": compile_s,
+        "cold": cold,
+    }
 
 
 def rows(text: str) -> dict[tuple[str, str], list[str]]:
@@ -106,8 +125,14 @@ def test_table_medians_ranges_and_ratios_from_known_timings():
     records = [record("cartpole", "CleanRL", r, s, sps=v) for r, s, v in ((1, 30.0, 100), (2, 33.0, 90), (3, 36.0, 80))]
     records += [record("cartpole", "ours", r, s, sps=300) for r, s in ((1, 10.0), (2, 12.0), (3, 11.0))]
     records += [record("cartpole", "ours --compile", r, s) for r, s in ((1, 20.0), (2, 15.0))]  # round 3 missing
-    text = peer.table(records, ["cartpole"], {"cartpole": 1000}, ["plain"], 3,
-                      {"cartpole": {"ours": "eager", "ours --compile": "compiled"}})
+    text = peer.table(
+        records,
+        ["cartpole"],
+        {"cartpole": 1000},
+        ["plain"],
+        3,
+        {"cartpole": {"ours": "eager", "ours --compile": "compiled"}},
+    )
     found = rows(text)
     theirs, ours, compiled = found["plain", "CleanRL"], found["plain", "ours"], found["plain", "ours --compile"]
     assert theirs[4:10] == ["30.0", "33.0", "36.0", "33.0", "30.0-36.0", "90"] and theirs[10] == ""
@@ -125,24 +150,39 @@ def test_a_baseline_checkout_runs_its_own_script_and_is_tabulated_against_ours(t
     pair = peer.PAIRS["cartpole"]
     defaults = peer.our_defaults(pair)
     command = peer.our_command(pair, 1024, defaults, "/tmp/runs", (), tmp_path)
-    assert command[1] == str(tmp_path / "ppo.py") and command[2:] == peer.our_command(pair, 1024, defaults, "/tmp/runs")[2:]
+    assert (
+        command[1] == str(tmp_path / "ppo.py")
+        and command[2:] == peer.our_command(pair, 1024, defaults, "/tmp/runs")[2:]
+    )
     assert peer.our_variants(defaults, [], baseline=True)[:2] == [("ours", ()), (peer.BASELINE, ())]
-    records = [record("cartpole", label, r, seconds) for label, times in
-               (("CleanRL", (30.0, 33.0)), ("ours", (10.0, 12.0)), (peer.BASELINE, (10.5, 12.6))) for r, seconds in
-               zip((1, 2), times)]
-    text = peer.table(records, ["cartpole"], {"cartpole": 1000}, ["plain"], 2,
-                      {"cartpole": {"ours": "eager", peer.BASELINE: "eager"}})
+    records = [
+        record("cartpole", label, r, seconds)
+        for label, times in (("CleanRL", (30.0, 33.0)), ("ours", (10.0, 12.0)), (peer.BASELINE, (10.5, 12.6)))
+        for r, seconds in zip((1, 2), times)
+    ]
+    text = peer.table(
+        records, ["cartpole"], {"cartpole": 1000}, ["plain"], 2, {"cartpole": {"ours": "eager", peer.BASELINE: "eager"}}
+    )
     assert "| cartpole (CartPole-v1) | 1,000 | plain | 1.05x (1.05x-1.05x) |" in text.splitlines()
     assert ("split", "plain") not in rows(text)  # two eager runs are no eager/compiled split
 
 
 def test_table_takes_the_scripts_own_compile_time_and_marks_what_is_missing():
-    records = [record("hopper", "CleanRL", 1, 50.0, setting="busy"), record("hopper", "ours", 1, 20.0, setting="busy"),
-               record("hopper", "ours --no-compile", 1, 25.0, setting="busy", compile_s=None),
-               record("hopper", "ours", 2, 18.0, setting="busy", compile_s=4.0),
-               record("hopper", "CleanRL", 1, 60.0, cold=True)]  # another measurement (cold compile cache)
-    text = peer.table(records, ["hopper"], {"hopper": 1000}, ["plain", "busy"], 2,
-                      {"hopper": {"ours": "compiled", "ours --no-compile": "eager"}})
+    records = [
+        record("hopper", "CleanRL", 1, 50.0, setting="busy"),
+        record("hopper", "ours", 1, 20.0, setting="busy"),
+        record("hopper", "ours --no-compile", 1, 25.0, setting="busy", compile_s=None),
+        record("hopper", "ours", 2, 18.0, setting="busy", compile_s=4.0),
+        record("hopper", "CleanRL", 1, 60.0, cold=True),
+    ]  # another measurement (cold compile cache)
+    text = peer.table(
+        records,
+        ["hopper"],
+        {"hopper": 1000},
+        ["plain", "busy"],
+        2,
+        {"hopper": {"ours": "compiled", "ours --no-compile": "eager"}},
+    )
     found = rows(text)
     assert found["plain", "CleanRL"][6] == "not measured" and found["plain", "ours"][6] == "not measured"
     assert found["busy", "ours"][4:7] == ["20.0", "18.0", "19.0"] and found["busy", "ours"][9] == "2.50x"
@@ -155,23 +195,30 @@ def test_rounds_alternate_the_sides_and_resume_from_the_log(tmp_path, monkeypatc
 
     def fake_measure(pair, steps, setting, label, extra, defaults, peer_dir, cold, baseline=None):
         measured.append((label, setting))
-        return {"pair": pair, "steps": steps, "setting": setting, "run": label, "cold": cold, "seconds": 1.0,
-                "sps": None}
+        return {
+            "pair": pair,
+            "steps": steps,
+            "setting": setting,
+            "run": label,
+            "cold": cold,
+            "seconds": 1.0,
+            "sps": None,
+        }
 
     monkeypatch.setattr(peer, "measure", fake_measure)
     log = tmp_path / "log.jsonl"
     variants = {"cartpole": [("ours", ()), ("ours --compile", ("--compile",))]}
     arguments = (["cartpole"], {"cartpole": 512}, ["plain", "busy"], variants, {"cartpole": {}}, tmp_path)
     peer.run_rounds(log, 2, *arguments)
-    assert measured == [(label, setting) for setting in ("plain", "busy")
-                        for label in ("ours --compile", "ours", "CleanRL")] + \
-                       [(label, setting) for setting in ("plain", "busy")
-                        for label in ("CleanRL", "ours", "ours --compile")]
+    assert measured == [
+        (label, setting) for setting in ("plain", "busy") for label in ("ours --compile", "ours", "CleanRL")
+    ] + [(label, setting) for setting in ("plain", "busy") for label in ("CleanRL", "ours", "ours --compile")]
     assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [1] * 6 + [2] * 6
     measured.clear()
     peer.run_rounds(log, 3, *arguments)  # rounds 1 and 2 are in the log: only round 3 runs
-    assert measured == [(label, setting) for setting in ("plain", "busy")
-                        for label in ("ours --compile", "ours", "CleanRL")]
+    assert measured == [
+        (label, setting) for setting in ("plain", "busy") for label in ("ours --compile", "ours", "CleanRL")
+    ]
     measured.clear()
     peer.run_rounds(log, 1, *arguments, cold=True)  # runs with a cold compile cache are other runs
     assert len(measured) == 6
@@ -180,16 +227,22 @@ def test_rounds_alternate_the_sides_and_resume_from_the_log(tmp_path, monkeypatc
 def test_steps_for_every_pair_or_per_pair():
     assert peer.parse_steps(None) == {"cartpole": 500_000, "hopper": 1_000_000, "breakout": 10_000_000}
     assert peer.parse_steps("4096") == dict.fromkeys(peer.PAIRS, 4096)
-    assert peer.parse_steps("hopper=20480,cartpole=50000") == {"cartpole": 50_000, "hopper": 20_480,
-                                                               "breakout": 10_000_000}
+    assert peer.parse_steps("hopper=20480,cartpole=50000") == {
+        "cartpole": 50_000,
+        "hopper": 20_480,
+        "breakout": 10_000_000,
+    }
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--pairs", "cartpole"], "CleanRL 1.2.0's virtualenv is missing"),
-    (["--pairs", "pendulum"], "--pairs: unknown pendulum"),
-    (["--steps", "hopper=lots"], "--steps: expected N or PAIR=N"),
-    (["--steps", "walker=100"], "--steps: unknown pair 'walker'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--pairs", "cartpole"], "CleanRL 1.2.0's virtualenv is missing"),
+        (["--pairs", "pendulum"], "--pairs: unknown pendulum"),
+        (["--steps", "hopper=lots"], "--steps: expected N or PAIR=N"),
+        (["--steps", "walker=100"], "--steps: unknown pair 'walker'"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
         peer.main([*argv, "--peer-dir", str(tmp_path / "nothing"), "--log", str(tmp_path / "log.jsonl")])
@@ -212,11 +265,20 @@ def test_what_our_script_sets_for_itself_does_not_reach_cleanrl(monkeypatch):
 
 def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
     (tmp_path / "versions.json").write_text('{"cleanrl": "1.2.0", "gym": "0.23.1"}')
-    records = [record("cartpole", "ours", 1, 10.0) | {"load": 0.5},
-               record("cartpole", "CleanRL", 1, 30.0) | {"load": 1.25},
-               record("hopper", "ours", 1, 10.0) | {"load": 9.0}]  # another pair: not in this table
-    text = peer.describe("python -m benchmark.peer --pairs cartpole", tmp_path, ["cartpole"], ["plain", "busy"],
-                         {"cartpole": {"torch_threads": 1, "compile": False}}, records, cold=True)
+    records = [
+        record("cartpole", "ours", 1, 10.0) | {"load": 0.5},
+        record("cartpole", "CleanRL", 1, 30.0) | {"load": 1.25},
+        record("hopper", "ours", 1, 10.0) | {"load": 9.0},
+    ]  # another pair: not in this table
+    text = peer.describe(
+        "python -m benchmark.peer --pairs cartpole",
+        tmp_path,
+        ["cartpole"],
+        ["plain", "busy"],
+        {"cartpole": {"torch_threads": 1, "compile": False}},
+        records,
+        cold=True,
+    )
     assert "1-minute load average before each run 0.50-1.25." in text
     assert f"CleanRL: cleanrl 1.2.0, gym 0.23.1 (virtualenv {tmp_path})." in text
     assert "`python -m benchmark.peer --pairs cartpole`" in text and "empty for each run (cold)" in text

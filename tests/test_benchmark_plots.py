@@ -97,9 +97,22 @@ def test_table_puts_the_published_reference_beside_ours(tmp_path):
 
 def test_references_come_from_the_data_file(tmp_path):
     reference_file = tmp_path / "reference.json"
-    reference_file.write_text(json.dumps({"references": [
-        {"script": "ppo.py", "env_ids": ["Fake-v0", "Fake"], "mean": 12.5, "std": 1.25, "steps": 2000,
-         "source": "a test"}]}))
+    reference_file.write_text(
+        json.dumps(
+            {
+                "references": [
+                    {
+                        "script": "ppo.py",
+                        "env_ids": ["Fake-v0", "Fake"],
+                        "mean": 12.5,
+                        "std": 1.25,
+                        "steps": 2000,
+                        "source": "a test",
+                    }
+                ]
+            }
+        )
+    )
     write_linear_runs(tmp_path / "runs", "Fake")
     text = table(tmp_path / "runs", last=100, references=load_references(reference_file))
     assert "| 12.50 ± 1.25 (2k steps) |" in text and "Published references (CleanRL): a test." in text
@@ -112,5 +125,7 @@ def test_reference_file_entries_are_complete():
         assert set(entry) == {"script", "env_ids", "mean", "std", "steps", "source"}
         assert entry["source"].startswith("https://docs.cleanrl.dev/rl-algorithms/ppo/")
     references = load_references()
-    assert (references[("ppo_continuous_action.py", "Hopper-v4")]["mean"],
-            references[("ppo_continuous_action.py", "Hopper-v4")]["steps"]) == (2382.86, 1_000_000)
+    assert (
+        references[("ppo_continuous_action.py", "Hopper-v4")]["mean"],
+        references[("ppo_continuous_action.py", "Hopper-v4")]["steps"],
+    ) == (2382.86, 1_000_000)

@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmark.results import aggregate_table, block_scores, iqm_with_ci, load_references, normalise, plot_profiles, table
+from benchmark.results import (
+    aggregate_table,
+    block_scores,
+    iqm_with_ci,
+    load_references,
+    normalise,
+    plot_profiles,
+    table,
+)
 
 
 def write_run(root, seed, returns, sps):
@@ -52,8 +60,14 @@ def test_iqm_with_bootstrap_intervals_per_env_and_over_normalised_envs(tmp_path)
         write_constant_run(tmp_path, "Acrobot-v1", seed, a)
     write_constant_run(tmp_path, "MountainCar-v0", 1, -150.0)
     text = aggregate_table(tmp_path, last=100, reps=REPS)
-    rows = {tuple(cells[:2]): cells[2:] for cells in
-            ([cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ppo.py"))}
+    rows = {
+        tuple(cells[:2]): cells[2:]
+        for cells in (
+            [cell.strip() for cell in line.strip("|").split("|")]
+            for line in text.splitlines()
+            if line.startswith("| ppo.py")
+        )
+    }
 
     def estimate(cell):
         return [float(x) for x in re.match(r"(-?[\d.]+) \[(-?[\d.]+), (-?[\d.]+)\]", cell).groups()]

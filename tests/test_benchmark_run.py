@@ -40,8 +40,21 @@ def job(tmp_path):
 
 
 def runner_argv(command, env_ids, seeds, workers, logs):
-    return [sys.executable, "-m", "benchmark.run", "--command", command, "--env-ids", *env_ids,
-            "--seeds", *map(str, seeds), "--workers", str(workers), "--logs", str(logs)]
+    return [
+        sys.executable,
+        "-m",
+        "benchmark.run",
+        "--command",
+        command,
+        "--env-ids",
+        *env_ids,
+        "--seeds",
+        *map(str, seeds),
+        "--workers",
+        str(workers),
+        "--logs",
+        str(logs),
+    ]
 
 
 def run_runner(*args) -> subprocess.CompletedProcess:
@@ -69,7 +82,7 @@ def test_a_failing_job_is_reported_with_its_log_and_fails_the_run(tmp_path, job)
     result = run_runner(job(0.1), ["A-v0", "Bad-v0"], [1], 2, tmp_path / "logs")
     assert result.returncode == 1
     assert sorted(records(tmp_path)) == ["A-v0__1", "Bad-v0__1"]  # the other job ran to its end
-    summary = result.stdout[result.stdout.index("2 jobs in"):]
+    summary = result.stdout[result.stdout.index("2 jobs in") :]
     assert "1 done, 1 failed" in summary
     assert f"FAILED Bad-v0 seed 1 (exit 3): {tmp_path / 'logs' / 'Bad-v0__1.log'}" in summary
     assert "last line: error: cannot make Bad-v0" in summary
@@ -101,8 +114,14 @@ def pid_alive(pid: int) -> bool:
 
 
 def test_ctrl_c_kills_the_running_jobs_and_their_children(tmp_path, job):
-    runner = subprocess.Popen(runner_argv(job(60, "spawn"), ["A-v0", "B-v0"], [1], 2, tmp_path / "logs"), cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
+    runner = subprocess.Popen(
+        runner_argv(job(60, "spawn"), ["A-v0", "B-v0"], [1], 2, tmp_path / "logs"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_ctrl_c,
+    )
     pid_files = [tmp_path / "out" / f"{env_id}__1.pids" for env_id in ("A-v0", "B-v0")]
     deadline = time.time() + 30
     while not all(p.exists() and len(p.read_text().split()) == 2 for p in pid_files):

@@ -16,8 +16,12 @@ def test_summary_leaves_out_the_first_iteration_and_splits_the_time(tmp_path):
         4: (300.0, 200.0, 100.0, 80.0, (1.0, 0.5, 2.0, 0.5)),
     }
     for k, (experience, learner, size, sps, split) in iterations.items():
-        for tag, value in (("charts/experience_SPS", experience), ("charts/learner_SPS", learner),
-                           ("charts/bytes_per_step", size), ("charts/SPS", sps)):
+        for tag, value in (
+            ("charts/experience_SPS", experience),
+            ("charts/learner_SPS", learner),
+            ("charts/bytes_per_step", size),
+            ("charts/SPS", sps),
+        ):
             writer.add_scalar(tag, value, 2048 * k)
         for part, seconds in zip(("rollout", "transfer", "update", "publish"), split):
             writer.add_scalar(f"perf/{part}_time", seconds, 2048 * k)
@@ -27,4 +31,3 @@ def test_summary_leaves_out_the_first_iteration_and_splits_the_time(tmp_path):
     assert summary["bytes_per_step"] == 120.0 and summary["sps"] == 80.0
     # iterations 2-4: rollout 4 s, transfer 1 s, update 4 s, publish 1 s of 10
     assert summary["time_split"] == "40.0% rollout / 10.0% transfer / 40.0% update / 10.0% publish"
-

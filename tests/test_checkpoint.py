@@ -58,9 +58,23 @@ def test_checkpoint_round_trip(script, tmp_path):
 
 def test_resume_after_sigkill(tmp_path):
     total, batch = 3000, 4 * 32
-    proc = start_script("ppo", "--env-id", REAL_ENV["ppo"], "--total-timesteps", total, "--num-steps", 32,
-                        "--checkpoint-every", 1, "--save-model", "--eval-episodes", 1, "--runs-dir", tmp_path,
-                        cwd=tmp_path)
+    proc = start_script(
+        "ppo",
+        "--env-id",
+        REAL_ENV["ppo"],
+        "--total-timesteps",
+        total,
+        "--num-steps",
+        32,
+        "--checkpoint-every",
+        1,
+        "--save-model",
+        "--eval-episodes",
+        1,
+        "--runs-dir",
+        tmp_path,
+        cwd=tmp_path,
+    )
     deadline = time.time() + 120
     while not list(tmp_path.glob("*/checkpoint.pt")) and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)

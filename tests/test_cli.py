@@ -18,8 +18,10 @@ def bad_inputs(name, tmp_path):
     return {
         "unknown_env": (["--env-id", "NoSuchEnv-v9"], ["NoSuchEnv-v9"]),
         "wrong_action_space": (["--env-id", WRONG_ACTION_SPACE[name]], [WRONG_ACTION_SPACE[name], "action space"]),
-        "minibatches": (["--env-id", REAL_ENV[name], "--num-envs", 2, "--num-steps", 5, "--num-minibatches", 4],
-                        ["--num-minibatches", "10"]),
+        "minibatches": (
+            ["--env-id", REAL_ENV[name], "--num-envs", 2, "--num-steps", 5, "--num-minibatches", 4],
+            ["--num-minibatches", "10"],
+        ),
         "nonpositive": (["--num-steps", 0], ["--num-steps", "positive"]),
         "missing_resume": (["--resume", tmp_path / "gone.pt"], ["--resume", "gone.pt"]),
         "not_a_checkpoint": (["--evaluate", text_file], ["notes.txt"]),
@@ -27,8 +29,18 @@ def bad_inputs(name, tmp_path):
     }
 
 
-@pytest.mark.parametrize("case", ["unknown_env", "wrong_action_space", "minibatches", "nonpositive", "missing_resume",
-                                  "not_a_checkpoint", "foreign_checkpoint"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown_env",
+        "wrong_action_space",
+        "minibatches",
+        "nonpositive",
+        "missing_resume",
+        "not_a_checkpoint",
+        "foreign_checkpoint",
+    ],
+)
 @pytest.mark.parametrize("name", MODULES)
 def test_bad_input_gets_one_line_and_exit_code_2(name, case, tmp_path):
     argv, words = bad_inputs(name, tmp_path)[case]
@@ -66,10 +78,14 @@ EVERY_SCRIPT_CASES = {  # case -> (Args fields, words the error line must contai
     "max_grad_norm": (dict(max_grad_norm=-1.0), ["--max-grad-norm must be positive", "got -1.0"]),
     "target_kl": (dict(target_kl=-1.0), ["--target-kl must be positive (or not given)", "got -1.0"]),
     # the number of minibatches is the batch size: one sample each, whose normalised advantage is NaN
-    "one_sample_minibatches": (dict(num_steps=1, seq_len=1, num_minibatches="batch_size"),
-                               ["leaves minibatches of one sample", "at least 2"]),
-    "runs_dir_under_a_file": (dict(runs_dir="notes.txt/runs"), ["--runs-dir notes.txt/runs cannot be created",
-                                                                "notes.txt is a file"]),
+    "one_sample_minibatches": (
+        dict(num_steps=1, seq_len=1, num_minibatches="batch_size"),
+        ["leaves minibatches of one sample", "at least 2"],
+    ),
+    "runs_dir_under_a_file": (
+        dict(runs_dir="notes.txt/runs"),
+        ["--runs-dir notes.txt/runs cannot be created", "notes.txt is a file"],
+    ),
     "negative_eval_every": (dict(eval_every=-1), ["--eval-every", "-1"]),
 }
 

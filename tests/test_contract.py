@@ -18,8 +18,18 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import (ITERATIONS, LINE, METRICS, RUNS, assert_progress_lines, batch_size,
-                     check_resume_after_interruption, load, make_args, read_scalars)
+from helpers import (
+    ITERATIONS,
+    LINE,
+    METRICS,
+    RUNS,
+    assert_progress_lines,
+    batch_size,
+    check_resume_after_interruption,
+    load,
+    make_args,
+    read_scalars,
+)
 from scripts import NEXT_STEP_GAE, SCRIPTS
 
 
@@ -42,9 +52,14 @@ def runs(contract, tmp_path_factory, capsys):
             torch.backends.cudnn.conv.fp32_precision = torch.backends.cudnn.rnn.fp32_precision = "tf32"
             run_dir = script.main(make_args(script, folder / name, seed=seed, eval_every=eval_every))
             precision = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.rnn.fp32_precision)
-            results[name] = dict(run_dir=run_dir, scalars=read_scalars(run_dir), stdout=capsys.readouterr().out,
-                                 checkpoint=load(f"{run_dir}/checkpoint.pt"), gae_calls=calls[first_call:],
-                                 cudnn_precision=precision)
+            results[name] = dict(
+                run_dir=run_dir,
+                scalars=read_scalars(run_dir),
+                stdout=capsys.readouterr().out,
+                checkpoint=load(f"{run_dir}/checkpoint.pt"),
+                gae_calls=calls[first_call:],
+                cudnn_precision=precision,
+            )
         RESULTS[script.__name__] = results
     return script, RESULTS[script.__name__]
 
@@ -135,9 +150,15 @@ def test_checkpoint_holds_the_shared_keys_and_an_rng_dict_that_restores(runs):
 
 def test_resume_after_an_interruption_ends_where_the_full_run_ends(runs, tmp_path, monkeypatch):
     script, results = runs
-    check_resume_after_interruption(script, lambda folder: make_args(script, tmp_path / folder, seed=3), ITERATIONS,
-                                    batch_size(RUNS[script.__name__]), monkeypatch, full_dir=results["a"]["run_dir"],
-                                    cuda=False)
+    check_resume_after_interruption(
+        script,
+        lambda folder: make_args(script, tmp_path / folder, seed=3),
+        ITERATIONS,
+        batch_size(RUNS[script.__name__]),
+        monkeypatch,
+        full_dir=results["a"]["run_dir"],
+        cuda=False,
+    )
 
 
 def test_clipfrac_is_the_mean_over_the_updates_minibatches(contract, tmp_path, monkeypatch):
@@ -159,4 +180,4 @@ def test_clipfrac_is_the_mean_over_the_updates_minibatches(contract, tmp_path, m
     logged = [value for _, value in read_scalars(run_dir)["losses/clipfrac"]]
     per_update = len(numbers) // ITERATIONS
     assert per_update > 1 and len(numbers) == ITERATIONS * per_update
-    assert logged == pytest.approx([np.mean(numbers[k * per_update:(k + 1) * per_update]) for k in range(ITERATIONS)])
+    assert logged == pytest.approx([np.mean(numbers[k * per_update : (k + 1) * per_update]) for k in range(ITERATIONS)])

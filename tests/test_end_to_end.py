@@ -6,8 +6,17 @@ import re
 
 import pytest
 
-from helpers import (LINE, METRICS, REAL_ENV, assert_evaluation_videos, assert_progress_lines, load, only_run_dir,
-                     read_scalars, run_script)
+from helpers import (
+    LINE,
+    METRICS,
+    REAL_ENV,
+    assert_evaluation_videos,
+    assert_progress_lines,
+    load,
+    only_run_dir,
+    read_scalars,
+    run_script,
+)
 from scripts import MODULES
 
 ITERATIONS, EVAL_EPISODES = 4, 3
@@ -21,12 +30,30 @@ def e2e(request, tmp_path_factory):
     name = request.param
     cwd = tmp_path_factory.mktemp(name)
     batch = NUM_ENVS[name] * NUM_STEPS[name]
-    result = run_script(name, "--env-id", REAL_ENV[name], "--total-timesteps", ITERATIONS * batch + batch // 2,
-                        "--num-steps", NUM_STEPS[name], "--save-model", "--checkpoint-every", 1,
-                        "--eval-episodes", EVAL_EPISODES, cwd=cwd)
+    result = run_script(
+        name,
+        "--env-id",
+        REAL_ENV[name],
+        "--total-timesteps",
+        ITERATIONS * batch + batch // 2,
+        "--num-steps",
+        NUM_STEPS[name],
+        "--save-model",
+        "--checkpoint-every",
+        1,
+        "--eval-episodes",
+        EVAL_EPISODES,
+        cwd=cwd,
+    )
     run_dir = only_run_dir(cwd / "runs") if result.returncode == 0 else None
-    return dict(name=name, cwd=cwd, batch=batch, result=result, run_dir=run_dir,
-                scalars=read_scalars(run_dir) if run_dir else None)
+    return dict(
+        name=name,
+        cwd=cwd,
+        batch=batch,
+        result=result,
+        run_dir=run_dir,
+        scalars=read_scalars(run_dir) if run_dir else None,
+    )
 
 
 def test_run_exits_cleanly_and_writes_its_files(e2e):
@@ -52,8 +79,9 @@ def test_all_metrics_are_logged(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
-                                                ITERATIONS, e2e["batch"])
+    assert_progress_lines(
+        e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"], ITERATIONS, e2e["batch"]
+    )
 
 
 def test_ratio_is_one_at_the_first_minibatch(e2e):
@@ -73,16 +101,25 @@ def test_saved_model_evaluates_as_after_training(e2e):
 def test_evaluate_flag_prints_the_training_evaluation(e2e):
     trained = re.search(r"^evaluation: 3 episodes, mean return (-?[\d.]+)", e2e["result"].stdout, re.M)
     # another --seed on the command line: the evaluation still plays the trained run's episodes
-    result = run_script(e2e["name"], "--evaluate", e2e["run_dir"] / "model.pt", "--eval-episodes", EVAL_EPISODES,
-                        "--seed", 7, cwd=e2e["cwd"])
+    result = run_script(
+        e2e["name"],
+        "--evaluate",
+        e2e["run_dir"] / "model.pt",
+        "--eval-episodes",
+        EVAL_EPISODES,
+        "--seed",
+        7,
+        cwd=e2e["cwd"],
+    )
     assert result.returncode == 0, result.stderr
     evaluated = re.search(r"^evaluation of .*model\.pt on \S+: 3 episodes, mean return (-?[\d.]+)", result.stdout, re.M)
     assert trained and evaluated and evaluated[1] == trained[1]
 
 
 def test_capture_video(tmp_path):
-    result = run_script("ppo", "--env-id", "CartPole-v1", "--total-timesteps", 128, "--num-steps", 32,
-                        "--capture-video", cwd=tmp_path)
+    result = run_script(
+        "ppo", "--env-id", "CartPole-v1", "--total-timesteps", 128, "--num-steps", 32, "--capture-video", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert list((only_run_dir(tmp_path / "runs") / "videos").glob("*.mp4"))
 

@@ -41,8 +41,9 @@ def test_same_step_autoreset_never_yields_a_dummy_step(script, tmp_path):
 
 def test_every_episode_logged_once_at_its_own_step(script, tmp_path):
     N, T, iterations = 2, 12, 2
-    args = tiny_args(script, tmp_path, env_id=FIXED_ENV[script.__name__], num_envs=N, num_steps=T,
-                     total_timesteps=N * T * iterations)
+    args = tiny_args(
+        script, tmp_path, env_id=FIXED_ENV[script.__name__], num_envs=N, num_steps=T, total_timesteps=N * T * iterations
+    )
     run_dir = script.main(args)
     scalars = read_scalars(run_dir)
     returns, lengths = scalars["charts/episodic_return"], scalars["charts/episodic_length"]
@@ -72,15 +73,29 @@ class AddsInfo(gym.Wrapper):
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.count += 1
-        return obs, reward, terminated, truncated, {**info, "count": self.count, "half": float(reward) / 2,
-                                                    "ended": bool(terminated), "nested": {"count": self.count}}
+        return (
+            obs,
+            reward,
+            terminated,
+            truncated,
+            {
+                **info,
+                "count": self.count,
+                "half": float(reward) / 2,
+                "ended": bool(terminated),
+                "nested": {"count": self.count},
+            },
+        )
 
 
 def gymnasiums_pair(script, env_id: str, n: int, wrapped: bool = True):
     """gymnasium's SyncVectorEnv (same-step autoreset) of the script's make_env, under gymnasium's
     vector RecordEpisodeStatistics where `wrapped`."""
-    envs = gym.vector.SyncVectorEnv([script.make_env(env_id, i, False, "") for i in range(n)], copy=False,
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv(
+        [script.make_env(env_id, i, False, "") for i in range(n)],
+        copy=False,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
     return gym.wrappers.vector.RecordEpisodeStatistics(envs) if wrapped else envs
 
 
@@ -173,10 +188,15 @@ def test_it_is_a_gymnasium_vector_env(script, tmp_path):
 
 
 VECTOR_WRAPPERS = {  # gymnasium's vector wrappers that take a same-step vector env, by action space
-    "both": [gym.wrappers.vector.RecordEpisodeStatistics, gym.wrappers.vector.NormalizeReward,
-             lambda env: gym.wrappers.vector.ClipReward(env, -0.5, 0.5)],
-    "Box": [gym.wrappers.vector.ClipAction,
-            lambda env: gym.wrappers.vector.RescaleAction(env, np.float32(-0.5), np.float32(0.5))],
+    "both": [
+        gym.wrappers.vector.RecordEpisodeStatistics,
+        gym.wrappers.vector.NormalizeReward,
+        lambda env: gym.wrappers.vector.ClipReward(env, -0.5, 0.5),
+    ],
+    "Box": [
+        gym.wrappers.vector.ClipAction,
+        lambda env: gym.wrappers.vector.RescaleAction(env, np.float32(-0.5), np.float32(0.5)),
+    ],
 }
 
 
@@ -205,7 +225,8 @@ def test_reset_mask_resets_only_the_marked_environments(script):
     theirs = gymnasiums_pair(script, env_id, 3, wrapped=False)
     assert_steps_as_gymnasiums(ours, theirs, 3)
     mask = np.array([True, False, True])
-    np.testing.assert_array_equal(ours.reset(options={"reset_mask": mask})[0],
-                                  theirs.reset(options={"reset_mask": mask.copy()})[0])
+    np.testing.assert_array_equal(
+        ours.reset(options={"reset_mask": mask})[0], theirs.reset(options={"reset_mask": mask.copy()})[0]
+    )
     # environment 1 kept its episode (3 steps in), the others started new ones
     np.testing.assert_array_equal(ours.obs[:, 0], np.float32([0, 3 / MIXED_LIMIT, 0]))

@@ -49,8 +49,7 @@ def real_checkpoint(name: str, path: Path) -> Path:
 
 
 @pytest.mark.parametrize("flag", ["evaluate", "resume"])
-def test_a_checkpoint_of_another_script_is_refused_naming_its_script(every_script, flag, tmp_path, monkeypatch,
-                                                                      capsys):
+def test_a_checkpoint_of_another_script_is_refused_naming_its_script(every_script, flag, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     writer = "ppo_continuous_action" if every_script.__name__ == "ppo" else "ppo"
     path = real_checkpoint(writer, tmp_path / "model.pt")
@@ -67,9 +66,11 @@ def damaged_files(name: str, folder: Path) -> dict[str, tuple[Path, list[str]]]:
     truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
     empty.write_bytes(b"")
     torch.save({"model": {}, "args": {}, "iteration": 1}, old)  # the keys of a checkpoint before format 2
-    return {"truncated": (truncated, ["truncated.pt", "truncated", "not a complete checkpoint"]),
-            "empty": (empty, ["empty.pt", "not a complete checkpoint"]),
-            "old_format": (old, ["old.pt", "from before format 2"])}
+    return {
+        "truncated": (truncated, ["truncated.pt", "truncated", "not a complete checkpoint"]),
+        "empty": (empty, ["empty.pt", "not a complete checkpoint"]),
+        "old_format": (old, ["old.pt", "from before format 2"]),
+    }
 
 
 @pytest.mark.parametrize("case", ["truncated", "empty", "old_format"])
@@ -90,8 +91,9 @@ def test_a_checkpoint_is_flushed_before_its_rename_and_stale_temporary_files_go(
     (tmp_path / "checkpoint.pt.tmp").write_bytes(b"left by a kill")
     (tmp_path / "model.pt.tmp").write_bytes(b"left by a kill")
     events, real_fsync, real_replace = [], os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
-                                                 real_fsync(fd)))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))
+    )
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b)))
     path = tmp_path / "checkpoint.pt"
     ppo.write_checkpoint_file({"model": {}, "step": 7}, str(path))
@@ -130,8 +132,9 @@ def test_the_code_carrying_file_does_run_code_when_unpickled(tmp_path):
 
 @pytest.mark.parametrize("kind", ["torch", "pickle"])
 @pytest.mark.parametrize("door", ["evaluate", "resume", "best_model"])
-def test_a_file_carrying_code_is_refused_and_nothing_in_it_runs(every_script, door, kind, tmp_path, monkeypatch,
-                                                               capsys):
+def test_a_file_carrying_code_is_refused_and_nothing_in_it_runs(
+    every_script, door, kind, tmp_path, monkeypatch, capsys
+):
     """--evaluate FILE, --resume FILE and --evaluate of a run's best_model.pt: exit 2, one line naming the
     file and what is wrong with it, and the code it carries never runs."""
     monkeypatch.chdir(tmp_path)
@@ -168,7 +171,11 @@ def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, mo
     step = unrestricted["global_step"]
     script.main(script.Args(resume=str(path), total_timesteps=2 * step, cuda=False))
     resumed = load(path)
-    assert (resumed["format"], resumed["global_step"], resumed["iteration"]) == (3, 2 * step, 2 * unrestricted["iteration"])
+    assert (resumed["format"], resumed["global_step"], resumed["iteration"]) == (
+        3,
+        2 * step,
+        2 * unrestricted["iteration"],
+    )
 
 
 # RESUME WITH OTHER FLAGS -------------------------------------------------------------------------
@@ -183,16 +190,16 @@ def saved_run(script, iteration: int = 2) -> dict:
 def test_resume_honours_what_may_change_and_keeps_the_rest(every_script):
     saved = saved_run(every_script)
     total = every_script.Args().batch_size * 10
-    args = every_script.resume_args(every_script.Args(resume="c.pt", total_timesteps=total, torch_threads=3),
-                                    saved)
+    args = every_script.resume_args(every_script.Args(resume="c.pt", total_timesteps=total, torch_threads=3), saved)
     assert (args.resume, args.total_timesteps, args.torch_threads) == ("c.pt", total, 3)
     assert asdict(args) == {**saved["args"], "resume": "c.pt", "total_timesteps": total, "torch_threads": 3}
     # a flag not given keeps the saved value, not the default
     assert every_script.resume_args(every_script.Args(resume="c.pt"), saved).torch_threads == 2
 
 
-@pytest.mark.parametrize("flag, value", [("env_id", "Acrobot-v1"), ("gamma", 0.5), ("num_steps", 7),
-                                         ("runs_dir", "elsewhere")])
+@pytest.mark.parametrize(
+    "flag, value", [("env_id", "Acrobot-v1"), ("gamma", 0.5), ("num_steps", 7), ("runs_dir", "elsewhere")]
+)
 def test_resume_refuses_a_flag_that_cannot_change_naming_it(every_script, flag, value, capsys):
     with pytest.raises(SystemExit) as exit_info:
         every_script.resume_args(every_script.Args(resume="c.pt", **{flag: value}), saved_run(every_script))
@@ -250,8 +257,17 @@ CTRL_C_RUNS = {
     "ppo_atari_multigpu": ["--num-envs", 2, "--num-steps", 16],
     "ppo_atari_envpool": ["--num-envs", 2, "--num-steps", 16],
     "ppo_procgen": ["--num-envs", 2, "--num-steps", 16],
-    "ppo_shared_memory_lstm": ["--num-workers", 2, "--num-envs-per-worker", 1, "--num-steps", 16, "--seq-len", 8,
-                               "--capture-video"],
+    "ppo_shared_memory_lstm": [
+        "--num-workers",
+        2,
+        "--num-envs-per-worker",
+        1,
+        "--num-steps",
+        16,
+        "--seq-len",
+        8,
+        "--capture-video",
+    ],
     "ppo_continuous_action_redis": ["--env-id", "Hopper-v5", "--num-samplers", 1, "--num-chunks", 2, "--num-steps", 16],
 }
 
@@ -267,9 +283,11 @@ EVENTS_LIMIT = {name: 1_000 for name in SCRIPTS if name not in MULTI_PROCESS}
 def file_size_limit(limit: int):
     """For a child: writes beyond `limit` bytes fail with EFBIG (Python ignores the SIGXFSZ that comes with
     them), as on a full disk; and Ctrl-C gets its default disposition (default_ctrl_c)."""
+
     def set_limit():
         default_ctrl_c()
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     return set_limit
 
 
@@ -282,9 +300,16 @@ def start_all(tmp_path, argv: dict, limits: dict | None = None) -> dict[str, sub
     for name, arguments in argv.items():
         (tmp_path / name).mkdir(exist_ok=True)
         preexec = file_size_limit(limits[name]) if limits else default_ctrl_c
-        processes[name] = subprocess.Popen(script_command(name, *arguments), cwd=tmp_path / name, env=env,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                           preexec_fn=preexec, start_new_session=True)
+        processes[name] = subprocess.Popen(
+            script_command(name, *arguments),
+            cwd=tmp_path / name,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=preexec,
+            start_new_session=True,
+        )
     return processes
 
 
@@ -313,8 +338,9 @@ def test_ctrl_c_and_a_full_disk_end_every_script_in_one_line_with_the_resume_com
     assert sorted(CTRL_C_RUNS) == sorted(SCRIPTS)
     tiny = {name: [*argv, "--num-minibatches", 2, "--update-epochs", 1] for name, argv in CTRL_C_RUNS.items()}
     no_video = {name: [arg for arg in argv if arg != "--capture-video"] for name, argv in tiny.items()}
-    processes = start_all(tmp_path, {name: [*argv, "--total-timesteps", 10**8, "--checkpoint-every", 1]
-                                     for name, argv in tiny.items()})
+    processes = start_all(
+        tmp_path, {name: [*argv, "--total-timesteps", 10**8, "--checkpoint-every", 1] for name, argv in tiny.items()}
+    )
     try:
         waiting, deadline = set(processes), time.monotonic() + 240
         while waiting and time.monotonic() < deadline:
@@ -337,8 +363,13 @@ def test_ctrl_c_and_a_full_disk_end_every_script_in_one_line_with_the_resume_com
     saved = {name: load(tmp_path / name / path)["iteration"] for name, path in checkpoints.items()}
     for name, path in checkpoints.items():  # (a resumed run records on, and would warn that it overwrites them)
         shutil.rmtree(tmp_path / name / path.parent / "videos", ignore_errors=True)
-    results = finish_all(start_all(tmp_path, {name: ["--resume", path, "--no-capture-video"]
-                                              for name, path in checkpoints.items()}, CHECKPOINT_LIMIT))
+    results = finish_all(
+        start_all(
+            tmp_path,
+            {name: ["--resume", path, "--no-capture-video"] for name, path in checkpoints.items()},
+            CHECKPOINT_LIMIT,
+        )
+    )
     for name, (returncode, stderr) in results.items():
         path = checkpoints[name]
         hint = f"last checkpoint {path}; continue with: python {script_command(name)[1]} --resume {path}"
@@ -349,15 +380,19 @@ def test_ctrl_c_and_a_full_disk_end_every_script_in_one_line_with_the_resume_com
 
     for name in EVENTS_LIMIT:
         shutil.rmtree(tmp_path / name)
-    results = finish_all(start_all(tmp_path, {name: [*no_video[name], "--total-timesteps", 10**8] for name in EVENTS_LIMIT},
-                                   EVENTS_LIMIT))
+    results = finish_all(
+        start_all(
+            tmp_path, {name: [*no_video[name], "--total-timesteps", 10**8] for name in EVENTS_LIMIT}, EVENTS_LIMIT
+        )
+    )
     for name, (returncode, stderr) in results.items():
         (run_dir,) = (tmp_path / name).glob("runs/*")
         run_dir = run_dir.relative_to(tmp_path / name)
         assert returncode == 1, (name, stderr)
         assert stderr.splitlines() == [
             f"{name}.py: error: cannot write the TensorBoard events in {run_dir}: File too large; no checkpoint in "
-            f"{run_dir} (--checkpoint-every N writes one every N iterations)"], (name, stderr)
+            f"{run_dir} (--checkpoint-every N writes one every N iterations)"
+        ], (name, stderr)
 
 
 def test_children_get_the_default_ctrl_c_even_when_the_suite_ignores_it():

@@ -64,8 +64,16 @@ def test_the_fake_gpu_sees_a_sync_in_the_rollout(contract, tmp_path, monkeypatch
 
     monkeypatch.setattr(script.Agent, "act", act_with_a_sync)
     with FakeCuda(script) as fake:
-        script.main(make_args(script, tmp_path, cuda=True, total_timesteps=make_args(script, tmp_path).batch_size,
-                              save_model=False, checkpoint_every=0))
+        script.main(
+            make_args(
+                script,
+                tmp_path,
+                cuda=True,
+                total_timesteps=make_args(script, tmp_path).batch_size,
+                save_model=False,
+                checkpoint_every=0,
+            )
+        )
     assert fake.count("sync .item()") == RUNS[script.__name__]["num_steps"]
 
 
@@ -110,8 +118,9 @@ def openmp_settings(name: str, **env) -> str:
     """What the OpenMP runtime that PyTorch loads reports at start (OMP_DISPLAY_ENV) in `name.py --help`,
     with no OMP_WAIT_POLICY of the caller's and the given variables set."""
     env = {**{k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}, "OMP_DISPLAY_ENV": "VERBOSE", **env}
-    result = subprocess.run([sys.executable, f"{name}.py", "--help"], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, f"{name}.py", "--help"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     if "OPENMP DISPLAY ENVIRONMENT" not in result.stderr:
         pytest.skip("PyTorch's OpenMP runtime here is not GNU libgomp, which this test reads")
@@ -196,8 +205,9 @@ def minibatch(script, agent, n: int, seed: int):
 
 
 @pytest.mark.parametrize("name", NUMPY_UPDATE)
-@pytest.mark.parametrize("options", [{}, {"norm_adv": False, "clip_vloss": False, "ent_coef": 0.1},
-                                     {"max_grad_norm": 100.0}])  # the last: no clipping
+@pytest.mark.parametrize(
+    "options", [{}, {"norm_adv": False, "clip_vloss": False, "ent_coef": 0.1}, {"max_grad_norm": 100.0}]
+)  # the last: no clipping
 @pytest.mark.parametrize("torch_steps_first", [0, 2])
 def test_the_numpy_update_step_is_update_step(name, options, torch_steps_first):
     """From the same agent and optimizer, step after step on changing minibatches: the same statistics, the
@@ -267,8 +277,9 @@ def test_a_loss_replaced_at_run_time_makes_the_run_fall_back_to_update_step(name
     monkeypatch.setattr(script, "ppo_loss", changed_loss)
     args = make_args(script, tmp_path, save_model=False, checkpoint_every=0)
     script.main(args)
-    assert ("NumpyUpdate steps aside, the update step runs as update_step in PyTorch: ppo_loss is not the code it "
-            "computes") in capsys.readouterr().out
+    assert (
+        "NumpyUpdate steps aside, the update step runs as update_step in PyTorch: ppo_loss is not the code it computes"
+    ) in capsys.readouterr().out
     assert len(calls) == ITERATIONS * args.update_epochs * args.num_minibatches
 
 
@@ -278,9 +289,13 @@ def test_the_fingerprints_are_those_of_the_code_as_it_stands(name):
     uses its fast path. After a change to one of them (and to the NumPy code with it), put the printed
     fingerprint into NUMPY_COMPUTES."""
     script = importlib.import_module(name)
-    functions = {"Agent.act": script.Agent.act, "Agent.get_action_and_value": script.Agent.get_action_and_value,
-                 "Agent.get_value": script.Agent.get_value, "ppo_loss": script.ppo_loss,
-                 "update_step": script.update_step}
+    functions = {
+        "Agent.act": script.Agent.act,
+        "Agent.get_action_and_value": script.Agent.get_action_and_value,
+        "Agent.get_value": script.Agent.get_value,
+        "ppo_loss": script.ppo_loss,
+        "update_step": script.update_step,
+    }
     assert {key: script.code_fingerprint(f) for key, f in functions.items()} == script.NUMPY_COMPUTES
 
 
@@ -289,8 +304,9 @@ def test_runs_with_and_without_the_numpy_update_agree(name, tmp_path, capsys):
     script = importlib.import_module(name)
     runs = {}
     for numpy_update in (False, True):
-        run_dir = script.main(make_args(script, tmp_path / str(numpy_update), seed=5, numpy_update=numpy_update,
-                                        save_model=False))
+        run_dir = script.main(
+            make_args(script, tmp_path / str(numpy_update), seed=5, numpy_update=numpy_update, save_model=False)
+        )
         runs[numpy_update] = (read_scalars(run_dir), load(f"{run_dir}/checkpoint.pt")["model"])
     assert "NumpyUpdate does not compute" not in capsys.readouterr().out  # the NumPy run used it
     (torch_run, torch_weights), (numpy_run, numpy_weights) = runs[False], runs[True]

@@ -20,8 +20,11 @@ from scripts import NUMPY_UPDATE, script_path
 
 POLICY, UPDATE = "NumpyPolicy steps aside", "NumpyUpdate steps aside"
 OPTIMIZER = "torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)"
-WIDER = [("nn.Linear(obs_dim, 64)", "nn.Linear(obs_dim, 128)"), ("nn.Linear(64, 64)", "nn.Linear(128, 128)"),
-         ("nn.Linear(64, 1)", "nn.Linear(128, 1)")]
+WIDER = [
+    ("nn.Linear(obs_dim, 64)", "nn.Linear(obs_dim, 128)"),
+    ("nn.Linear(64, 64)", "nn.Linear(128, 128)"),
+    ("nn.Linear(64, 1)", "nn.Linear(128, 1)"),
+]
 NOT_SEQUENTIAL = '''class Chain(nn.Module):
     """The layers applied one after the other, as nn.Sequential does, written by hand."""
 
@@ -42,55 +45,127 @@ EDITS = {
     "relu": (NUMPY_UPDATE, [("nn.Tanh()", "nn.ReLU()")], [POLICY, UPDATE]),
     "elu": (NUMPY_UPDATE, [("nn.Tanh()", "nn.ELU()")], [POLICY, UPDATE]),
     "gelu": (NUMPY_UPDATE, [("nn.Tanh()", "nn.GELU()")], [POLICY, UPDATE]),
-    "layer_norm": (NUMPY_UPDATE, [("nn.Tanh(),\n            layer_init(nn.Linear(64, 64)),",
-                                   "nn.LayerNorm(64),\n            nn.Tanh(),\n            layer_init(nn.Linear(64, 64)),")],
-                   [POLICY, UPDATE]),
-    "temperature": (["ppo"], [("self.actor(x).log_softmax(-1)", "(self.actor(x) / 2.0).log_softmax(-1)")],
-                    [POLICY, UPDATE]),
-    "wider_std": (["ppo_continuous_action"],
-                  [("logstd = self.actor_logstd.expand_as(action_mean)",
-                    "logstd = (self.actor_logstd + 0.5).expand_as(action_mean)"),
-                   ("action = action_mean + self.actor_logstd.exp() * eps",
-                    "action = action_mean + (self.actor_logstd + 0.5).exp() * eps"),
-                   ("-0.5 * eps.square() - self.actor_logstd -", "-0.5 * eps.square() - (self.actor_logstd + 0.5) -")],
-                  [POLICY, UPDATE]),
-    "state_dependent_std": (["ppo_continuous_action"],
-                            [("self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))",
-                              "self.actor_logstd = layer_init(nn.Linear(obs_dim, act_dim), std=0.01)"),
-                             ("logstd = self.actor_logstd.expand_as(action_mean)", "logstd = self.actor_logstd(x)"),
-                             ("action = action_mean + self.actor_logstd.exp() * eps",
-                              "action = action_mean + self.actor_logstd(x).exp() * eps"),
-                             ("-0.5 * eps.square() - self.actor_logstd -", "-0.5 * eps.square() - self.actor_logstd(x) -")],
-                            [POLICY, UPDATE]),
+    "layer_norm": (
+        NUMPY_UPDATE,
+        [
+            (
+                "nn.Tanh(),\n            layer_init(nn.Linear(64, 64)),",
+                "nn.LayerNorm(64),\n            nn.Tanh(),\n            layer_init(nn.Linear(64, 64)),",
+            )
+        ],
+        [POLICY, UPDATE],
+    ),
+    "temperature": (
+        ["ppo"],
+        [("self.actor(x).log_softmax(-1)", "(self.actor(x) / 2.0).log_softmax(-1)")],
+        [POLICY, UPDATE],
+    ),
+    "wider_std": (
+        ["ppo_continuous_action"],
+        [
+            (
+                "logstd = self.actor_logstd.expand_as(action_mean)",
+                "logstd = (self.actor_logstd + 0.5).expand_as(action_mean)",
+            ),
+            (
+                "action = action_mean + self.actor_logstd.exp() * eps",
+                "action = action_mean + (self.actor_logstd + 0.5).exp() * eps",
+            ),
+            ("-0.5 * eps.square() - self.actor_logstd -", "-0.5 * eps.square() - (self.actor_logstd + 0.5) -"),
+        ],
+        [POLICY, UPDATE],
+    ),
+    "state_dependent_std": (
+        ["ppo_continuous_action"],
+        [
+            (
+                "self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))",
+                "self.actor_logstd = layer_init(nn.Linear(obs_dim, act_dim), std=0.01)",
+            ),
+            ("logstd = self.actor_logstd.expand_as(action_mean)", "logstd = self.actor_logstd(x)"),
+            (
+                "action = action_mean + self.actor_logstd.exp() * eps",
+                "action = action_mean + self.actor_logstd(x).exp() * eps",
+            ),
+            ("-0.5 * eps.square() - self.actor_logstd -", "-0.5 * eps.square() - self.actor_logstd(x) -"),
+        ],
+        [POLICY, UPDATE],
+    ),
     "width_128": (["ppo"], [*WIDER, ("nn.Linear(64, n_actions)", "nn.Linear(128, n_actions)")], []),
-    "width_128_gaussian": (["ppo_continuous_action"], [*WIDER, ("nn.Linear(64, act_dim)", "nn.Linear(128, act_dim)")], []),
-    "third_hidden_layer": (NUMPY_UPDATE, [("layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),",
-                                           "layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),\n"
-                                           "            layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),")],
-                           []),
-    "not_sequential": (NUMPY_UPDATE, [("class Agent(nn.Module):", NOT_SEQUENTIAL),
-                                      ("= nn.Sequential(", "= Chain(")], [POLICY, UPDATE]),
-    "adamw": (NUMPY_UPDATE, [(OPTIMIZER, "torch.optim.AdamW(agent.parameters(), lr=learning_rate, eps=1e-5)")],
-              [UPDATE]),
-    "sgd": (NUMPY_UPDATE, [(OPTIMIZER, "torch.optim.SGD(agent.parameters(), lr=learning_rate, momentum=0.9)")],
-            [UPDATE]),
-    "rmsprop": (NUMPY_UPDATE, [(OPTIMIZER, "torch.optim.RMSprop(agent.parameters(), lr=learning_rate, eps=1e-5)")],
-                [UPDATE]),
+    "width_128_gaussian": (
+        ["ppo_continuous_action"],
+        [*WIDER, ("nn.Linear(64, act_dim)", "nn.Linear(128, act_dim)")],
+        [],
+    ),
+    "third_hidden_layer": (
+        NUMPY_UPDATE,
+        [
+            (
+                "layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),",
+                "layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),\n"
+                "            layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),",
+            )
+        ],
+        [],
+    ),
+    "not_sequential": (
+        NUMPY_UPDATE,
+        [("class Agent(nn.Module):", NOT_SEQUENTIAL), ("= nn.Sequential(", "= Chain(")],
+        [POLICY, UPDATE],
+    ),
+    "adamw": (
+        NUMPY_UPDATE,
+        [(OPTIMIZER, "torch.optim.AdamW(agent.parameters(), lr=learning_rate, eps=1e-5)")],
+        [UPDATE],
+    ),
+    "sgd": (
+        NUMPY_UPDATE,
+        [(OPTIMIZER, "torch.optim.SGD(agent.parameters(), lr=learning_rate, momentum=0.9)")],
+        [UPDATE],
+    ),
+    "rmsprop": (
+        NUMPY_UPDATE,
+        [(OPTIMIZER, "torch.optim.RMSprop(agent.parameters(), lr=learning_rate, eps=1e-5)")],
+        [UPDATE],
+    ),
     # amsgrad and the dual clip change nothing in a run this short (Adam's second moment only grows, no ratio
     # reaches 3): the numbers cannot tell whether NumPy trained them, the line that NumpyUpdate steps aside can
     "amsgrad": (NUMPY_UPDATE, [(OPTIMIZER, OPTIMIZER.replace("fused=True", "fused=True, amsgrad=True"))], [UPDATE]),
     "adam_betas": (NUMPY_UPDATE, [(OPTIMIZER, OPTIMIZER.replace("eps=1e-5", "betas=(0.8, 0.99), eps=1e-5"))], []),
     "adam_eps": (NUMPY_UPDATE, [(OPTIMIZER, OPTIMIZER.replace("eps=1e-5", "eps=1e-3"))], []),
-    "extra_loss_term": (NUMPY_UPDATE, [("loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef",
-                                        "loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef"
-                                        " + 0.01 * mean(newvalue ** 2)")], [UPDATE]),
-    "dual_clip": (NUMPY_UPDATE, [("pg_loss = mean(torch.max(pg_loss1, pg_loss2))",
-                                  "pg_loss = mean(torch.where(advantages < 0, torch.min(torch.max(pg_loss1, pg_loss2), "
-                                  "-3.0 * advantages), torch.max(pg_loss1, pg_loss2)))")], [UPDATE]),
+    "extra_loss_term": (
+        NUMPY_UPDATE,
+        [
+            (
+                "loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef",
+                "loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef + 0.01 * mean(newvalue ** 2)",
+            )
+        ],
+        [UPDATE],
+    ),
+    "dual_clip": (
+        NUMPY_UPDATE,
+        [
+            (
+                "pg_loss = mean(torch.max(pg_loss1, pg_loss2))",
+                "pg_loss = mean(torch.where(advantages < 0, torch.min(torch.max(pg_loss1, pg_loss2), "
+                "-3.0 * advantages), torch.max(pg_loss1, pg_loss2)))",
+            )
+        ],
+        [UPDATE],
+    ),
 }
 CASES = [(name, edit) for edit, (names, _, _) in EDITS.items() for name in names]
-RUN = dict(num_envs=2, num_steps=64, num_minibatches=4, update_epochs=2, total_timesteps=3 * 128, cuda=False,
-           save_model=False, seed=3)
+RUN = dict(
+    num_envs=2,
+    num_steps=64,
+    num_minibatches=4,
+    update_epochs=2,
+    total_timesteps=3 * 128,
+    cuda=False,
+    save_model=False,
+    seed=3,
+)
 ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v5"}
 
 
@@ -118,10 +193,16 @@ def test_an_edited_script_trains_its_edit_with_or_without_the_fast_path(name, ed
     script = edited_copy(name, edit, tmp_path)
     runs = {}
     for fast in (True, False):
-        run_dir = script.main(script.Args(env_id=ENV[name], runs_dir=str(tmp_path / f"runs-{fast}"), numpy_update=fast,
-                                          checkpoint_every=3, **RUN))
-        runs[fast] = (read_scalars(run_dir), torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["model"],
-                      capsys.readouterr().out)
+        run_dir = script.main(
+            script.Args(
+                env_id=ENV[name], runs_dir=str(tmp_path / f"runs-{fast}"), numpy_update=fast, checkpoint_every=3, **RUN
+            )
+        )
+        runs[fast] = (
+            read_scalars(run_dir),
+            torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["model"],
+            capsys.readouterr().out,
+        )
     (fast, fast_weights, printed), (reference, weights, _) = runs[True], runs[False]
     said = [line.split(",")[0] for line in printed.splitlines() if "steps aside" in line]
     assert sorted(said) == sorted(EDITS[edit][2]), printed

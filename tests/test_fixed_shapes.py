@@ -53,8 +53,12 @@ def test_masked_fixed_shape_minibatch_gives_the_gradient_of_the_dropped_rows(scr
     # lr 0: the optimizer step leaves the weights, the gradients stay in .grad to compare
     stats = script.update_step(masked_agent, torch.optim.SGD(masked_agent.parameters(), lr=0.0), args, **batch)
     # the update as the scripts made it before fixed shapes: ppo.py's plain update_step, on the real rows only
-    reference = ppo.update_step(dropped_agent, torch.optim.SGD(dropped_agent.parameters(), lr=0.0), args,
-                                **{k: v[real] for k, v in batch.items() if k != "mask"})
+    reference = ppo.update_step(
+        dropped_agent,
+        torch.optim.SGD(dropped_agent.parameters(), lr=0.0),
+        args,
+        **{k: v[real] for k, v in batch.items() if k != "mask"},
+    )
 
     assert stats.keys() == reference.keys()
     for name in stats:

@@ -64,8 +64,9 @@ def same_step(request):
 
 def script_gae(script, r, final_values):
     dones = (r["terminated"] | r["truncated"]).double()
-    return script.compute_gae(r["rewards"], r["values"], dones, r["last_value"], GAMMA, LAMBDA,
-                              final_values=final_values)
+    return script.compute_gae(
+        r["rewards"], r["values"], dones, r["last_value"], GAMMA, LAMBDA, final_values=final_values
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -75,8 +76,16 @@ def test_gae_matches_reference_with_truncation_bootstrap(same_step, seed):
     final_values = torch.where(r["truncated"], r["final_obs_values"], r["garbage"])
     final_values = torch.where(r["terminated"], torch.zeros_like(final_values), final_values)
     advantages, returns = script_gae(same_step, r, final_values)
-    expected = reference_gae(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_obs_values"],
-                             r["last_value"], GAMMA, LAMBDA)
+    expected = reference_gae(
+        r["rewards"],
+        r["values"],
+        r["terminated"],
+        r["truncated"],
+        r["final_obs_values"],
+        r["last_value"],
+        GAMMA,
+        LAMBDA,
+    )
     torch.testing.assert_close(advantages, expected, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(returns, expected + r["values"], rtol=1e-10, atol=1e-10)
 
@@ -86,12 +95,28 @@ def test_gae_zero_final_values_is_truncation_as_termination(same_step):
     final_values = torch.where(r["terminated"] | r["truncated"], torch.zeros_like(r["garbage"]), r["garbage"])
     advantages, _ = script_gae(same_step, r, final_values)
     no_truncation = torch.zeros_like(r["truncated"])
-    expected = reference_gae(r["rewards"], r["values"], r["terminated"] | r["truncated"], no_truncation,
-                             r["final_obs_values"], r["last_value"], GAMMA, LAMBDA)
+    expected = reference_gae(
+        r["rewards"],
+        r["values"],
+        r["terminated"] | r["truncated"],
+        no_truncation,
+        r["final_obs_values"],
+        r["last_value"],
+        GAMMA,
+        LAMBDA,
+    )
     torch.testing.assert_close(advantages, expected, rtol=1e-10, atol=1e-10)
     # and it differs from the bootstrapped version where a truncation happened
-    bootstrapped = reference_gae(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_obs_values"],
-                                 r["last_value"], GAMMA, LAMBDA)
+    bootstrapped = reference_gae(
+        r["rewards"],
+        r["values"],
+        r["terminated"],
+        r["truncated"],
+        r["final_obs_values"],
+        r["last_value"],
+        GAMMA,
+        LAMBDA,
+    )
     assert not torch.allclose(advantages, bootstrapped)
 
 
@@ -118,10 +143,19 @@ def test_next_step_reset_gae_matches_reference_on_real_rows(name, seed):
     r = next_step_rollout(seed)
     assert r["reset_row"].any() and r["truncated"].any()
     dones = (r["terminated"] | r["truncated"]).double()
-    advantages, returns = script.compute_gae(r["rewards"], r["values"], dones, r["last_value"], GAMMA, LAMBDA,
-                                             terminations=r["terminated"].double())
-    expected = reference_gae(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_obs_values"],
-                             r["last_value"], GAMMA, LAMBDA)
+    advantages, returns = script.compute_gae(
+        r["rewards"], r["values"], dones, r["last_value"], GAMMA, LAMBDA, terminations=r["terminated"].double()
+    )
+    expected = reference_gae(
+        r["rewards"],
+        r["values"],
+        r["terminated"],
+        r["truncated"],
+        r["final_obs_values"],
+        r["last_value"],
+        GAMMA,
+        LAMBDA,
+    )
     real = ~r["reset_row"]
     torch.testing.assert_close(advantages[real], expected[real], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(returns[real], (expected + r["values"])[real], rtol=1e-10, atol=1e-10)

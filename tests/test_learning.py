@@ -14,8 +14,9 @@ THRESHOLD = 195.0  # CartPole's classic "solved" score
 
 @pytest.mark.learning
 def test_ppo_learns_cartpole(tmp_path):
-    run_dir = ppo.main(ppo.Args(env_id="CartPole-v1", seed=1, total_timesteps=150_000, save_model=True,
-                                runs_dir=str(tmp_path)))
+    run_dir = ppo.main(
+        ppo.Args(env_id="CartPole-v1", seed=1, total_timesteps=150_000, save_model=True, runs_dir=str(tmp_path))
+    )
     scalars = read_scalars(run_dir)
     returns = [value for _, value in scalars["charts/episodic_return"]]
     assert np.mean(returns[:20]) < 50  # it starts out unable to balance
@@ -31,8 +32,9 @@ def test_lstm_memory_balances_cartpole_without_velocities(tmp_path):
     (measured over 200k steps: 42-54)."""
     means = {}
     for memory in (True, False):
-        args = ppo_shared_memory_lstm.Args(hide_velocity=True, memory=memory, total_timesteps=48 * 1024, seed=1,
-                                           runs_dir=str(tmp_path / str(memory)))
+        args = ppo_shared_memory_lstm.Args(
+            hide_velocity=True, memory=memory, total_timesteps=48 * 1024, seed=1, runs_dir=str(tmp_path / str(memory))
+        )
         returns = [value for _, value in read_scalars(ppo_shared_memory_lstm.main(args))["charts/episodic_return"]]
         means[memory] = np.mean(returns[-20:])
     assert means[False] < 80

@@ -45,12 +45,15 @@ def test_clipfrac_counts_ratios_outside_the_range(every_script):
     assert stats["approx_kl"].item() > 0
 
 
-@pytest.mark.parametrize("ratio, advantage, clipped", [
-    (1.5, 1.0, True),  # above 1 + clip, positive advantage: no incentive to go further
-    (0.5, 1.0, False),  # below the range, positive advantage: still pushed up
-    (0.5, -1.0, True),  # below 1 - clip, negative advantage: no incentive to go further
-    (1.5, -1.0, False),  # above the range, negative advantage: still pushed down
-])
+@pytest.mark.parametrize(
+    "ratio, advantage, clipped",
+    [
+        (1.5, 1.0, True),  # above 1 + clip, positive advantage: no incentive to go further
+        (0.5, 1.0, False),  # below the range, positive advantage: still pushed up
+        (0.5, -1.0, True),  # below 1 - clip, negative advantage: no incentive to go further
+        (1.5, -1.0, False),  # above the range, negative advantage: still pushed down
+    ],
+)
 def test_policy_gradient_vanishes_only_where_clipped(every_script, ratio, advantage, clipped):
     x = loss_inputs(n=3)
     x["advantages"] = torch.full((3,), advantage, dtype=torch.float64)

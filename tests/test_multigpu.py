@@ -27,33 +27,76 @@ import torch.distributed as dist
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari
 import ppo_atari_multigpu as script
-from helpers import (LINE, METRICS, REPO, assert_evaluate_flag_matches_training, assert_evaluation_videos,
-                     assert_progress_lines, load, only_run_dir, process_table, read_scalars)
+from helpers import (
+    LINE,
+    METRICS,
+    REPO,
+    assert_evaluate_flag_matches_training,
+    assert_evaluation_videos,
+    assert_progress_lines,
+    load,
+    only_run_dir,
+    process_table,
+    read_scalars,
+)
 
 ITERATIONS, NUM_ENVS, NUM_STEPS = 6, 4, 32
 BATCH = NUM_ENVS * NUM_STEPS
-TINY = ["--env-id", "Breakout", "--num-envs", NUM_ENVS, "--num-steps", NUM_STEPS, "--num-minibatches", 2,
-        "--max-episode-steps", 60]
+TINY = [
+    "--env-id",
+    "Breakout",
+    "--num-envs",
+    NUM_ENVS,
+    "--num-steps",
+    NUM_STEPS,
+    "--num-minibatches",
+    2,
+    "--max-episode-steps",
+    60,
+]
 HASHES = re.compile(r"^final weights of the (\d+) ranks: sha256 (.+)$", re.M)
 
 
-def torchrun(*argv, cwd, launcher=("--standalone", "--nproc_per_node=2"), timeout=300, popen=False,
-             file_size_limit=None):
+def torchrun(
+    *argv, cwd, launcher=("--standalone", "--nproc_per_node=2"), timeout=300, popen=False, file_size_limit=None
+):
     """`torchrun <launcher> ppo_atari_multigpu.py argv... --no-cuda` (as `python -m torch.distributed.run`),
     on the CPU wherever the suite runs, one thread per process, stdout and stderr together; with
     `file_size_limit` no process of the job may write a file larger than that many bytes (as on a full disk)."""
-    command = [sys.executable, "-m", "torch.distributed.run", *launcher, str(REPO / "ppo_atari_multigpu.py"),
-               *map(str, argv), "--no-cuda"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *launcher,
+        str(REPO / "ppo_atari_multigpu.py"),
+        *map(str, argv),
+        "--no-cuda",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if popen:
-        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     def limit_file_size():
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
-    return subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, preexec_fn=limit_file_size if file_size_limit else None)
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit_file_size if file_size_limit else None,
+    )
 
 
 def weight_hashes(output: str) -> list[str]:
@@ -70,8 +113,20 @@ def e2e(tmp_path_factory):
     """2 ranks x 2 Breakout environments for ITERATIONS iterations, with a KL target small enough to
     stop some updates early, and small enough that the ranks' own KLs sometimes fall on both sides."""
     cwd = tmp_path_factory.mktemp("multigpu")
-    result = torchrun(*TINY, "--total-timesteps", ITERATIONS * BATCH, "--checkpoint-every", 1, "--save-model",
-                      "--eval-episodes", 1, "--no-anneal-lr", "--target-kl", 0.0001, cwd=cwd)
+    result = torchrun(
+        *TINY,
+        "--total-timesteps",
+        ITERATIONS * BATCH,
+        "--checkpoint-every",
+        1,
+        "--save-model",
+        "--eval-episodes",
+        1,
+        "--no-anneal-lr",
+        "--target-kl",
+        0.0001,
+        cwd=cwd,
+    )
     run_dir = only_run_dir(cwd / "runs") if result.returncode == 0 else None
     return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir) if run_dir else None)
 
@@ -101,8 +156,13 @@ def test_checkpoint_holds_rank_zeros_rng_dict_and_every_ranks(e2e):
 
 def test_rank_zero_logs_every_metric_once_per_iteration(e2e):
     scalars = e2e["scalars"]
-    for tag in METRICS + ["perf/comm_time", "perf/rollout_time_max", "debug/update_epochs",
-                          "debug/kl_stop_disagreements", "debug/preempted_ranks"]:
+    for tag in METRICS + [
+        "perf/comm_time",
+        "perf/rollout_time_max",
+        "debug/update_epochs",
+        "debug/kl_stop_disagreements",
+        "debug/preempted_ranks",
+    ]:
         assert tag in scalars, tag
         if not tag.startswith("charts/episodic"):
             assert [step for step, _ in scalars[tag]] == [BATCH * k for k in range(1, ITERATIONS + 1)], tag
@@ -115,8 +175,7 @@ def test_rank_zero_logs_every_metric_once_per_iteration(e2e):
 
 def test_one_line_per_iteration_with_episodes_and_the_evaluation_lines(e2e):
     stdout = e2e["result"].stdout
-    assert_progress_lines(stdout, LINE, e2e["scalars"]["charts/episodic_return"], ITERATIONS,
-                                                BATCH)
+    assert_progress_lines(stdout, LINE, e2e["scalars"]["charts/episodic_return"], ITERATIONS, BATCH)
     lines = [line for line in stdout.splitlines() if LINE.match(line)]
     assert all(re.search(r", update [\d.]+s, comm [\d.]+s\)$", line) for line in lines), lines
     assert re.search(r"^evaluation: 1 episodes, mean return -?[\d.]+ \+- [\d.]+$", stdout, re.M), stdout
@@ -144,8 +203,9 @@ def test_resume_under_torchrun_continues_on_every_rank(e2e, tmp_path):
     (tmp_path / "run").mkdir()
     shutil.copy(e2e["run_dir"] / "checkpoint.pt", tmp_path / "run" / "checkpoint.pt")
     # a larger --total-timesteps: one iteration more to run
-    result = torchrun("--resume", tmp_path / "run" / "checkpoint.pt", "--total-timesteps", (ITERATIONS + 1) * BATCH,
-                      cwd=tmp_path)
+    result = torchrun(
+        "--resume", tmp_path / "run" / "checkpoint.pt", "--total-timesteps", (ITERATIONS + 1) * BATCH, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stdout
     assert f"at iteration {ITERATIONS}, global step {ITERATIONS * BATCH}" in result.stdout
     hashes = weight_hashes(result.stdout)
@@ -164,10 +224,24 @@ def test_two_launches_with_a_c10d_rendezvous_form_one_job_with_preemption(tmp_pa
     """Two torchrun launches, as two machines would start them, join through a c10d rendezvous on
     127.0.0.1. The last rank is a straggler (slept 0.05 s per step): with --preempt-fraction 0.5 its
     rollouts end early once the other rank is done, and the update still agrees on every rank."""
-    launcher = ("--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-                "--rdzv-id=test")
-    argv = [*TINY, "--total-timesteps", 3 * BATCH, "--update-epochs", 1, "--preempt-fraction", 0.5,
-            "--straggler-delay", 0.05]
+    launcher = (
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-id=test",
+    )
+    argv = [
+        *TINY,
+        "--total-timesteps",
+        3 * BATCH,
+        "--update-epochs",
+        1,
+        "--preempt-fraction",
+        0.5,
+        "--straggler-delay",
+        0.05,
+    ]
     nodes = [torchrun(*argv, cwd=tmp_path, launcher=launcher, popen=True) for _ in range(2)]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
@@ -246,8 +320,10 @@ def test_world_size_not_dividing_the_environments_fails_on_every_rank(tmp_path):
 
 
 # A checkpoint of 20 MB, TensorBoard events of a few KB: 1 MB refuses the checkpoint, 2,000 bytes the events
-@pytest.mark.parametrize("limit, checkpoint_every, file", [(1_000_000, 1, "{run_dir}/checkpoint.pt"),
-                                                           (2_000, 0, "the TensorBoard events in {run_dir}")])
+@pytest.mark.parametrize(
+    "limit, checkpoint_every, file",
+    [(1_000_000, 1, "{run_dir}/checkpoint.pt"), (2_000, 0, "the TensorBoard events in {run_dir}")],
+)
 def test_a_refused_write_ends_the_job_in_rank_zeros_one_line(limit, checkpoint_every, file, tmp_path):
     """A write the file system refuses (here: larger than the file-size limit, as a full disk refuses it) ends
     the job: rank 0 prints the one line that names the file and where to resume from, the other rank ends
@@ -255,13 +331,23 @@ def test_a_refused_write_ends_the_job_in_rank_zeros_one_line(limit, checkpoint_e
     partial checkpoint stays. torchrun adds its own summary of the failed job, which it prints for every
     job whose rank exits non-zero; no line of it comes from this file (no traceback through it)."""
     start = time.time()
-    result = torchrun(*TINY, "--total-timesteps", 3 * BATCH, "--checkpoint-every", checkpoint_every, cwd=tmp_path,
-                      timeout=240, file_size_limit=limit)
+    result = torchrun(
+        *TINY,
+        "--total-timesteps",
+        3 * BATCH,
+        "--checkpoint-every",
+        checkpoint_every,
+        cwd=tmp_path,
+        timeout=240,
+        file_size_limit=limit,
+    )
     assert time.time() - start < 200  # the default --timeout is 300 s
     run_dir = only_run_dir(tmp_path / "runs").relative_to(tmp_path)
     ours = [line for line in result.stdout.splitlines() if line.startswith("ppo_atari_multigpu.py")]
-    assert ours == [f"ppo_atari_multigpu.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
-                    f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"], result.stdout
+    assert ours == [
+        f"ppo_atari_multigpu.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
+        f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+    ], result.stdout
     assert result.returncode == 1
     assert 'ppo_atari_multigpu.py", line' not in result.stdout
     assert [path.name for path in (tmp_path / run_dir).iterdir() if not path.name.startswith("events.")] == []
@@ -274,10 +360,12 @@ def test_the_resume_command_is_the_launchs_own(tmp_path, monkeypatch):
     checkpoint.write_bytes(b"")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert script.resume_hint(str(tmp_path)) == (
-        f"last checkpoint {checkpoint}; continue with: the same torchrun command with --resume {checkpoint}")
+        f"last checkpoint {checkpoint}; continue with: the same torchrun command with --resume {checkpoint}"
+    )
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert script.resume_hint(str(tmp_path)) == (
-        f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}")
+        f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
+    )
 
 
 # The gradient of two ranks, each on its share of one minibatch, against one process on all of it -----
@@ -303,8 +391,16 @@ def gradient_problem():
 def loss_of(agent, batch, idx, adv_mean, adv_std):
     obs, actions, logprobs, advantages, returns, values = (x[idx] for x in batch)
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
-    return script.ppo_loss(newlogprob, entropy, newvalue, logprobs, (advantages - adv_mean) / (adv_std + 1e-8),
-                           returns, values, script.Args())
+    return script.ppo_loss(
+        newlogprob,
+        entropy,
+        newvalue,
+        logprobs,
+        (advantages - adv_mean) / (adv_std + 1e-8),
+        returns,
+        values,
+        script.Args(),
+    )
 
 
 def rank_gradient(rank: int, store: str, shares: list[list[int]], out: str):
@@ -315,12 +411,13 @@ def rank_gradient(rank: int, store: str, shares: list[list[int]], out: str):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=len(shares))
     agent, batch = gradient_problem()
     idx = torch.tensor(shares[rank])
-    (adv_mean, adv_std), = script.global_advantage_stats(batch[3], [idx], torch.device("cpu"))
+    ((adv_mean, adv_std),) = script.global_advantage_stats(batch[3], [idx], torch.device("cpu"))
     loss, stats = loss_of(agent, batch, idx, adv_mean, adv_std)
     loss.backward()
     local = [p.grad.clone() for p in agent.parameters()]
-    averaged = script.all_reduce_gradients(list(agent.parameters()), len(idx), torch.stack(list(stats.values())),
-                                           torch.device("cpu"))
+    averaged = script.all_reduce_gradients(
+        list(agent.parameters()), len(idx), torch.stack(list(stats.values())), torch.device("cpu")
+    )
     torch.save(dict(local=local, grads=[p.grad for p in agent.parameters()], stats=averaged), out)
     dist.destroy_process_group()
 
@@ -333,8 +430,10 @@ def test_two_ranks_average_to_the_gradient_of_the_whole_minibatch(split, tmp_pat
     order = torch.randperm(MINIBATCH, generator=torch.Generator().manual_seed(2)).tolist()
     shares = [order[:split], order[split:]]
     context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=rank_gradient, args=(r, str(tmp_path / "store"), shares, str(tmp_path / f"{r}.pt")))
-             for r in range(2)]
+    ranks = [
+        context.Process(target=rank_gradient, args=(r, str(tmp_path / "store"), shares, str(tmp_path / f"{r}.pt")))
+        for r in range(2)
+    ]
     for p in ranks:
         p.start()
     for p in ranks:
@@ -362,16 +461,23 @@ def test_two_ranks_average_to_the_gradient_of_the_whole_minibatch(split, tmp_pat
 
 
 def fake_args(module, runs_dir, **overrides):
-    fields = dict(env_id="FakeAtari-v0", runs_dir=str(runs_dir), num_envs=2, num_steps=32, num_minibatches=2,
-                  update_epochs=2, total_timesteps=2 * 32 * 2, torch_threads=1)
+    fields = dict(
+        env_id="FakeAtari-v0",
+        runs_dir=str(runs_dir),
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=2,
+        total_timesteps=2 * 32 * 2,
+        torch_threads=1,
+    )
     return module.Args(**{**fields, **overrides})
 
 
 def test_a_world_of_one_trains_like_ppo_atari(tmp_path):
     """Same seed, same games, same minibatches: the losses of ppo_atari.py, up to the float rounding of
     the global advantage statistics and the count-weighted gradient."""
-    runs = [read_scalars(module.main(fake_args(module, tmp_path / module.__name__)))
-            for module in (ppo_atari, script)]
+    runs = [read_scalars(module.main(fake_args(module, tmp_path / module.__name__))) for module in (ppo_atari, script)]
     assert runs[0]["charts/episodic_return"] == runs[1]["charts/episodic_return"]
     for tag in ("losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/approx_kl"):
         assert [step for step, _ in runs[0][tag]] == [step for step, _ in runs[1][tag]]
@@ -456,9 +562,11 @@ def test_bad_input_fails_before_joining(tmp_path, monkeypatch, capsys):
     assert exit_info.value.code == 2
     assert "the world size 4 does not divide --num-envs 6" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "1")
-    for overrides, words in ((dict(preempt_fraction=1.5), "--preempt-fraction"),
-                             (dict(backend="mpi"), "--backend must be gloo or nccl"),
-                             (dict(backend="nccl"), "--backend nccl needs CUDA")):
+    for overrides, words in (
+        (dict(preempt_fraction=1.5), "--preempt-fraction"),
+        (dict(backend="mpi"), "--backend must be gloo or nccl"),
+        (dict(backend="nccl"), "--backend nccl needs CUDA"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             script.main(fake_args(script, tmp_path, **overrides))
         assert exit_info.value.code == 2 and words in capsys.readouterr().err

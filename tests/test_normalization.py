@@ -68,8 +68,9 @@ def test_evaluation_freezes_the_statistics():
     before = normalizer.rms.state_dict()
     agent = pca.Agent(2, 2)
     args = pca.Args(env_id=FIXED_ENV["ppo_continuous_action"])
-    returns = pca.evaluate(agent, args, episodes=3, deterministic=False, seed=0, device=torch.device("cpu"),
-                           obs_normalizer=normalizer)
+    returns = pca.evaluate(
+        agent, args, episodes=3, deterministic=False, seed=0, device=torch.device("cpu"), obs_normalizer=normalizer
+    )
     assert len(returns) == 3
     after = normalizer.rms.state_dict()
     np.testing.assert_array_equal(after["mean"], before["mean"])

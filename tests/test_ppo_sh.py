@@ -12,8 +12,13 @@ CLASSIC = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"]
 
 
 def ppo_sh(script, tmp_path, **variables) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHON=sys.executable, RUNS_DIR=str(tmp_path / "runs"),
-               RESULTS_DIR=str(tmp_path / "results"), **variables)
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        RUNS_DIR=str(tmp_path / "runs"),
+        RESULTS_DIR=str(tmp_path / "results"),
+        **variables,
+    )
     return subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -73,9 +78,14 @@ def test_runs_go_to_the_folder_it_is_started_from_and_printed_paths_exist_from_t
     (repo / "ppo.py").write_text(FAKE_PPO)
     user.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("RUNS_DIR", "RESULTS_DIR")}
-    result = subprocess.run(["bash", str(repo / "benchmark" / "ppo.sh")], cwd=user, capture_output=True, text=True,
-                            env=dict(env, PYTHON=sys.executable, QUICK="1", BLOCKS="classic", SEEDS="1", WORKERS="2"),
-                            timeout=120)
+    result = subprocess.run(
+        ["bash", str(repo / "benchmark" / "ppo.sh")],
+        cwd=user,
+        capture_output=True,
+        text=True,
+        env=dict(env, PYTHON=sys.executable, QUICK="1", BLOCKS="classic", SEEDS="1", WORKERS="2"),
+        timeout=120,
+    )
     runs = user / "runs" / "benchmark-quick" / "classic"
     assert sorted(p.name for p in runs.iterdir() if p.name != "logs") == sorted(f"{e}__fake" for e in CLASSIC)
     assert not (repo / "runs").exists()

@@ -12,8 +12,16 @@ import pytest
 import torch
 
 import ppo_procgen as script
-from helpers import (LINE, METRICS, assert_evaluation_videos, assert_progress_lines, load, only_run_dir, read_scalars,
-                     run_script)
+from helpers import (
+    LINE,
+    METRICS,
+    assert_evaluation_videos,
+    assert_progress_lines,
+    load,
+    only_run_dir,
+    read_scalars,
+    run_script,
+)
 
 GAME = "bossfight"  # random play ends an episode every 40 steps or so, so episodes end within a short run
 NUM_ENVS, NUM_STEPS, ITERATIONS = 4, 32, 2
@@ -50,8 +58,10 @@ def test_procgen_time_out_is_a_truncation():
     ends = []
     for _ in range(501):
         _, _, terminated, truncated, info = envs.step(rng.integers(0, envs.action_space.n, 4))
-        ends += [(bool(terminated[i]), bool(truncated[i]), int(info["elapsed_step"][i]))
-                 for i in np.flatnonzero(terminated | truncated)]
+        ends += [
+            (bool(terminated[i]), bool(truncated[i]), int(info["elapsed_step"][i]))
+            for i in np.flatnonzero(terminated | truncated)
+        ]
     assert (False, True, 500) in ends
     assert all(truncated == (length == 500) and terminated != truncated for terminated, truncated, length in ends)
 
@@ -118,10 +128,30 @@ def test_impala_cnn_shapes_and_memory_layouts():
 def e2e(tmp_path_factory):
     """One short run from the command line, shared by the tests below."""
     cwd = tmp_path_factory.mktemp("procgen")
-    result = run_script("ppo_procgen", "--env-id", GAME, "--num-envs", NUM_ENVS, "--num-steps", NUM_STEPS,
-                        "--num-minibatches", 2, "--update-epochs", 1, "--total-timesteps", ITERATIONS * BATCH,
-                        "--save-model", "--eval-episodes", 1, "--checkpoint-every", 1, "--torch-threads", 1,
-                        "--capture-video", cwd=cwd)
+    result = run_script(
+        "ppo_procgen",
+        "--env-id",
+        GAME,
+        "--num-envs",
+        NUM_ENVS,
+        "--num-steps",
+        NUM_STEPS,
+        "--num-minibatches",
+        2,
+        "--update-epochs",
+        1,
+        "--total-timesteps",
+        ITERATIONS * BATCH,
+        "--save-model",
+        "--eval-episodes",
+        1,
+        "--checkpoint-every",
+        1,
+        "--torch-threads",
+        1,
+        "--capture-video",
+        cwd=cwd,
+    )
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(cwd / "runs")
     return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
@@ -150,8 +180,7 @@ def test_every_episode_is_logged_and_followed_by_a_masked_reset_row(e2e):
 
 
 def test_stdout_has_a_line_per_iteration_with_episodes(e2e):
-    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"],
-                                                ITERATIONS, BATCH)
+    assert_progress_lines(e2e["result"].stdout, LINE, e2e["scalars"]["charts/episodic_return"], ITERATIONS, BATCH)
 
 
 def test_capture_video_saves_env_0s_first_episodes(e2e):
@@ -190,8 +219,12 @@ def test_resume_reads_the_reward_statistics_of_a_format_2_checkpoint(e2e, tmp_pa
     shutil.copytree(e2e["run_dir"], run_dir)
     checkpoint = load(run_dir / "checkpoint.pt")
     kind, key, *rest = checkpoint["rng"]["numpy"]
-    old = dict(checkpoint, format=2, rng=dict(checkpoint["rng"], numpy=(kind, key.numpy().astype(np.uint32), *rest)),
-               reward_rms={name: np.float64(value) for name, value in checkpoint["reward_rms"].items()})
+    old = dict(
+        checkpoint,
+        format=2,
+        rng=dict(checkpoint["rng"], numpy=(kind, key.numpy().astype(np.uint32), *rest)),
+        reward_rms={name: np.float64(value) for name, value in checkpoint["reward_rms"].items()},
+    )
     old["args"].update(total_timesteps=(ITERATIONS + 1) * BATCH, save_model=False)  # one more iteration
     torch.save(old, run_dir / "checkpoint.pt")
     script.main(script.Args(resume=str(run_dir / "checkpoint.pt")))
@@ -204,8 +237,9 @@ def test_resume_reads_the_reward_statistics_of_a_format_2_checkpoint(e2e, tmp_pa
 def test_evaluate_flag_plays_the_same_episodes_as_after_training(e2e):
     logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
     # another --seed: the evaluation still plays the trained run's episodes
-    returns = script.main(script.Args(evaluate=str(e2e["run_dir"] / "model.pt"), eval_episodes=1, seed=7,
-                                      torch_threads=1))
+    returns = script.main(
+        script.Args(evaluate=str(e2e["run_dir"] / "model.pt"), eval_episodes=1, seed=7, torch_threads=1)
+    )
     assert returns == pytest.approx(logged, rel=1e-6)
     assert re.search(rf"^evaluation: 1 episodes, mean return {logged[0]:.2f} ", e2e["result"].stdout, re.M)
 
@@ -236,7 +270,7 @@ def test_full_envpool_ids_and_game_names_are_read_alike():
 # A stand-in for a machine without libqt5gui5: the dynamic loader's error when envpool loads its Procgen
 # extension. envpool's own code turns it into "EnvPool Procgen requires the system Qt 5 runtime ..." when the
 # script asks for a Procgen spec, as on such a machine.
-NO_QT = '''
+NO_QT = """
 import sys
 
 class NoQt:
@@ -246,7 +280,7 @@ class NoQt:
         return None
 
 sys.meta_path.insert(0, NoQt())
-'''
+"""
 
 
 def test_missing_qt_runtime_gets_one_line_naming_the_package_and_exit_code_2(tmp_path, monkeypatch):
@@ -257,7 +291,8 @@ def test_missing_qt_runtime_gets_one_line_naming_the_package_and_exit_code_2(tmp
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         "ppo_procgen.py: error: envpool's Procgen needs the Qt 5 runtime: install the Debian/Ubuntu package "
-        "libqt5gui5 (sudo apt-get install libqt5gui5)"]
+        "libqt5gui5 (sudo apt-get install libqt5gui5)"
+    ]
     assert not (tmp_path / "runs").exists()
 
 

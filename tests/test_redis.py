@@ -24,16 +24,33 @@ import pytest
 import redis
 import torch
 
-from helpers import (LINE, METRICS, assert_evaluate_flag_matches_training, assert_progress_lines,
-                     only_run_dir, process_table, read_scalars, run_script, script_command)
+from helpers import (
+    LINE,
+    METRICS,
+    assert_evaluate_flag_matches_training,
+    assert_progress_lines,
+    only_run_dir,
+    process_table,
+    read_scalars,
+    run_script,
+    script_command,
+)
 
 NAME = "ppo_continuous_action_redis"
 script = importlib.import_module(NAME)
 ENV = "tests.fake_envs:MixedEndsBox-v0"  # 2-d observations and actions, episodes of 5 steps
 T, K = 32, 4  # steps per chunk, chunks per update
 FAST = ["--env-id", ENV, "--num-steps", T, "--num-chunks", K, "--num-minibatches", 4, "--update-epochs", 2]
-EXTRA_METRICS = ["charts/experience_SPS", "charts/learner_SPS", "charts/bytes_per_step", "charts/samplers_per_update",
-                 "perf/transfer_time", "perf/publish_time", "debug/stale_chunks", "debug/malformed_chunks"]
+EXTRA_METRICS = [
+    "charts/experience_SPS",
+    "charts/learner_SPS",
+    "charts/bytes_per_step",
+    "charts/samplers_per_update",
+    "perf/transfer_time",
+    "perf/publish_time",
+    "debug/stale_chunks",
+    "debug/malformed_chunks",
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +75,9 @@ def launch(cwd, label: str, *argv) -> subprocess.Popen:
     """The script as a user starts it, stdout and stderr to files `label`.out/.err (no pipe that a
     surviving child could hold open)."""
     with open(cwd / f"{label}.out", "w") as out, open(cwd / f"{label}.err", "w") as err:
-        return subprocess.Popen(script_command(NAME, *argv), cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                                stdout=out, stderr=err)
+        return subprocess.Popen(
+            script_command(NAME, *argv), cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=out, stderr=err
+        )
 
 
 def output(cwd, label: str) -> tuple[str, str]:
@@ -102,8 +120,10 @@ def wait_until(condition, timeout: float, what: str):
 
 def counts(client, rid: str, name: str) -> dict[tuple[int, int], int]:
     """The accounting hash `name` (sent, trained, stale): (version, sampler) -> chunks."""
-    return {tuple(map(int, field.decode().split(":"))): int(value)
-            for field, value in client.hgetall(script.key(rid, name)).items()}
+    return {
+        tuple(map(int, field.decode().split(":"))): int(value)
+        for field, value in client.hgetall(script.key(rid, name)).items()
+    }
 
 
 def per_version(table: dict) -> dict[int, int]:
@@ -132,8 +152,20 @@ def total_trained(client, rid) -> int:
 
 def test_end_to_end_with_two_local_samplers(tmp_path):
     iterations = 12  # enough for both samplers to feed an update, even when one starts seconds later
-    learner = launch(tmp_path, "learner", *FAST, "--num-samplers", 2, "--total-timesteps", iterations * T * K,
-                     "--save-model", "--eval-episodes", 2, "--checkpoint-every", 2)
+    learner = launch(
+        tmp_path,
+        "learner",
+        *FAST,
+        "--num-samplers",
+        2,
+        "--total-timesteps",
+        iterations * T * K,
+        "--save-model",
+        "--eval-episodes",
+        2,
+        "--checkpoint-every",
+        2,
+    )
     seen = wait_watching(learner, 120)
     stdout, stderr = output(tmp_path, "learner")
     assert learner.returncode == 0, stderr
@@ -166,8 +198,21 @@ def test_killed_samplers_lose_nothing_and_later_ones_join(tmp_path, server, clie
     """Samplers A and B; B killed with SIGKILL mid-run: A carries on. Then A killed too and C and D,
     started later, finish the run: both contribute. Nothing trained that a sampler did not send."""
     rid, iterations = run_id(), 50
-    learner = launch(tmp_path, "learner", *FAST, "--redis-url", server, "--run-id", rid, "--num-samplers", 0,
-                     "--total-timesteps", iterations * T * K, "--sampler-timeout", 30)
+    learner = launch(
+        tmp_path,
+        "learner",
+        *FAST,
+        "--redis-url",
+        server,
+        "--run-id",
+        rid,
+        "--num-samplers",
+        0,
+        "--total-timesteps",
+        iterations * T * K,
+        "--sampler-timeout",
+        30,
+    )
     sampler = ["--role", "sampler", "--redis-url", server, "--run-id", rid]
     processes = [learner, launch(tmp_path, "a", *sampler), launch(tmp_path, "b", *sampler)]
     try:
@@ -207,8 +252,11 @@ def test_learner_ends_with_one_line_and_leaves_no_process(tmp_path, server, case
     argv += ["--sampler-timeout", 60 if case == "server_killed" else 3]
     learner, start, seen = launch(tmp_path, "learner", *argv), time.monotonic(), set()
     if case == "server_killed":
-        wait_until(lambda: len(descendants(learner.pid)) == 1 and "samplers join" in output(tmp_path, "learner")[0],
-                   30, "the learner to start its server")
+        wait_until(
+            lambda: len(descendants(learner.pid)) == 1 and "samplers join" in output(tmp_path, "learner")[0],
+            30,
+            "the learner to start its server",
+        )
         seen = descendants(learner.pid)
         os.kill(next(iter(seen))[0], signal.SIGKILL)
     seen |= wait_watching(learner, 40)
@@ -226,11 +274,12 @@ def test_learner_ends_with_one_line_and_leaves_no_process(tmp_path, server, case
 def test_samplers_exit_by_themselves_when_the_learner_dies(tmp_path, server, client, case):
     """SIGKILL to the learner: samplers started elsewhere see its heartbeat expire, local ones lose the
     embedded server (which dies with the learner); all exit within seconds."""
-    argv, rid = [*FAST, "--total-timesteps", 10 ** 6], run_id()
+    argv, rid = [*FAST, "--total-timesteps", 10**6], run_id()
     if case == "lab_server":
         learner = launch(tmp_path, "learner", *argv, "--redis-url", server, "--run-id", rid, "--num-samplers", 0)
-        samplers = [launch(tmp_path, f"s{i}", "--role", "sampler", "--redis-url", server, "--run-id", rid)
-                    for i in range(2)]
+        samplers = [
+            launch(tmp_path, f"s{i}", "--role", "sampler", "--redis-url", server, "--run-id", rid) for i in range(2)
+        ]
         wait_until(lambda: total_trained(client, rid) >= 2 * K, 60, "the run to train")
         processes = {(p.pid, process_table()[p.pid][2]) for p in samplers}
     else:
@@ -250,16 +299,19 @@ def test_samplers_exit_by_themselves_when_the_learner_dies(tmp_path, server, cli
 
 def valid_chunk(steps: int = T, obs_dim: int = 2, act_dim: int = 2) -> dict[str, np.ndarray]:
     """Arrays of chunk_schema: zeros, the episode at step 4 (an end step)."""
-    chunk = {name: np.zeros([0 if isinstance(d, range) else d for d in shape], dtype)
-             for name, (dtype, shape) in script.chunk_schema(steps, obs_dim, act_dim).items()}
+    chunk = {
+        name: np.zeros([0 if isinstance(d, range) else d for d in shape], dtype)
+        for name, (dtype, shape) in script.chunk_schema(steps, obs_dim, act_dim).items()
+    }
     chunk["dones"][4] = chunk["terminated"][4] = 1
     chunk["episodes"] = np.array([[4, 3.0, 5]])
     return chunk
 
 
 def message(rid: str, chunk: dict | None = None, **header) -> bytes:
-    return script.encode_message({"run_id": rid, "version": 1, "sampler": 9, "seq": 1, **header},
-                                 valid_chunk() if chunk is None else chunk)
+    return script.encode_message(
+        {"run_id": rid, "version": 1, "sampler": 9, "seq": 1, **header}, valid_chunk() if chunk is None else chunk
+    )
 
 
 def flip_last_byte(data: bytes) -> bytes:
@@ -318,11 +370,26 @@ def test_malformed_and_foreign_chunks_are_dropped_and_counted(tmp_path, server, 
     under debug/stale_chunks), none is trained on or stops it, and the chunk accounting holds (what was
     trained is what the samplers sent)."""
     rid, iterations = run_id(), 4
-    learner = launch(tmp_path, "learner", *FAST, "--redis-url", server, "--run-id", rid, "--num-samplers", 1,
-                     "--total-timesteps", iterations * T * K)
+    learner = launch(
+        tmp_path,
+        "learner",
+        *FAST,
+        "--redis-url",
+        server,
+        "--run-id",
+        rid,
+        "--num-samplers",
+        1,
+        "--total-timesteps",
+        iterations * T * K,
+    )
     wait_until(lambda: client.exists(script.key(rid, "policy")), 30, "the first version")
-    bad = [message(rid, changed(obs=np.zeros((T, 3), np.float32))), message("other-run"),
-           flip_last_byte(message(rid)), os.urandom(200)]
+    bad = [
+        message(rid, changed(obs=np.zeros((T, 3), np.float32))),
+        message("other-run"),
+        flip_last_byte(message(rid)),
+        os.urandom(200),
+    ]
     stale = message(rid, version=0)  # well formed, of a version older than the current one
     client.rpush(script.key(rid, "chunks"), *bad, stale)
     wait_watching(learner, 90)
@@ -338,11 +405,14 @@ def test_malformed_and_foreign_chunks_are_dropped_and_counted(tmp_path, server, 
 # BAD INPUT ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--redis-url", "redis://127.0.0.1:1/0"], ["--redis-url", "127.0.0.1:1", "cannot reach"]),
-    (["--redis-url", "nonsense"], ["--redis-url", "nonsense", "not a Redis URL"]),
-    (["--role", "sampler", "--redis-url", "redis://127.0.0.1:1/0"], ["--run-id"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--redis-url", "redis://127.0.0.1:1/0"], ["--redis-url", "127.0.0.1:1", "cannot reach"]),
+        (["--redis-url", "nonsense"], ["--redis-url", "nonsense", "not a Redis URL"]),
+        (["--role", "sampler", "--redis-url", "redis://127.0.0.1:1/0"], ["--run-id"]),
+    ],
+)
 def test_bad_redis_arguments_get_one_line_and_exit_code_2(tmp_path, argv, words):
     result = run_script(NAME, "--env-id", ENV, *argv, cwd=tmp_path, timeout=60)
     assert result.returncode == 2, result.stderr
@@ -396,7 +466,9 @@ def listening_addresses(port: int) -> set[str]:
             fields = line.split()
             address, port_hex = fields[1].split(":")
             if fields[3] == "0A" and int(port_hex, 16) == port:
-                raw = b"".join(int(address[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(address), 8))
+                raw = b"".join(
+                    int(address[i : i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(address), 8)
+                )
                 found.add(socket.inet_ntop(family, raw))
     return found
 
@@ -438,27 +510,39 @@ def test_listening_addresses_sees_a_socket_on_every_address():
 OPEN = "redis://lab.invalid:6379/0"  # .invalid never resolves (RFC 6761): no test reaches a machine
 
 
-@pytest.mark.parametrize("url, host", [
-    (OPEN, "lab.invalid"),
-    ("redis://user@lab.invalid:6379/0", "lab.invalid"),
-    ("redis://:@lab.invalid/0", "lab.invalid"),
-    ("rediss://10.1.2.3:6380/0", "10.1.2.3"),
-    ("redis://[2001:db8::1]:6379/0", "2001:db8::1"),
-    ("redis://:PASSWORD@lab.invalid:6379/0", None),
-    ("redis://user:PASSWORD@lab.invalid:6379/0", None),
-    ("redis://lab.invalid:6379/0?password=PASSWORD", None),
-    ("redis://127.0.0.1:6379/0", None),
-    ("redis://127.8.9.10:6379/0", None),
-    ("redis://localhost:6379/0", None),
-    ("redis://LOCALHOST.:6379/0", None),
-    ("redis://[::1]:6379/0", None),
-    ("unix:///run/redis/redis.sock", None),
-])
+@pytest.mark.parametrize(
+    "url, host",
+    [
+        (OPEN, "lab.invalid"),
+        ("redis://user@lab.invalid:6379/0", "lab.invalid"),
+        ("redis://:@lab.invalid/0", "lab.invalid"),
+        ("rediss://10.1.2.3:6380/0", "10.1.2.3"),
+        ("redis://[2001:db8::1]:6379/0", "2001:db8::1"),
+        ("redis://:PASSWORD@lab.invalid:6379/0", None),
+        ("redis://user:PASSWORD@lab.invalid:6379/0", None),
+        ("redis://lab.invalid:6379/0?password=PASSWORD", None),
+        ("redis://127.0.0.1:6379/0", None),
+        ("redis://127.8.9.10:6379/0", None),
+        ("redis://localhost:6379/0", None),
+        ("redis://LOCALHOST.:6379/0", None),
+        ("redis://[::1]:6379/0", None),
+        ("unix:///run/redis/redis.sock", None),
+    ],
+)
 def test_a_server_is_open_on_another_machine_without_a_password(url, host):
     assert script.open_redis_host(url) == host
     allow = ["--allow-open-redis"] if host else []  # the command printed for the samplers passes it on
-    assert script.sampler_command(url, "r") == ["python", f"{NAME}.py", "--role", "sampler", "--redis-url", url,
-                                               "--run-id", "r", *allow]
+    assert script.sampler_command(url, "r") == [
+        "python",
+        f"{NAME}.py",
+        "--role",
+        "sampler",
+        "--redis-url",
+        url,
+        "--run-id",
+        "r",
+        *allow,
+    ]
 
 
 @pytest.mark.parametrize("role", ["learner", "sampler"])
@@ -469,8 +553,9 @@ def test_an_open_server_is_refused_in_one_line_before_any_connection(role, tmp_p
     monkeypatch.setattr(socket, "getaddrinfo", no_network)
     monkeypatch.setattr(socket.socket, "connect", no_network)
     with pytest.raises(SystemExit) as exit_info:
-        script.main(script.Args(env_id=ENV, role=role, redis_url=OPEN, run_id="r", runs_dir=str(tmp_path / "runs"),
-                                cuda=False))
+        script.main(
+            script.Args(env_id=ENV, role=role, redis_url=OPEN, run_id="r", runs_dir=str(tmp_path / "runs"), cuda=False)
+        )
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and f": error: --redis-url {OPEN}: " in lines[0], lines
@@ -479,8 +564,15 @@ def test_an_open_server_is_refused_in_one_line_before_any_connection(role, tmp_p
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("argv", [[], ["--allow-open-redis"], ["--role", "sampler", "--run-id", "r"],
-                                  ["--role", "sampler", "--run-id", "r", "--allow-open-redis"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--allow-open-redis"],
+        ["--role", "sampler", "--run-id", "r"],
+        ["--role", "sampler", "--run-id", "r", "--allow-open-redis"],
+    ],
+)
 def test_an_open_server_from_the_command_line(tmp_path, argv):
     """Refused without --allow-open-redis; with it, the server is tried and cannot be reached: the usual
     one line (no traceback), exit 2, for the learner and a sampler."""
@@ -501,28 +593,41 @@ def test_a_password_or_the_flag_lets_an_open_server_through_the_check():
 # A FULL DISK ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("limit, checkpoint_every, file", [
-    (100_000, 1, "{run_dir}/checkpoint.pt"),  # below a checkpoint's size (136 KB here): its first write fails
-    (1_000, 0, "the TensorBoard events in {run_dir}"),  # below the first events written
-])
-def test_a_refused_write_ends_the_learner_its_samplers_and_its_server_in_one_line(tmp_path, limit, checkpoint_every,
-                                                                                  file):
+@pytest.mark.parametrize(
+    "limit, checkpoint_every, file",
+    [
+        (100_000, 1, "{run_dir}/checkpoint.pt"),  # below a checkpoint's size (136 KB here): its first write fails
+        (1_000, 0, "the TensorBoard events in {run_dir}"),  # below the first events written
+    ],
+)
+def test_a_refused_write_ends_the_learner_its_samplers_and_its_server_in_one_line(
+    tmp_path, limit, checkpoint_every, file
+):
     """Under a file-size limit (inherited by every process of the run; Python ignores SIGXFSZ, so a write
     fails with EFBIG): the learner's one line naming the file and the run's state, exit 1, no .tmp left, and
     its samplers and embedded server (which writes no files) gone without a line of their own."""
+
     def limited():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    argv = [*FAST, "--num-samplers", 2, "--total-timesteps", 10 ** 6, "--checkpoint-every", checkpoint_every]
+    argv = [*FAST, "--num-samplers", 2, "--total-timesteps", 10**6, "--checkpoint-every", checkpoint_every]
     with open(tmp_path / "learner.out", "w") as out, open(tmp_path / "learner.err", "w") as err:
-        learner = subprocess.Popen(script_command(NAME, *argv), cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                                   stdout=out, stderr=err, preexec_fn=limited)
+        learner = subprocess.Popen(
+            script_command(NAME, *argv),
+            cwd=tmp_path,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            stdout=out,
+            stderr=err,
+            preexec_fn=limited,
+        )
     seen = wait_watching(learner, 120)
     time.sleep(1)  # anything the samplers or the server would still say
     stderr = output(tmp_path, "learner")[1]
     run_dir = only_run_dir(tmp_path / "runs").relative_to(tmp_path)
     assert learner.returncode == 1, stderr
-    assert stderr.splitlines() == [f"{NAME}.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
-                                   f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"]
+    assert stderr.splitlines() == [
+        f"{NAME}.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
+        f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+    ]
     assert not list((tmp_path / run_dir).glob("*.tmp"))
     assert seen and not running(seen), "a process of the run is left"

@@ -40,8 +40,11 @@ def fake_python(path, version="3.11", ensurepip=True, pip=True, venv_error="", i
     prints ("3.11 1 1": version, has ensurepip, has pip); `-m venv DIR` makes DIR/bin/python, a Python of the same
     version with pip (or prints venv_error, leaves DIR half made and fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    make_venv = (f"printf '%s\\n' '{venv_error}' >&2; mkdir -p \"$3\"; exit 1" if venv_error else
-                 f'mkdir -p "$3/bin" && cp "{path}.in-venv" "$3/bin/python"')
+    make_venv = (
+        f"printf '%s\\n' '{venv_error}' >&2; mkdir -p \"$3\"; exit 1"
+        if venv_error
+        else f'mkdir -p "$3/bin" && cp "{path}.in-venv" "$3/bin/python"'
+    )
     path.write_text(f"""#!/bin/sh
 if [ "$1" = -c ]; then echo "$0 -c" >> "$CALLS"; else echo "$0 $*" >> "$CALLS"; fi
 case "$1 $2" in
@@ -78,11 +81,16 @@ def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons
     for name, kwargs in (pythons if pythons is not None else {"python3": {}}).items():
         fake_python(bin_dir / name, **kwargs)
     calls = tmp_path / "calls"
-    full_env = dict(PATH=str(bin_dir), CALLS=str(calls), FAKE_UID=str(uid),
-                    FAKE_LIBS="\tlibQt5Gui.so.5 (libc6,x86-64) => /usr/lib/libQt5Gui.so.5" if qt else "\tlibc.so.6",
-                    **(env or {}))
-    result = subprocess.run([str(bin_dir / "bash"), "repo/setup.sh"], cwd=tmp_path, env=full_env,
-                            capture_output=True, text=True, timeout=30)
+    full_env = dict(
+        PATH=str(bin_dir),
+        CALLS=str(calls),
+        FAKE_UID=str(uid),
+        FAKE_LIBS="\tlibQt5Gui.so.5 (libc6,x86-64) => /usr/lib/libQt5Gui.so.5" if qt else "\tlibc.so.6",
+        **(env or {}),
+    )
+    result = subprocess.run(
+        [str(bin_dir / "bash"), "repo/setup.sh"], cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=30
+    )
     lines = calls.read_text().splitlines() if calls.exists() else []
     return result, [line.replace(f"{tmp_path}/", "") for line in lines]
 
@@ -106,6 +114,7 @@ def error_line(result):
 
 # Without an active environment: the project virtualenv .venv ---------------------------------------------------
 
+
 @pytest.mark.parametrize("uid", [0, 1000])
 def test_nothing_missing_makes_dot_venv_and_installs_the_python_packages_into_it(tmp_path, uid):
     result, calls = run_setup(tmp_path, uid=uid)
@@ -125,18 +134,30 @@ def test_as_root_apt_get_runs_without_sudo(tmp_path):
 def test_as_a_user_apt_get_runs_through_sudo_for_the_missing_package_only(tmp_path):
     result, calls = run_setup(tmp_path, uid=1000, qt=False, redis=True)
     assert result.returncode == 0, result.stderr
-    assert calls == [PROBE, f"sudo env DEBIAN_FRONTEND=noninteractive {APT_UPDATE}", APT_UPDATE,
-                     f"sudo env DEBIAN_FRONTEND=noninteractive {APT_INSTALL} libqt5gui5", f"{APT_INSTALL} libqt5gui5",
-                     VENV, PIP]
+    assert calls == [
+        PROBE,
+        f"sudo env DEBIAN_FRONTEND=noninteractive {APT_UPDATE}",
+        APT_UPDATE,
+        f"sudo env DEBIAN_FRONTEND=noninteractive {APT_INSTALL} libqt5gui5",
+        f"{APT_INSTALL} libqt5gui5",
+        VENV,
+        PIP,
+    ]
 
 
 def test_stock_debian_without_python3_venv_gets_it_from_apt_before_making_the_venv(tmp_path):
     """Debian/Ubuntu's python3 without python3.X-venv has no ensurepip, and `python3 -m venv` fails."""
     result, calls = run_setup(tmp_path, uid=1000, qt=False, pythons={"python3": dict(ensurepip=False)})
     assert result.returncode == 0, result.stderr
-    assert calls == [PROBE, f"sudo env DEBIAN_FRONTEND=noninteractive {APT_UPDATE}", APT_UPDATE,
-                     f"sudo env DEBIAN_FRONTEND=noninteractive {APT_INSTALL} python3.11-venv libqt5gui5",
-                     f"{APT_INSTALL} python3.11-venv libqt5gui5", VENV, PIP]
+    assert calls == [
+        PROBE,
+        f"sudo env DEBIAN_FRONTEND=noninteractive {APT_UPDATE}",
+        APT_UPDATE,
+        f"sudo env DEBIAN_FRONTEND=noninteractive {APT_INSTALL} python3.11-venv libqt5gui5",
+        f"{APT_INSTALL} python3.11-venv libqt5gui5",
+        VENV,
+        PIP,
+    ]
 
 
 def test_ubuntu_24_04_python3_12_gets_its_own_venv_package(tmp_path):
@@ -152,43 +173,57 @@ def test_an_older_python3_is_passed_over_for_a_python3_11_beside_it(tmp_path):
     assert calls == [PROBE, "bin/python3.11 -c", "bin/python3.11 -m venv .venv", PIP]
 
 
-@pytest.mark.parametrize("pythons, found", [({"python3": dict(version="3.9")}, "python3 is 3.9"),
-                                            ({"python3": dict(version="3.10"), "python3.12": dict(version="2.7")},
-                                             "python3 is 3.10 python3.12 is 2.7"),
-                                            ({}, "no python3 on PATH")])
+@pytest.mark.parametrize(
+    "pythons, found",
+    [
+        ({"python3": dict(version="3.9")}, "python3 is 3.9"),
+        ({"python3": dict(version="3.10"), "python3.12": dict(version="2.7")}, "python3 is 3.10 python3.12 is 2.7"),
+        ({}, "no python3 on PATH"),
+    ],
+)
 def test_without_python_3_11_it_says_what_to_install(tmp_path, pythons, found):
     result, calls = run_setup(tmp_path, qt=False, pythons=pythons)
     assert error_line(result) == (
         f"setup.sh: error: ppo-lab needs Python 3.11 or later ({found}): install one (Debian 12, Ubuntu 24.04: "
         "apt-get install python3 python3-venv; Ubuntu 22.04: apt-get install python3.11 python3.11-venv) or "
-        "activate a virtualenv or conda env that has one")
+        "activate a virtualenv or conda env that has one"
+    )
     assert not any(call.startswith(("apt-get", "sudo")) for call in calls)  # nothing installed for a failed setup
     assert not (tmp_path / "repo" / ".venv").exists()
 
 
 def test_as_a_user_without_sudo_it_says_what_is_missing(tmp_path):
-    result, calls = run_setup(tmp_path, uid=1000, qt=True, redis=False, sudo=False,
-                              pythons={"python3": dict(ensurepip=False)})
-    assert error_line(result) == ("setup.sh: error: python3.11-venv redis-server missing, and neither root nor sudo "
-                                  "to install them: ask an administrator to run apt-get install python3.11-venv "
-                                  "redis-server")
+    result, calls = run_setup(
+        tmp_path, uid=1000, qt=True, redis=False, sudo=False, pythons={"python3": dict(ensurepip=False)}
+    )
+    assert error_line(result) == (
+        "setup.sh: error: python3.11-venv redis-server missing, and neither root nor sudo "
+        "to install them: ask an administrator to run apt-get install python3.11-venv "
+        "redis-server"
+    )
     assert calls == [PROBE]
 
 
 def test_without_apt_get_it_says_what_is_missing(tmp_path):
     result, calls = run_setup(tmp_path, qt=False, apt=False)
-    assert error_line(result) == ("setup.sh: error: libqt5gui5 missing, and no apt-get to install them (not "
-                                  "Debian/Ubuntu?): install their equivalents with your system's package manager")
+    assert error_line(result) == (
+        "setup.sh: error: libqt5gui5 missing, and no apt-get to install them (not "
+        "Debian/Ubuntu?): install their equivalents with your system's package manager"
+    )
     assert calls == [PROBE]
 
 
 def test_a_failed_venv_is_one_line_and_leaves_no_dot_venv(tmp_path):
     result, calls = run_setup(tmp_path, pythons={"python3": dict(venv_error=DEBIAN_VENV_ERROR)})
     line = error_line(result)
-    assert line.startswith(f"setup.sh: error: {tmp_path}/bin/python3 -m venv .venv failed (The virtual environment "
-                           "was not created successfully because ensurepip is not available. On Debian/Ubuntu")
-    assert line.endswith("apt install python3.11-venv): install python3.11-venv, or activate a virtualenv or conda "
-                         "env and run setup.sh again")
+    assert line.startswith(
+        f"setup.sh: error: {tmp_path}/bin/python3 -m venv .venv failed (The virtual environment "
+        "was not created successfully because ensurepip is not available. On Debian/Ubuntu"
+    )
+    assert line.endswith(
+        "apt install python3.11-venv): install python3.11-venv, or activate a virtualenv or conda "
+        "env and run setup.sh again"
+    )
     assert calls == [PROBE, VENV]
     assert not (tmp_path / "repo" / ".venv").exists()
 
@@ -200,9 +235,16 @@ def test_an_existing_dot_venv_is_used_again(tmp_path):
     assert calls == [".venv/bin/python -c", PIP]
 
 
-@pytest.mark.parametrize("content, message", [
-    ("folder", ".venv is not a virtualenv (no .venv/bin/python): remove it (rm -rf .venv) and run setup.sh again"),
-    ("3.10", ".venv has Python 3.10, ppo-lab needs 3.11 or later: remove .venv (rm -rf .venv) and run setup.sh again")])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("folder", ".venv is not a virtualenv (no .venv/bin/python): remove it (rm -rf .venv) and run setup.sh again"),
+        (
+            "3.10",
+            ".venv has Python 3.10, ppo-lab needs 3.11 or later: remove .venv (rm -rf .venv) and run setup.sh again",
+        ),
+    ],
+)
 def test_an_existing_dot_venv_that_cannot_be_used_is_one_line(tmp_path, content, message):
     venv = tmp_path / "repo" / ".venv"
     if content == "folder":
@@ -236,10 +278,16 @@ def test_a_dot_venv_link_to_an_environment_that_is_gone_is_replaced_by_a_new_ven
 
 # Inside an activated virtualenv or conda env: installs into it, .venv links to it --------------------------------
 
-@pytest.mark.parametrize("variables", [dict(VIRTUAL_ENV="{env}"),
-                                       dict(CONDA_PREFIX="{env}", CONDA_DEFAULT_ENV="ppo"),
-                                       # a virtualenv made inside conda's base env: the virtualenv, the inner one
-                                       dict(VIRTUAL_ENV="{env}", CONDA_PREFIX="{tmp}/conda", CONDA_DEFAULT_ENV="base")])
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        dict(VIRTUAL_ENV="{env}"),
+        dict(CONDA_PREFIX="{env}", CONDA_DEFAULT_ENV="ppo"),
+        # a virtualenv made inside conda's base env: the virtualenv, the inner one
+        dict(VIRTUAL_ENV="{env}", CONDA_PREFIX="{tmp}/conda", CONDA_DEFAULT_ENV="base"),
+    ],
+)
 def test_an_activated_environment_is_installed_into_and_dot_venv_links_to_it(tmp_path, variables):
     env_dir = tmp_path / "env"
     fake_python(env_dir / "bin" / "python", version="3.13")
@@ -277,9 +325,11 @@ def test_a_dot_venv_of_its_own_beside_an_activated_environment_is_one_line(tmp_p
     fake_python(tmp_path / "env" / "bin" / "python")
     fake_python(tmp_path / "repo" / ".venv" / "bin" / "python")
     result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "env")))
-    assert error_line(result) == (f"setup.sh: error: .venv is a virtualenv of its own, not the active environment "
-                                  f"{tmp_path}/env: remove it (rm -rf .venv) to install into {tmp_path}/env, or "
-                                  "deactivate to use .venv")
+    assert error_line(result) == (
+        f"setup.sh: error: .venv is a virtualenv of its own, not the active environment "
+        f"{tmp_path}/env: remove it (rm -rf .venv) to install into {tmp_path}/env, or "
+        "deactivate to use .venv"
+    )
     assert PIP not in calls and not (tmp_path / "repo" / ".venv").is_symlink()
 
 
@@ -295,9 +345,11 @@ def test_the_activated_dot_venv_itself_is_installed_into(tmp_path):
 def test_an_activated_environment_with_an_old_python_is_one_line(tmp_path):
     fake_python(tmp_path / "env" / "bin" / "python", version="3.10")
     result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "env")))
-    assert error_line(result) == (f"setup.sh: error: the active environment {tmp_path}/env has Python 3.10, ppo-lab "
-                                  "needs 3.11 or later: activate one with Python 3.11+, or deactivate it and run "
-                                  "setup.sh again to make .venv")
+    assert error_line(result) == (
+        f"setup.sh: error: the active environment {tmp_path}/env has Python 3.10, ppo-lab "
+        "needs 3.11 or later: activate one with Python 3.11+, or deactivate it and run "
+        "setup.sh again to make .venv"
+    )
     assert PIP not in calls and not (tmp_path / "repo" / ".venv").exists()
 
 
@@ -311,6 +363,7 @@ def test_an_activated_environment_without_pip_gets_it_from_ensurepip(tmp_path):
 
 # For real: pyproject.toml, uv, .ci/run ----------------------------------------------------------------------------
 
+
 def requirement_set(lines):
     """{(name, sorted extras, specifier)} of requirement lines, comments and spelling normalised."""
     found = set()
@@ -318,17 +371,38 @@ def requirement_set(lines):
         line = line.split("#")[0].strip()
         if line:
             name, extras, spec = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(?:\[([^\]]*)\])?\s*(.*)", line).groups()
-            found.add((re.sub(r"[-_.]+", "-", name).lower(), tuple(sorted(e.strip() for e in (extras or "").split(",")
-                                                                          if e.strip())), spec.replace(" ", "")))
+            found.add(
+                (
+                    re.sub(r"[-_.]+", "-", name).lower(),
+                    tuple(sorted(e.strip() for e in (extras or "").split(",") if e.strip())),
+                    spec.replace(" ", ""),
+                )
+            )
     return found
 
 
 def test_pip_install_e_reads_the_pins_of_requirements_txt(tmp_path):
     """`pip install -e .` (pip's own reading of pyproject.toml, through its build backend): the same requirements,
     one for one, as requirements.txt."""
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
-                             "--quiet", "--report", str(tmp_path / "report.json"), "-e", str(REPO)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(tmp_path / "report.json"),
+            "-e",
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     (project,) = json.loads((tmp_path / "report.json").read_text())["install"]
     assert project["metadata"]["name"] == "ppo-lab"
@@ -345,9 +419,24 @@ def torch_index(tmp_path):
     import torch
 
     report = tmp_path / "torch.json"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet",
-                    "--report", str(report), f"torch=={torch.__version__}"], check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            f"torch=={torch.__version__}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = json.loads(report.read_text())["install"]
     url = wheel["download_info"]["url"]
     index = Path(tempfile.gettempdir()) / "ppo-lab-torch-index" / torch.__version__
@@ -370,20 +459,45 @@ def test_uv_run_trains_cartpole_with_the_pinned_packages(tmp_path):
     for name in ("pyproject.toml", "requirements.txt", "ppo.py"):
         shutil.copy(REPO / name, project)
     index, torch_version = torch_index(tmp_path)
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("UV_", "VIRTUAL_ENV", "CONDA", "PYTHON"))}
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("UV_", "VIRTUAL_ENV", "CONDA", "PYTHON"))
+    }
     # the system's certificates, as pip uses them (a machine behind a proxy with its own CA has it there)
-    env.update(UV_INDEX=index, UV_PYTHON=sys.executable, UV_PYTHON_DOWNLOADS="never", UV_SYSTEM_CERTS="1",
-               OMP_NUM_THREADS="1")
-    result = subprocess.run([uv.find_uv_bin(), "run", "--quiet", "ppo.py", "--total-timesteps", "1024",
-                             "--num-envs", "2", "--runs-dir", str(tmp_path / "runs")],
-                            cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    env.update(
+        UV_INDEX=index, UV_PYTHON=sys.executable, UV_PYTHON_DOWNLOADS="never", UV_SYSTEM_CERTS="1", OMP_NUM_THREADS="1"
+    )
+    result = subprocess.run(
+        [
+            uv.find_uv_bin(),
+            "run",
+            "--quiet",
+            "ppo.py",
+            "--total-timesteps",
+            "1024",
+            "--num-envs",
+            "2",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "iteration 4/4 global_step=1024" in result.stdout, result.stdout
     uv_python = project / ".venv" / "bin" / "python"
-    check = subprocess.run([str(uv_python), "-c", "import torch, gymnasium, envpool; "
-                            "print(torch.__version__, gymnasium.__version__, envpool.__version__)"],
-                           capture_output=True, text=True, timeout=120)
+    check = subprocess.run(
+        [
+            str(uv_python),
+            "-c",
+            "import torch, gymnasium, envpool; print(torch.__version__, gymnasium.__version__, envpool.__version__)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     pins = {name: spec[2:] for name, _, spec in requirement_set((REPO / "requirements.txt").read_text().splitlines())}
     assert check.stdout.split() == [torch_version, pins["gymnasium"], pins["envpool"]], check.stderr
     assert torch_version.split("+")[0] == pins["torch"]
@@ -401,8 +515,11 @@ def test_ci_runs_the_readme_commands_with_the_system_python():
     environment, then the README's test command exactly as written."""
     install, tests = readme_setup_blocks()[:2]
     assert install.startswith("bash setup.sh && .venv/bin/python ppo.py")
-    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
-          if line.strip() and not line.lstrip().startswith("#")]
+    ci = [
+        line.strip()
+        for line in (REPO / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     system_path = "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     assert ci.index(system_path) < ci.index("bash setup.sh") < ci.index(tests) == len(ci) - 1
-    assert "unset VIRTUAL_ENV CONDA_PREFIX CONDA_DEFAULT_ENV PYTHONHOME PYTHONPATH" in ci[:ci.index("bash setup.sh")]
+    assert "unset VIRTUAL_ENV CONDA_PREFIX CONDA_DEFAULT_ENV PYTHONHOME PYTHONPATH" in ci[: ci.index("bash setup.sh")]

@@ -3,7 +3,7 @@
 inside a chunk, chunk and minibatch indexing), bad input, and what happens when a worker raises or is
 killed, when a worker's slice is not what it wrote, when the learner gets Ctrl-C or is killed, when the
 file system refuses a checkpoint, the TensorBoard events or the shared memory: a bounded stop, no process and
-no shared memory left.""" 
+no shared memory left."""
 
 import os
 import re
@@ -19,17 +19,46 @@ import pytest
 import torch
 
 import ppo_shared_memory_lstm as script
-from helpers import (LINE, METRICS, assert_evaluation_videos, assert_progress_lines, check_resume_after_interruption,
-                     load, only_run_dir, process_table, read_scalars, run_script, script_command, start_script)
+from helpers import (
+    LINE,
+    METRICS,
+    assert_evaluation_videos,
+    assert_progress_lines,
+    check_resume_after_interruption,
+    load,
+    only_run_dir,
+    process_table,
+    read_scalars,
+    run_script,
+    script_command,
+    start_script,
+)
 
 NAME = "ppo_shared_memory_lstm"
 WORKERS, ENVS_PER_WORKER, STEPS = 2, 2, 32
 BATCH, ITERATIONS = WORKERS * ENVS_PER_WORKER * STEPS, 3
-SMALL = ("--num-workers", WORKERS, "--num-envs-per-worker", ENVS_PER_WORKER, "--num-steps", STEPS, "--seq-len", 8,
-         "--num-minibatches", 2, "--update-epochs", 2)
+SMALL = (
+    "--num-workers",
+    WORKERS,
+    "--num-envs-per-worker",
+    ENVS_PER_WORKER,
+    "--num-steps",
+    STEPS,
+    "--seq-len",
+    8,
+    "--num-minibatches",
+    2,
+    "--update-epochs",
+    2,
+)
 # this script also times the publication of the weights and the workers' split of the rollout
-EXPECTED_METRICS = METRICS + ["charts/experience_SPS", "charts/learning_SPS", "perf/publish_time", "perf/act_time",
-                              "perf/env_time"]
+EXPECTED_METRICS = METRICS + [
+    "charts/experience_SPS",
+    "charts/learning_SPS",
+    "perf/publish_time",
+    "perf/act_time",
+    "perf/env_time",
+]
 
 
 # PROCESSES AND SHARED MEMORY ---------------------------------------------------------------------
@@ -49,8 +78,9 @@ def descendants(pid: int) -> set[tuple[int, int]]:
 
 def still_running(processes: set[tuple[int, int]]) -> set[tuple[int, int]]:
     table = process_table()
-    return {(pid, start) for pid, start in processes
-            if pid in table and table[pid][2] == start and table[pid][1] != "Z"}
+    return {
+        (pid, start) for pid, start in processes if pid in table and table[pid][2] == start and table[pid][1] != "Z"
+    }
 
 
 def is_worker(pid: int) -> bool:
@@ -79,12 +109,20 @@ def run_under_a_file_size_limit(cwd, limit: int, *argv):
     """The script (its whole command line in `argv`) under a file-size limit, as `ulimit -f` sets it: the
     kernel refuses a write past `limit` bytes (EFBIG; Python ignores SIGXFSZ), the workers' too, and
     PyTorch's shared memory is files in /dev/shm, limited alike. Returns what `interrupted_run` does."""
+
     def limit_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     shm_before = torch_shm()
-    proc = subprocess.Popen(script_command(NAME, *argv), cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit_files)
+    proc = subprocess.Popen(
+        script_command(NAME, *argv),
+        cwd=cwd,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=limit_files,
+    )
     return watched(proc, cwd, None, shm_before)
 
 
@@ -132,8 +170,18 @@ def e2e(tmp_path_factory):
     """One short run from the command line with 2 workers x 2 CartPoles, shared by the tests below."""
     cwd = tmp_path_factory.mktemp("shared_memory_lstm")
     shm_before = torch_shm()
-    result = run_script(NAME, *SMALL, "--total-timesteps", ITERATIONS * BATCH, "--save-model", "--eval-episodes", 2,
-                        "--checkpoint-every", 1, cwd=cwd)
+    result = run_script(
+        NAME,
+        *SMALL,
+        "--total-timesteps",
+        ITERATIONS * BATCH,
+        "--save-model",
+        "--eval-episodes",
+        2,
+        "--checkpoint-every",
+        1,
+        cwd=cwd,
+    )
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(cwd / "runs")
     return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir), shm_before=shm_before)
@@ -142,8 +190,9 @@ def e2e(tmp_path_factory):
 def test_run_writes_its_files_metrics_and_stdout(e2e):
     result, scalars = e2e["result"], e2e["scalars"]
     assert "Traceback" not in result.stderr
-    assert re.search(r"^shared memory: rollout buffer [\d.]+ MiB, weights [\d.]+ MiB; 2 workers x 2 envs$",
-                     result.stdout, re.M)
+    assert re.search(
+        r"^shared memory: rollout buffer [\d.]+ MiB, weights [\d.]+ MiB; 2 workers x 2 envs$", result.stdout, re.M
+    )
     checkpoint = load(e2e["run_dir"] / "checkpoint.pt")
     assert checkpoint["global_step"] == ITERATIONS * BATCH
     assert set(checkpoint["rng"]) == {"torch", "numpy", "python"}  # a dict, without CUDA's on the CPU
@@ -154,8 +203,7 @@ def test_run_writes_its_files_metrics_and_stdout(e2e):
             assert [step for step, _ in scalars[tag]] == [BATCH * k for k in range(1, ITERATIONS + 1)], tag
     assert len(scalars["eval/episodic_return"]) == 2
     assert re.search(r"^evaluation: 2 episodes, mean return [\d.]+ \+- [\d.]+$", result.stdout, re.M)
-    assert_progress_lines(result.stdout, LINE, scalars["charts/episodic_return"], ITERATIONS,
-                                                BATCH)
+    assert_progress_lines(result.stdout, LINE, scalars["charts/episodic_return"], ITERATIONS, BATCH)
     assert torch_shm() <= e2e["shm_before"]  # nothing left in /dev/shm
 
 
@@ -187,10 +235,21 @@ def test_saved_model_evaluates_as_after_training(e2e):
 def test_run_interrupted_and_resumed_ends_like_an_uninterrupted_one(tmp_path, monkeypatch):
     """In this process (the learner), so the interruption is a KeyboardInterrupt right after a checkpoint:
     the worker is stopped, and the resumed run starts a new one."""
+
     def make_args(folder):
-        return script.Args(runs_dir=str(tmp_path / folder), num_workers=1, num_envs_per_worker=2, num_steps=16,
-                           seq_len=8, num_minibatches=2, update_epochs=1, total_timesteps=4 * 32, checkpoint_every=1,
-                           save_model=True, eval_episodes=1)
+        return script.Args(
+            runs_dir=str(tmp_path / folder),
+            num_workers=1,
+            num_envs_per_worker=2,
+            num_steps=16,
+            seq_len=8,
+            num_minibatches=2,
+            update_epochs=1,
+            total_timesteps=4 * 32,
+            checkpoint_every=1,
+            save_model=True,
+            eval_episodes=1,
+        )
 
     check_resume_after_interruption(script, make_args, 4, 32, monkeypatch)
     assert not [pid for pid, _ in descendants(os.getpid()) if is_worker(pid)]
@@ -223,8 +282,9 @@ def worker_rollout():
     args = script.Args(env_id="FixedLength-v0", num_workers=2, num_envs_per_worker=3, num_steps=12, seq_len=4)
     envs = script.make_envs(args, 3, "")
     agent = script.Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
-    buffer = script.allocate_shared_buffer(args, envs.single_observation_space.shape, torch.float32,
-                                           agent.lstm.hidden_size)
+    buffer = script.allocate_shared_buffer(
+        args, envs.single_observation_space.shape, torch.float32, agent.lstm.hidden_size
+    )
     rollout = {name: x[:, 3:6] for name, x in buffer.items()}
     next_obs, _ = envs.reset(seed=0)
     # a nonzero carried-in state, as after an earlier rollout
@@ -243,8 +303,11 @@ def test_rollout_fills_its_own_slice_with_episode_starts_inside_chunks(worker_ro
     assert buffer["obs"][:, 3:, 0].tolist() == [[float(t % 3)] * 3 for t in range(12)]
     assert buffer["dones"][:, 3:].tolist() == [[float(t % 3 == 2)] * 3 for t in range(12)]
     # env i of the slice (batch index 3 + i of 6) ending at step t: global step t * 6 + 3 + i + 1
-    assert worker_rollout["episodes"] == [script.Episode(step=t * 6 + 3 + i + 1, episodic_return=3.0, episodic_length=3)
-                                          for t in (2, 5, 8, 11) for i in range(3)]
+    assert worker_rollout["episodes"] == [
+        script.Episode(step=t * 6 + 3 + i + 1, episodic_return=3.0, episodic_length=3)
+        for t in (2, 5, 8, 11)
+        for i in range(3)
+    ]
 
 
 def test_chunks_replayed_from_their_saved_states_give_the_rollout(worker_rollout):
@@ -284,6 +347,7 @@ def test_state_is_reset_where_an_episode_starts_inside_a_chunk(worker_rollout):
 def test_only_environment_0_records_video(tmp_path):
     """make_env(env_id, idx, capture_video, run_dir, *, extras) as in the other scripts: with capture_video
     the vector environment's environment 0 records, the others do not; the extras apply to all."""
+
     def records(env: gym.Env) -> bool:
         while isinstance(env, gym.Wrapper):
             if isinstance(env, gym.wrappers.RecordVideo):
@@ -322,9 +386,28 @@ def test_atari_run_with_workers_from_the_command_line(tmp_path):
     """Breakout with 2 workers x 2 games for 2 iterations, as a user runs it: the CNN + LSTM learner
     replays the workers' uint8 rollouts exactly (ratio 1; the slices' checksums matched, or the run would
     have stopped)."""
-    result = run_script(NAME, "--env-id", "Breakout", "--num-workers", 2, "--num-envs-per-worker", 2, "--num-steps", 32,
-                        "--seq-len", 16, "--num-minibatches", 2, "--update-epochs", 1, "--total-timesteps", 2 * 128,
-                        "--max-episode-steps", 20, cwd=tmp_path)
+    result = run_script(
+        NAME,
+        "--env-id",
+        "Breakout",
+        "--num-workers",
+        2,
+        "--num-envs-per-worker",
+        2,
+        "--num-steps",
+        32,
+        "--seq-len",
+        16,
+        "--num-minibatches",
+        2,
+        "--update-epochs",
+        1,
+        "--total-timesteps",
+        2 * 128,
+        "--max-episode-steps",
+        20,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     # 2 x 32 x 4 frames of 84 x 84 bytes (uint8), plus the rest of the buffer
     size = float(re.search(r"shared memory: rollout buffer ([\d.]+) MiB", result.stdout)[1])
@@ -361,14 +444,19 @@ def test_slice_checksum_sees_a_change_in_its_slice_only():
 # BAD INPUT ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(num_steps=32, seq_len=12), "--seq-len 12 does not divide --num-steps 32"),
-    (dict(num_workers=3, num_envs_per_worker=1, num_steps=16, seq_len=16, num_minibatches=2),
-     "--num-minibatches 2 does not divide the 3 chunks"),
-    (dict(env_id="Pendulum-v1"), "supports Discrete actions only"),
-    (dict(env_id="NoSuchEnv-v0"), "unknown environment id 'NoSuchEnv-v0'"),
-    (dict(env_id="Acrobot-v1", hide_velocity=True), "--hide-velocity is for CartPole only"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(num_steps=32, seq_len=12), "--seq-len 12 does not divide --num-steps 32"),
+        (
+            dict(num_workers=3, num_envs_per_worker=1, num_steps=16, seq_len=16, num_minibatches=2),
+            "--num-minibatches 2 does not divide the 3 chunks",
+        ),
+        (dict(env_id="Pendulum-v1"), "supports Discrete actions only"),
+        (dict(env_id="NoSuchEnv-v0"), "unknown environment id 'NoSuchEnv-v0'"),
+        (dict(env_id="Acrobot-v1", hide_velocity=True), "--hide-velocity is for CartPole only"),
+    ],
+)
 def test_bad_input_gets_one_line_and_exit_code_2(overrides, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         script.main(script.Args(runs_dir=str(tmp_path), **overrides))
@@ -395,15 +483,19 @@ def test_worker_that_raises_stops_the_run(tmp_path):
     assert "RuntimeError: injected failure after 40 steps" in stderr  # the worker's traceback
     assert stderr.strip().splitlines()[-1] == (
         f"{NAME}.py: error: rollout worker 1 failed: RuntimeError: injected failure after 40 steps "
-        "(its traceback is above); stopped all workers")
+        "(its traceback is above); stopped all workers"
+    )
 
 
 def test_worker_killed_stops_the_run(tmp_path):
-    returncode, stderr, workers = interrupted_run(tmp_path, lambda learner, workers: os.kill(workers[1], signal.SIGKILL))
+    returncode, stderr, workers = interrupted_run(
+        tmp_path, lambda learner, workers: os.kill(workers[1], signal.SIGKILL)
+    )
     assert len(workers) == WORKERS
     assert returncode == 1
     assert stderr.strip().splitlines()[-1] == (
-        f"{NAME}.py: error: rollout worker 1 (pid {workers[1]}) died (signal SIGKILL); stopped all workers")
+        f"{NAME}.py: error: rollout worker 1 (pid {workers[1]}) died (signal SIGKILL); stopped all workers"
+    )
 
 
 def test_a_slice_that_is_not_what_its_worker_wrote_stops_the_run(tmp_path, monkeypatch):
@@ -411,14 +503,28 @@ def test_a_slice_that_is_not_what_its_worker_wrote_stops_the_run(tmp_path, monke
     had changed after the worker's Done): one line naming the worker and the iteration, exit code 1 (a
     string SystemExit), every worker stopped, and no update trained on the batch."""
     real_checksum, updates = script.slice_checksum, []
-    monkeypatch.setattr(script, "slice_checksum",
-                        lambda buffer, lo, hi: real_checksum(buffer, lo, hi) + (lo == ENVS_PER_WORKER))
+    monkeypatch.setattr(
+        script, "slice_checksum", lambda buffer, lo, hi: real_checksum(buffer, lo, hi) + (lo == ENVS_PER_WORKER)
+    )
     monkeypatch.setattr(script, "compute_gae", lambda **kwargs: updates.append(kwargs))
     with pytest.raises(SystemExit) as exit_info:
-        script.main(script.Args(runs_dir=str(tmp_path), num_workers=WORKERS, num_envs_per_worker=ENVS_PER_WORKER,
-                                num_steps=16, seq_len=8, num_minibatches=2, update_epochs=1, total_timesteps=2 * 64))
-    assert re.fullmatch(r"\S+: error: rollout worker 1: its slice of the rollout buffer in iteration 1 is not what it "
-                        r"wrote \(checksum mismatch\); stopped all workers", exit_info.value.code)
+        script.main(
+            script.Args(
+                runs_dir=str(tmp_path),
+                num_workers=WORKERS,
+                num_envs_per_worker=ENVS_PER_WORKER,
+                num_steps=16,
+                seq_len=8,
+                num_minibatches=2,
+                update_epochs=1,
+                total_timesteps=2 * 64,
+            )
+        )
+    assert re.fullmatch(
+        r"\S+: error: rollout worker 1: its slice of the rollout buffer in iteration 1 is not what it "
+        r"wrote \(checksum mismatch\); stopped all workers",
+        exit_info.value.code,
+    )
     assert updates == []
     assert not [tag for tag in read_scalars(only_run_dir(tmp_path)) if tag.startswith("losses/")]
     assert not [pid for pid, _ in descendants(os.getpid()) if is_worker(pid)]
@@ -429,8 +535,11 @@ def test_ctrl_c_stops_the_learner_and_every_worker(tmp_path):
     assert len(workers) == WORKERS
     assert returncode == 130
     (line,) = stderr.splitlines()  # the learner's line; the workers are quiet
-    assert re.fullmatch(rf"{NAME}.py: interrupted: last checkpoint runs/\S+/checkpoint.pt; continue with: python "
-                        rf"\S+{NAME}.py --resume runs/\S+/checkpoint.pt", line)
+    assert re.fullmatch(
+        rf"{NAME}.py: interrupted: last checkpoint runs/\S+/checkpoint.pt; continue with: python "
+        rf"\S+{NAME}.py --resume runs/\S+/checkpoint.pt",
+        line,
+    )
 
 
 def test_workers_end_by_themselves_when_the_learner_is_killed(tmp_path):
@@ -461,8 +570,10 @@ def test_a_refused_checkpoint_ends_the_run_in_one_line_and_stops_every_worker(tm
     assert WEIGHTS_BYTES < limit
     line, run_dir, workers = refused_write(tmp_path, limit, *SMALL, "--total-timesteps", 10**7, "--checkpoint-every", 1)
     assert len(workers) == WORKERS
-    assert line == (f"{NAME}.py: error: cannot write {run_dir}/checkpoint.pt: File too large; "
-                    + NO_CHECKPOINT.format(run_dir=run_dir))
+    assert line == (
+        f"{NAME}.py: error: cannot write {run_dir}/checkpoint.pt: File too large; "
+        + NO_CHECKPOINT.format(run_dir=run_dir)
+    )
     assert [p.name for p in (tmp_path / run_dir).iterdir() if not p.name.startswith("events.")] == []  # no .tmp
 
 
@@ -471,11 +582,26 @@ def test_refused_tensorboard_events_end_the_run_in_one_line_and_stop_every_worke
     limit = 320_000
     assert WEIGHTS_BYTES < limit
     line, run_dir, workers = refused_write(
-        tmp_path, limit, "--env-id", "tests.fake_envs:FixedLength-v0", "--num-workers", WORKERS, "--num-envs-per-worker",
-        4, "--num-steps", 128, "--update-epochs", 1, "--total-timesteps", 10**7)
+        tmp_path,
+        limit,
+        "--env-id",
+        "tests.fake_envs:FixedLength-v0",
+        "--num-workers",
+        WORKERS,
+        "--num-envs-per-worker",
+        4,
+        "--num-steps",
+        128,
+        "--update-epochs",
+        1,
+        "--total-timesteps",
+        10**7,
+    )
     assert len(workers) == WORKERS
-    assert line == (f"{NAME}.py: error: cannot write the TensorBoard events in {run_dir}: File too large; "
-                    + NO_CHECKPOINT.format(run_dir=run_dir))
+    assert line == (
+        f"{NAME}.py: error: cannot write the TensorBoard events in {run_dir}: File too large; "
+        + NO_CHECKPOINT.format(run_dir=run_dir)
+    )
     (events,) = (tmp_path / run_dir).iterdir()
     assert events.name.startswith("events.") and events.stat().st_size <= limit
 
@@ -485,8 +611,10 @@ def test_refused_shared_memory_ends_the_run_in_one_line_before_any_worker_starts
     assert WEIGHTS_BYTES > limit
     line, run_dir, workers = refused_write(tmp_path, limit, *SMALL, "--total-timesteps", 10**7)
     assert workers == []
-    assert line == (f"{NAME}.py: error: cannot write the weights in /dev/shm ({WEIGHTS_BYTES / 2**20:.2f} MiB): "
-                    "File too large; " + NO_CHECKPOINT.format(run_dir=run_dir))
+    assert line == (
+        f"{NAME}.py: error: cannot write the weights in /dev/shm ({WEIGHTS_BYTES / 2**20:.2f} MiB): "
+        "File too large; " + NO_CHECKPOINT.format(run_dir=run_dir)
+    )
 
 
 def test_classic_control_actor_and_critic_towers_are_separate():

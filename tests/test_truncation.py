@@ -11,10 +11,23 @@ GAMMA = 0.99
 
 
 def learned_value(script, tmp_path, bootstrap: bool) -> float:
-    args = tiny_args(script, tmp_path / str(bootstrap), env_id=CONSTANT_ENV[script.__name__], num_envs=4,
-                     num_steps=32, num_minibatches=4, update_epochs=4, total_timesteps=2000, learning_rate=1e-2,
-                     anneal_lr=False, clip_vloss=False, save_model=True, eval_episodes=1, gamma=GAMMA,
-                     bootstrap_truncation=bootstrap)
+    args = tiny_args(
+        script,
+        tmp_path / str(bootstrap),
+        env_id=CONSTANT_ENV[script.__name__],
+        num_envs=4,
+        num_steps=32,
+        num_minibatches=4,
+        update_epochs=4,
+        total_timesteps=2000,
+        learning_rate=1e-2,
+        anneal_lr=False,
+        clip_vloss=False,
+        save_model=True,
+        eval_episodes=1,
+        gamma=GAMMA,
+        bootstrap_truncation=bootstrap,
+    )
     checkpoint = load(f"{script.main(args)}/model.pt")
     agent = script.Agent(2, 2)
     agent.load_state_dict(checkpoint["model"])
