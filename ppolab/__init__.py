@@ -1,0 +1,42 @@
+"""ppolab: the run infrastructure of the ppo-lab scripts, written once.
+
+Every script holds its whole PPO variant (arguments, environments, network, GAE, loss, update, training
+loop) and imports this package for what never changes what PPO computes and is the same in every script:
+
+- checks.py: bad input ends in one line (`fail`, `check_args`);
+- run.py: the command line (`parse`, --resume reads the saved arguments as defaults), the run folder, what
+  a run reports (TensorBoard, the per-iteration line, Weights & Biases), checkpoints and evaluations on
+  their schedule (`Run`), --evaluate of a saved model (`evaluate_file`);
+- checkpoints.py: checkpoints as data, written atomically, read without running code, and --resume's rules;
+- stops.py: Ctrl-C and refused writes end a run in one line that says how to resume it;
+- seeding.py: seeds, deterministic kernels, the device;
+- fast_path.py: the NumPy policy and update steps of the small-MLP scripts on the CPU, with the guard that
+  runs them only where they compute exactly the script's code;
+- vector_env.py, statistics.py: a same-step vector environment and running statistics.
+
+A script copied elsewhere runs wherever this package is importable (`pip install -e .` in the repository,
+which `bash setup.sh` does).
+"""
+
+from ppolab.checks import check_args, fail
+from ppolab.fast_path import NumpyPolicy, numpy_fast_path
+from ppolab.run import Run, evaluate_file, explained_variance, parse, use_threads
+from ppolab.seeding import pick_device, seed_everything
+from ppolab.statistics import RunningMeanStd
+from ppolab.vector_env import SameStepVectorEnv
+
+__all__ = [
+    "NumpyPolicy",
+    "Run",
+    "RunningMeanStd",
+    "SameStepVectorEnv",
+    "check_args",
+    "evaluate_file",
+    "explained_variance",
+    "fail",
+    "numpy_fast_path",
+    "parse",
+    "pick_device",
+    "seed_everything",
+    "use_threads",
+]

@@ -1,0 +1,255 @@
+"""Checkpoints: what a run saves and how it is read back, as data only, and the rules of --resume.
+
+A checkpoint is a dict of tensors, numbers, strings, lists and dicts: the `state_dict()` of each object the
+script saves (`model`, `optimizer`, and a script's own, such as `obs_rms`), `iteration`, `global_step`,
+`args`, `script` (the file that wrote it), `format` and `rng` (the random states, CUDA's too where it is used).
+`torch.load(..., weights_only=True)` reads it, so opening one never runs code from it.
+"""
+
+import inspect
+import io
+import os
+import pickle
+import random
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ppolab.checks import fail, flag
+
+# the layout of the dict checkpoint_data makes; read_checkpoint refuses others (1: before checkpoints named
+# their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and converted by
+# as_data)
+CHECKPOINT_FORMAT = 3
+
+
+def script_of(args) -> str:
+    """The file name of the script whose Args `args` are (`ppo.py`): what its checkpoints say they are from."""
+    return Path(inspect.getfile(sys.modules[type(args).__module__])).name
+
+
+def device_of(saved: dict) -> torch.device:
+    return next(saved["model"].parameters()).device
+
+
+def checkpoint_data(saved: dict, args, iteration: int, global_step: int, **extras) -> dict:
+    """Everything needed to continue or to evaluate, as data: the state_dict() of every object in `saved`
+    (name -> object: `model`, `optimizer`, and the script's own), progress, args, the script, the format and
+    the RNG states, plus `extras`. The tensors are the objects' own (a state_dict does not copy them): write
+    the dict or read it before the objects change."""
+    checkpoint = {name: obj.state_dict() for name, obj in saved.items()}
+    checkpoint.update(
+        iteration=iteration,
+        global_step=global_step,
+        args=asdict(args),
+        script=script_of(args),
+        format=CHECKPOINT_FORMAT,
+        rng=rng_state(device_of(saved)),
+        **extras,
+    )
+    return checkpoint
+
+
+def write_checkpoint_file(checkpoint: dict, path: str):
+    """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
+    one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
+    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes.
+    A write the file system refuses (disk full, file too large, read-only) removes `path.tmp` and raises
+    the OSError, naming `path`; the previous checkpoint stays as it was."""
+    data = io.BytesIO()
+    torch.save(checkpoint, data)  # in memory first: a failed write is then the file system's OSError
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, path) from None
+    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    for stale in Path(path).parent.glob("*.pt.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def as_data(value):
+    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
+    hold (read_checkpoint reads nothing else)."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return torch.tensor(value)  # a copy, with the same dtype
+    if isinstance(value, dict):
+        return {key: as_data(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_data(item) for item in value)
+    return value
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
+    pickle); CUDA's too when the run uses it."""
+    kind, key, *rest = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
+        "python": random.getstate(),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device):
+    torch.set_rng_state(state["torch"])
+    kind, key, *rest = state["numpy"]
+    np.random.set_state((kind, key.numpy().astype(np.uint32), *rest))
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
+# statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
+FORMAT_2_NUMPY = [
+    np.ndarray,
+    np.dtype,
+    np._core.multiarray._reconstruct,
+    np._core.multiarray.scalar,
+    np.dtypes.UInt32DType,
+    np.dtypes.Float64DType,
+]
+
+
+def read_checkpoint(path: str, script: str) -> dict | str:
+    """Reads a checkpoint written by `script` (`ppo.py`), as data only: torch.load with weights_only=True
+    rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so opening a file never runs
+    code from it. Returns the problem, in words, if the file is not a checkpoint (empty or truncated, holding
+    code or other objects, of another script, of another format)."""
+    head = b""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else
+            with torch.serialization.safe_globals(FORMAT_2_NUMPY):
+                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
+            return (
+                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
+                "numbers, strings, lists and dicts): refused, nothing in it was run"
+            )
+        return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
+    except Exception as e:
+        if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
+            return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
+        return f"{path} is not a checkpoint (torch.load: {type(e).__name__})"
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
+        return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
+    writer = checkpoint.get("script")
+    if writer is None:
+        return (
+            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
+            "them); retrain, or read it with the version of the scripts that wrote it"
+        )
+    if writer != script:
+        return f"{path} was written by {writer}, not {script}: pass it to {writer}"
+    if checkpoint.get("format") == 2:
+        checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        return (
+            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
+            f"{CHECKPOINT_FORMAT}"
+        )
+    return checkpoint
+
+
+def load_checkpoint(path: str, script: str) -> dict:
+    """`read_checkpoint`, with a one-line error if the file is not a checkpoint of `script`."""
+    checkpoint = read_checkpoint(path, script)
+    if isinstance(checkpoint, str):
+        fail(checkpoint)
+    return checkpoint
+
+
+# The flags a --resume may change (where and how the run goes on, and --total-timesteps to train longer or stop
+# sooner), those of them that a script has; every other flag keeps the checkpoint's value
+CHANGEABLE_ON_RESUME = (
+    "resume",
+    "total_timesteps",
+    "torch_threads",
+    "cuda",
+    "checkpoint_every",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "eval_episodes",
+    "eval_every",
+    "eval_deterministic",
+    "compile",
+    "cudagraphs",
+    "numpy_update",
+    "envpool_threads",
+    "backend",
+    "device_ids",
+    "timeout",
+    "redis_url",
+    "allow_open_redis",
+    "run_id",
+    "num_samplers",
+    "sampler_timeout",
+)
+
+
+def resume_args(args, checkpoint: dict):
+    """`--resume`: the arguments the run goes on with. `args` are the run's arguments with the changes asked for
+    (on the command line, ppolab.parse reads them with the checkpoint's arguments as the defaults, so a flag
+    differs from the saved value only where it was given): a flag of CHANGEABLE_ON_RESUME takes its new value,
+    any other flag that differs from the saved one is refused in one line, as is a --total-timesteps the run
+    has reached already."""
+    saved = type(args)(**checkpoint["args"])
+    changeable = [name for name in CHANGEABLE_ON_RESUME if hasattr(saved, name)]
+    for name in asdict(saved):
+        given, kept = getattr(args, name), getattr(saved, name)
+        if name in changeable:
+            setattr(saved, name, given)
+        elif given != kept:
+            fail(
+                f"{flag(name)} {given}: cannot change on --resume (the run has {kept}); only "
+                f"{', '.join(flag(n) for n in changeable[1:])} can; start a new run to change it"
+            )
+    if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
+        fail(
+            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
+            "pass a larger --total-timesteps to train longer"
+        )
+    return saved
+
+
+def restore(checkpoint: dict | None, saved: dict, *, rng: bool = True) -> tuple[int, int]:
+    """--resume: loads each object of `saved` (name -> object) from `checkpoint[name]` (an optimizer keeps the
+    learning rate it was made with: the tensor that annealing fills in place) and, with `rng`, the random
+    streams; returns the first iteration to run and the global step (1 and 0 for a new run: checkpoint None)."""
+    if checkpoint is None:
+        return 1, 0
+    for name, obj in saved.items():
+        if isinstance(obj, torch.optim.Optimizer):
+            learning_rates = [group["lr"] for group in obj.param_groups]
+            obj.load_state_dict(checkpoint[name])
+            for group, learning_rate in zip(obj.param_groups, learning_rates):
+                group["lr"] = learning_rate  # loading put the saved float there
+        else:
+            obj.load_state_dict(checkpoint[name])
+    if rng:
+        set_rng_state(checkpoint["rng"], device_of(saved))
+    return checkpoint["iteration"] + 1, checkpoint["global_step"]

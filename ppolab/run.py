@@ -1,0 +1,301 @@
+"""A training run's machinery: the command line, the run folder, what the run reports (TensorBoard, the
+per-iteration line, Weights & Biases), its checkpoints, its evaluations, and --evaluate of a saved model.
+
+A script's `main` makes a `Run` and its `train` calls it at a few points: `run.start(saved)` before the loop,
+then in the loop `run.episode(...)`, `run.iteration(...)`, `run.evaluate_if_due(...)`,
+`run.checkpoint_if_due(...)`, and `run.finish(...)` after it. None of it changes what PPO computes.
+"""
+
+import contextlib
+import os
+import time
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import tyro
+
+from ppolab.checkpoints import (
+    checkpoint_data,
+    load_checkpoint,
+    read_checkpoint,
+    restore,
+    resume_args,
+    script_of,
+    write_checkpoint_file,
+)
+from ppolab.checks import fail
+from ppolab.stops import exit_on_ctrl_c, exit_on_write_error
+
+# An evaluation plays the episodes of the seed `args.seed + EVAL_SEED_OFFSET`, its own seeded stream: the same
+# episodes for every evaluation of a run, whether during training, at its end or later from the saved file
+EVAL_SEED_OFFSET = 100_000
+
+
+def parse(Args):
+    """The command line as `Args`. With --resume the command line is read again with the checkpoint's
+    arguments as the defaults: a flag not given keeps the run's value, and one given means what it says, even
+    when it is the script's default (resume_args then refuses the flags that cannot change). A file that is
+    not a readable checkpoint is left to the run's checks, which say what is wrong with it in one line."""
+    args = tyro.cli(Args)
+    if args.resume is None or not Path(args.resume).is_file():
+        return args
+    checkpoint = read_checkpoint(args.resume, script_of(args))
+    if isinstance(checkpoint, str):
+        return args
+    return tyro.cli(Args, default=Args(**{**checkpoint["args"], "resume": args.resume}))
+
+
+def use_threads(torch_threads: int):
+    """--torch-threads N (0 keeps the defaults): N threads for PyTorch and for NumPy's BLAS. Left to itself
+    each splits a small product over all cores, which is slower, much slower when another process keeps a
+    core busy (benchmark/results/speed_cpu.md)."""
+    if torch_threads > 0:
+        from threadpoolctl import threadpool_limits
+
+        torch.set_num_threads(torch_threads)
+        threadpool_limits(torch_threads, user_api="blas")
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+class ProgressLine:
+    """When to print the per-iteration line: at the first and the last iteration, and in between at most
+    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
+    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
+    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
+
+    def __init__(self, every: float = 5.0):
+        self.every = every
+        self.printed_at = None  # time.monotonic() of the last line
+        self.returns = []  # the returns of the episodes that ended since the last line
+
+    def due(self, episode_returns, last: bool) -> str | None:
+        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
+        self.returns.extend(episode_returns)
+        now = time.monotonic()
+        if not last and self.printed_at is not None and now - self.printed_at < self.every:
+            return None
+        self.printed_at = now
+        mean = np.mean(self.returns) if self.returns else float("nan")
+        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
+        return line
+
+
+def evaluate_saved(
+    checkpoint: dict, evaluate: Callable, episodes: int, deterministic: bool, video_prefix: str | None = None
+) -> list[float]:
+    """The returns of `episodes` episodes played by the policy of `checkpoint` (a saved file, or a snapshot of
+    the training), through the script's `evaluate(checkpoint, episodes, deterministic, seed, *, video_prefix)`,
+    on the run's evaluation seed. PyTorch's generator is left as it was: the training's random streams do not
+    see the evaluation."""
+    seed = checkpoint["args"]["seed"] + EVAL_SEED_OFFSET
+    with torch.random.fork_rng(devices=[]):
+        return evaluate(checkpoint, episodes, deterministic, seed, video_prefix=video_prefix)
+
+
+def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str) -> list[float]:
+    """`--evaluate PATH`: scores a saved model or checkpoint on the environment it was trained on, with the
+    run's evaluation episodes (those of the evaluation reported right after training), and returns the returns.
+    With --capture-video every episode is recorded into `videos/` beside the file."""
+    path = args.evaluate
+    checkpoint = load_checkpoint(path, script_of(args))
+    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
+    returns = evaluate_saved(checkpoint, evaluate, args.eval_episodes, args.eval_deterministic, video_prefix)
+    print(
+        f"evaluation of {path} on {env_name(checkpoint['args']['env_id'])}: {len(returns)} episodes, "
+        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
+    if video_prefix is not None:
+        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
+        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
+    return returns
+
+
+class Run:
+    """One training run: its arguments (a resumed run's are its checkpoint's, with the flags that may change),
+    its folder, and everything it writes there. `evaluate` is the script's
+    `evaluate(checkpoint, episodes, deterministic, seed, *, video_prefix=None) -> returns`; `env_name` turns
+    --env-id into the name the run folder and the lines use (the Atari scripts' full ids).
+
+    Used as a context manager around training: inside it Ctrl-C, and a checkpoint or the TensorBoard events
+    that cannot be written, end the run in one line that says how to resume it (ppolab.stops)."""
+
+    def __init__(self, args, evaluate: Callable | None = None, env_name: Callable[[str], str] = str):
+        self.script, self.evaluate, self.env_name = script_of(args), evaluate, env_name
+        if args.resume is not None:
+            self.checkpoint = load_checkpoint(args.resume, self.script)
+            self.args, self.dir = resume_args(args, self.checkpoint), str(Path(args.resume).parent)
+        else:
+            self.checkpoint, self.args = None, args
+            name = f"{env_name(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}".replace("/", "-")
+            self.dir = f"{args.runs_dir}/{name}"
+            if os.path.exists(self.dir):
+                fail(
+                    f"run folder {self.dir} exists already (same env, name and seed started in the same second); "
+                    "pass another --exp-name"
+                )
+        self.writer, self.progress, self.best_return = None, ProgressLine(), float("-inf")
+        self.episode_returns = []  # of the episodes that ended in this iteration
+        self.exits = contextlib.ExitStack()
+
+    def __enter__(self):
+        exit_on_ctrl_c(self.dir)
+        self.exits.enter_context(exit_on_write_error(self.dir))
+        return self
+
+    def __exit__(self, *exception):
+        return self.exits.__exit__(*exception)
+
+    def start(self, saved: dict, *, rng: bool = True) -> tuple[int, int]:
+        """Before the loop: restores `saved` (name -> object with state_dict(): `model`, `optimizer`, ...: what
+        every checkpoint holds) from --resume's checkpoint, the random streams too (`rng`); then opens the run
+        folder and its logs. Returns the first iteration and the global step (1 and 0 for a new run)."""
+        start_iteration, global_step = restore(self.checkpoint, saved, rng=rng)
+        if self.checkpoint is not None:
+            print(
+                f"resumed from {self.args.resume} at iteration {self.checkpoint['iteration']}, global step "
+                f"{global_step}"
+            )
+        self.open_logs(global_step)
+        return start_iteration, global_step
+
+    def open_logs(self, global_step: int):
+        """Creates the run folder (or says in one line why it cannot) and its TensorBoard writer; starts
+        Weights & Biases with --track."""
+        args = self.args
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot create the run folder {self.dir}: {e.strerror or e} (pass another --runs-dir)")
+        print(f"run folder: {self.dir}\nwatch it with: tensorboard --logdir {Path(self.dir).parent}", flush=True)
+        if args.track:
+            import wandb  # imported only when used
+
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=asdict(args),
+                name=Path(self.dir).name,
+                save_code=True,
+            )
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(self.dir)
+        self.writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+        )
+        self.start_time, self.start_step = time.time(), global_step
+
+    def episode(self, step: int, episodic_return: float, episodic_length: int):
+        """An episode that ended at global step `step`, logged there."""
+        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
+        self.writer.add_scalar("charts/episodic_length", episodic_length, step)
+        self.episode_returns.append(episodic_return)
+
+    def iteration(
+        self,
+        iteration: int,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        values: torch.Tensor,
+        returns: torch.Tensor,
+        rollout_time: float,
+        update_time: float,
+        scalars: dict[str, float] | None = None,
+    ):
+        """The iteration's scalars (the update's statistics copied from the device at once, the critic's
+        explained variance of `returns` by `values`, the script's own `scalars` by tag) and, when due, its line."""
+        args, writer = self.args, self.writer
+        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+        first_ratio_deviation = stats.pop("ratio_deviation")
+        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
+        writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+        for name, value in stats.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
+        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
+        writer.add_scalar("perf/update_time", update_time, global_step)
+        for tag, value in (scalars or {}).items():
+            writer.add_scalar(tag, value, global_step)
+        line = self.progress.due(self.episode_returns, last=iteration == args.num_iterations)
+        self.episode_returns = []
+        if line:
+            print(
+                f"iteration {iteration}/{args.num_iterations} global_step={global_step} {line} SPS={sps} "
+                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)",
+                flush=True,
+            )
+
+    def log_evaluation(self, returns: list[float], global_step: int):
+        """An evaluation's scalars at the global step it was made: every episode's return as
+        `eval/episodic_return` and their mean as `eval/mean_return`."""
+        for episodic_return in returns:
+            self.writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+        self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
+
+    def checkpoint_if_due(self, iteration: int, global_step: int, saved: dict, **extras):
+        """--checkpoint-every N: `checkpoint.pt` in the run folder after every N-th iteration, holding `saved`."""
+        args = self.args
+        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+            checkpoint = checkpoint_data(saved, args, iteration, global_step, **extras)
+            write_checkpoint_file(checkpoint, f"{self.dir}/checkpoint.pt")
+
+    def evaluate_if_due(self, iteration: int, global_step: int, saved: dict, **extras):
+        """--eval-every N: after every N-th iteration the policy as it is now (`saved`, as a checkpoint would
+        hold it) plays --eval-episodes on a separate environment with its own seeded RNG stream (the same
+        episodes every time, those of the final evaluation); the best evaluation's model is kept as
+        `best_model.pt` in the run folder."""
+        args = self.args
+        if not args.eval_every or iteration % args.eval_every:
+            return
+        eval_start = time.perf_counter()
+        snapshot = checkpoint_data(saved, args, iteration, global_step, **extras)
+        returns = evaluate_saved(snapshot, self.evaluate, args.eval_episodes, args.eval_deterministic)
+        self.log_evaluation(returns, global_step)
+        if np.mean(returns) > self.best_return:
+            self.best_return = float(np.mean(returns))
+            write_checkpoint_file(snapshot, f"{self.dir}/best_model.pt")
+        print(
+            f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
+            f"best_model.pt: {self.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
+            flush=True,
+        )
+
+    def finish(self, global_step: int, saved: dict, **extras):
+        """The end of a run: with --save-model the final model saved as `model.pt` and evaluated; the logs
+        closed (and the Weights & Biases run, with the videos recorded)."""
+        args = self.args
+        if args.save_model:
+            model = checkpoint_data(saved, args, args.num_iterations, global_step, **extras)
+            write_checkpoint_file(model, f"{self.dir}/model.pt")
+            print(f"model saved to {self.dir}/model.pt")
+            returns = evaluate_saved(model, self.evaluate, args.eval_episodes, args.eval_deterministic)
+            self.log_evaluation(returns, global_step)
+            print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+        self.writer.close()
+        if args.track:
+            finish_tracking(self.dir)
+
+
+def finish_tracking(run_dir: str):
+    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
+    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
+    they are written)."""
+    import wandb  # imported only when used
+
+    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
+        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
+    wandb.finish()

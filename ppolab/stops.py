@@ -1,0 +1,80 @@
+"""How a run ends when it is stopped: Ctrl-C, or a write the file system refuses. One line on stderr that says
+where the last checkpoint is and how to resume from it, and an exit code; never a traceback."""
+
+import contextlib
+import errno
+import os
+import signal
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+from ppolab.checks import program
+
+
+def launch_info() -> tuple[int, int, int]:
+    """(rank, local rank, world size) from torchrun's environment variables; (0, 0, 1) without torchrun."""
+    return tuple(
+        int(os.environ.get(name, default)) for name, default in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
+    )
+
+
+def resume_hint(run_dir: str) -> str:
+    """Where a stopped run can go on from: its last checkpoint and the command that resumes it (under torchrun,
+    where the checkpoint is on rank 0's machine, the job's own command with --resume)."""
+    checkpoint = Path(run_dir) / "checkpoint.pt"
+    if checkpoint.is_file():
+        command = f"python {sys.argv[0]}" if launch_info()[2] == 1 else "the same torchrun command with"
+        return f"last checkpoint {checkpoint}; continue with: {command} --resume {checkpoint}"
+    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+
+
+def exit_on_ctrl_c(run_dir: str):
+    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
+    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
+    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes). Under
+    torchrun each rank gets the signal and prints its line, naming its rank."""
+    rank, _, world_size = launch_info()
+
+    def handler(signum, frame):
+        who = "" if world_size == 1 else f"rank {rank}: "
+        print(f"{program()}: {who}interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
+# a read-only file system, a quota exceeded
+WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
+
+
+def quiet_write_errors(hook_args):
+    """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
+    error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
+    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
+        threading.__excepthook__(hook_args)
+
+
+@contextlib.contextmanager
+def exit_on_write_error(run_dir: str):
+    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
+    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
+    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
+    threading.excepthook = quiet_write_errors
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in WRITE_ERRORS:
+            raise
+        file = e.filename or f"the TensorBoard events in {run_dir}"
+        print(
+            f"{program()}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
+        raise SystemExit(1) from None
