@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import ppolab.run
 import atari_fakes  # noqa: F401  (registers MixedEndsAtari-v0, which RUNS names)
 from benchmark.events import read_scalars  # noqa: F401  (re-exported for the tests)
 from benchmark.scripts import ENV_ID as REAL_ENV  # a script's real environment, beside the fake ones below
@@ -186,6 +187,12 @@ def assert_evaluate_flag_matches_training(name: str, e2e: dict, episodes: int):
     assert trained and evaluated and evaluated[1] == trained[1]
 
 
+def resume_args(script, path, **changes):
+    """The Args of `--resume path` with `changes`, as the command line gives them: the checkpoint's arguments
+    (ppolab.parse reads them as the defaults), `resume` and the changed flags."""
+    return script.Args(**{**load(path)["args"], "resume": str(path), **changes})
+
+
 def check_resume_after_interruption(
     script, make_args, iterations: int, batch: int, monkeypatch, full_dir=None, **resume_overrides
 ):
@@ -196,22 +203,22 @@ def check_resume_after_interruption(
     full_dir = full_dir or script.main(make_args("full"))
     full = read_scalars(full_dir)["charts/learning_rate"]
 
-    real_save, calls = script.save_checkpoint, []
+    real_write, calls = ppolab.run.write_checkpoint_file, []
 
-    def save_then_die(*a, **kw):
-        real_save(*a, **kw)
-        calls.append(a[0])
+    def write_then_die(checkpoint, path):  # the run is killed right after its second checkpoint
+        real_write(checkpoint, path)
+        calls.append(path)
         if len(calls) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(script, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(ppolab.run, "write_checkpoint_file", write_then_die)
     with pytest.raises(KeyboardInterrupt):
         script.main(make_args("killed"))
-    monkeypatch.setattr(script, "save_checkpoint", real_save)
+    monkeypatch.setattr(ppolab.run, "write_checkpoint_file", real_write)
     checkpoint_path = calls[-1]
     assert load(checkpoint_path)["iteration"] == 2
 
-    resumed_dir = script.main(script.Args(resume=checkpoint_path, **resume_overrides))
+    resumed_dir = script.main(resume_args(script, checkpoint_path, **resume_overrides))
     assert resumed_dir == str(Path(checkpoint_path).parent)
     assert load(f"{resumed_dir}/model.pt")["global_step"] == load(f"{full_dir}/model.pt")["global_step"]
     assert load(f"{full_dir}/model.pt")["global_step"] == iterations * batch

@@ -9,50 +9,58 @@ import numpy as np
 import torch
 
 from helpers import REAL_ENV, load, only_run_dir, run_script, start_script, tiny_args
+from ppolab.checkpoints import checkpoint_data, load_checkpoint, restore, write_checkpoint_file
 
 
 def test_checkpoint_round_trip(script, tmp_path):
+    """A script's objects (agent, Adam, the continuous script's statistics) through a checkpoint file and
+    back (ppolab.checkpoints: checkpoint_data, write_checkpoint_file, load_checkpoint, restore): everything
+    restored, the RNG states included, so the next update is the same on both sides."""
     continuous = hasattr(script, "ObsNormalizer")
     args = tiny_args(script, tmp_path, seed=7, learning_rate=1e-3)
     obs_dim, act_dim = 3, 2
-    agent = script.Agent(obs_dim, act_dim)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    x = torch.randn(5, obs_dim)
-    agent.get_value(x).square().mean().backward()
-    optimizer.step()  # non-empty optimizer state
-    extra = {}
+
+    def objects():
+        agent = script.Agent(obs_dim, act_dim)
+        saved = {"model": agent, "optimizer": torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)}
+        if continuous:
+            saved.update(
+                obs_rms=script.ObsNormalizer((obs_dim,), 10.0).rms, reward_rms=script.RewardScaler(1, 0.99, 10.0).rms
+            )
+        return saved
+
+    saved, x = objects(), torch.randn(5, obs_dim)
+    saved["model"].get_value(x).square().mean().backward()
+    saved["optimizer"].step()  # non-empty optimizer state
     if continuous:
-        obs_normalizer, reward_scaler = script.ObsNormalizer((obs_dim,), 10.0), script.RewardScaler(1, 0.99, 10.0)
-        obs_normalizer(np.random.default_rng(0).normal(size=(9, obs_dim)), update=True)
-        reward_scaler(np.array([2.5]), np.array([False]))
-        extra = dict(obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)
+        saved["obs_rms"].update(np.random.default_rng(0).normal(size=(9, obs_dim)))
+        saved["reward_rms"].update(np.array([2.5]))
     random.seed(11), np.random.seed(11), torch.manual_seed(11)
     rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
     path = str(tmp_path / "checkpoint.pt")
-    script.save_checkpoint(path, agent, optimizer, args, 5, 1234, **extra)
+    write_checkpoint_file(checkpoint_data(saved, args, 5, 1234), path)
 
-    checkpoint = script.load_checkpoint(path)
+    checkpoint = load_checkpoint(path, f"{script.__name__}.py")
     assert checkpoint["iteration"] == 5 and checkpoint["global_step"] == 1234
     assert script.Args(**checkpoint["args"]) == args
-    assert torch.equal(checkpoint["rng"]["torch"], rng[0])
-    assert all(np.array_equal(a, b) for a, b in zip(checkpoint["rng"]["numpy"], rng[1]))
-    assert checkpoint["rng"]["python"] == rng[2]
+    restored = objects()
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    assert restore(checkpoint, restored) == (6, 1234)
+    assert torch.equal(torch.get_rng_state(), rng[0])
+    assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), rng[1]))
+    assert random.getstate() == rng[2]
     if continuous:
-        for key, rms in (("obs_rms", obs_normalizer.rms), ("reward_rms", reward_scaler.rms)):
-            np.testing.assert_array_equal(checkpoint[key]["mean"], rms.mean)
-            np.testing.assert_array_equal(checkpoint[key]["var"], rms.var)
-            assert checkpoint[key]["count"] == rms.count
+        for key in ("obs_rms", "reward_rms"):
+            np.testing.assert_array_equal(restored[key].mean, saved[key].mean)
+            np.testing.assert_array_equal(restored[key].var, saved[key].var)
+            assert restored[key].count == saved[key].count
 
     # weights and optimizer state restored: the same next update on both copies gives the same weights
-    restored = script.Agent(obs_dim, act_dim)
-    restored.load_state_dict(checkpoint["model"])
-    restored_optimizer = torch.optim.Adam(restored.parameters(), lr=args.learning_rate, eps=1e-5)
-    restored_optimizer.load_state_dict(checkpoint["optimizer"])
-    for a, opt in ((agent, optimizer), (restored, restored_optimizer)):
-        opt.zero_grad()
-        a.get_value(x).square().mean().backward()
-        opt.step()
-    for (name, p), q in zip(agent.state_dict().items(), restored.state_dict().values()):
+    for objects_ in (saved, restored):
+        objects_["optimizer"].zero_grad()
+        objects_["model"].get_value(x).square().mean().backward()
+        objects_["optimizer"].step()
+    for (name, p), q in zip(saved["model"].state_dict().items(), restored["model"].state_dict().values()):
         assert torch.equal(p, q), name
 
 

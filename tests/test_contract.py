@@ -30,6 +30,7 @@ from helpers import (
     make_args,
     read_scalars,
 )
+from ppolab.checkpoints import rng_state, set_rng_state
 from scripts import NEXT_STEP_GAE, SCRIPTS
 
 
@@ -125,7 +126,7 @@ def test_evaluation_every_iteration_keeps_the_best_model(runs):
     # Procgen's 15 actions, which the fake envpool's 4-action weights do not fit: test_procgen.py has it)
     if script.__name__ == "ppo_procgen":
         return
-    returns = script.run_evaluation(f"{results['b']['run_dir']}/best_model.pt", script.Args(eval_episodes=1))
+    returns = script.main(script.Args(evaluate=f"{results['b']['run_dir']}/best_model.pt", eval_episodes=1, cuda=False))
     assert np.mean(returns) == pytest.approx(means[best], rel=1e-5)
 
 
@@ -140,10 +141,10 @@ def test_checkpoint_holds_the_shared_keys_and_an_rng_dict_that_restores(runs):
     assert isinstance(rng, dict) and {"torch", "numpy", "python"} <= set(rng)
     assert "cuda" not in rng  # a CPU run; a CUDA run adds the generator of its device (test_gpu.py)
     cpu = torch.device("cpu")
-    script.set_rng_state(rng, cpu)
+    set_rng_state(rng, cpu)
     first = (torch.rand(3), np.random.rand(3))
-    script.set_rng_state(script.rng_state(cpu), cpu)  # a round trip of the current state changes nothing
-    script.set_rng_state(rng, cpu)
+    set_rng_state(rng_state(cpu), cpu)  # a round trip of the current state changes nothing
+    set_rng_state(rng, cpu)
     again = (torch.rand(3), np.random.rand(3))
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1])
 

@@ -5,6 +5,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+import ppolab
 from fake_envs import MIXED_LIMIT
 from helpers import FIXED_ENV, FIXED_LENGTH, REAL_ENV, read_scalars, tiny_args
 
@@ -174,7 +175,7 @@ def test_it_is_a_gymnasium_vector_env(script, tmp_path):
     spec, closed, unwrapped, and the episode statistics' queues."""
     envs = script.make_envs(tiny_args(script, tmp_path, num_envs=2), str(tmp_path))
     theirs = gymnasiums_pair(script, REAL_ENV[script.__name__], 2)
-    assert isinstance(envs.unwrapped, script.SameStepVectorEnv)
+    assert isinstance(envs.unwrapped, ppolab.SameStepVectorEnv)
     assert isinstance(envs.unwrapped, gym.vector.VectorEnv)
     assert isinstance(envs, gym.wrappers.vector.RecordEpisodeStatistics)
     assert envs.metadata == theirs.metadata
@@ -207,12 +208,12 @@ def test_gymnasiums_vector_wrappers_take_it(script):
     env_id = EQUAL_ENVS[script.__name__][0]
     kinds = ["both", "Box"] if script.__name__ == "ppo_continuous_action" else ["both"]
     for wrapper in [w for kind in kinds for w in VECTOR_WRAPPERS[kind]]:
-        ours = wrapper(script.SameStepVectorEnv([script.make_env(env_id, i, False, "") for i in range(2)]))
+        ours = wrapper(ppolab.SameStepVectorEnv([script.make_env(env_id, i, False, "") for i in range(2)]))
         theirs = wrapper(gymnasiums_pair(script, env_id, 2, wrapped=False))
         assert assert_steps_as_gymnasiums(ours, theirs, 100, action_scale=2.0) >= 1
         ours.close()
         theirs.close()
-    ours = script.SameStepVectorEnv([script.make_env(env_id, 0, False, "")])
+    ours = ppolab.SameStepVectorEnv([script.make_env(env_id, 0, False, "")])
     with pytest.raises(ValueError, match="Expected autoreset_mode to be NEXT_STEP or DISABLED"):
         gym.wrappers.vector.NormalizeObservation(gymnasiums_pair(script, env_id, 1, wrapped=False))
     with pytest.raises(ValueError, match="Expected autoreset_mode to be NEXT_STEP or DISABLED"):
@@ -221,7 +222,7 @@ def test_gymnasiums_vector_wrappers_take_it(script):
 
 def test_reset_mask_resets_only_the_marked_environments(script):
     env_id = EQUAL_ENVS[script.__name__][1]
-    ours = script.SameStepVectorEnv([script.make_env(env_id, i, False, "") for i in range(3)])
+    ours = ppolab.SameStepVectorEnv([script.make_env(env_id, i, False, "") for i in range(3)])
     theirs = gymnasiums_pair(script, env_id, 3, wrapped=False)
     assert_steps_as_gymnasiums(ours, theirs, 3)
     mask = np.array([True, False, True])

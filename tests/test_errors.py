@@ -19,7 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import default_ctrl_c, load, read_scalars, script_command
+import ppo
+from helpers import default_ctrl_c, load, read_scalars, resume_args, script_command
+from ppolab.checkpoints import checkpoint_data, load_checkpoint, write_checkpoint_file
+from ppolab.checkpoints import resume_args as resume_args_of
+from ppolab.checks import check_tracking
+from ppolab.run import parse
 from scripts import MULTI_PROCESS, SCRIPTS
 
 
@@ -37,14 +42,13 @@ def refusal(script, capsys, **fields) -> str:
 
 
 def real_checkpoint(name: str, path: Path) -> Path:
-    """A checkpoint written by `name`'s own save_checkpoint (ppo.py or ppo_continuous_action.py)."""
+    """A checkpoint as `name` (ppo.py or ppo_continuous_action.py) writes one: its objects through the package."""
     script = importlib.import_module(name)
     agent = script.Agent(4, 2)
-    optimizer = torch.optim.Adam(agent.parameters())
-    extras = {}
+    saved = {"model": agent, "optimizer": torch.optim.Adam(agent.parameters())}
     if name == "ppo_continuous_action":
-        extras = dict(obs_normalizer=script.ObsNormalizer((4,), 10.0), reward_scaler=script.RewardScaler(1, 0.99, 10.0))
-    script.save_checkpoint(str(path), agent, optimizer, script.Args(), 1, 512, **extras)
+        saved.update(obs_rms=script.ObsNormalizer((4,), 10.0).rms, reward_rms=script.RewardScaler(1, 0.99, 10.0).rms)
+    write_checkpoint_file(checkpoint_data(saved, script.Args(), 1, 512), str(path))
     return path
 
 
@@ -84,10 +88,8 @@ def test_a_damaged_or_old_checkpoint_is_refused_saying_what_it_is(every_script, 
 
 
 def test_a_checkpoint_is_flushed_before_its_rename_and_stale_temporary_files_go(tmp_path, monkeypatch):
-    """write_checkpoint_file (the same in every script): fsync of the file, then the rename, then fsync of
+    """write_checkpoint_file (the package's, every script's): fsync of the file, then the rename, then fsync of
     the folder; a `.pt.tmp` that a killed run left is gone after the next checkpoint."""
-    import ppo
-
     (tmp_path / "checkpoint.pt.tmp").write_bytes(b"left by a kill")
     (tmp_path / "model.pt.tmp").write_bytes(b"left by a kill")
     events, real_fsync, real_replace = [], os.fsync, os.replace
@@ -96,7 +98,7 @@ def test_a_checkpoint_is_flushed_before_its_rename_and_stale_temporary_files_go(
     )
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(b))), real_replace(a, b)))
     path = tmp_path / "checkpoint.pt"
-    ppo.write_checkpoint_file({"model": {}, "step": 7}, str(path))
+    write_checkpoint_file({"model": {}, "step": 7}, str(path))
     assert events == [("fsync", f"{path}.tmp"), ("replace", str(path)), ("fsync", str(tmp_path))]
     assert load(path)["step"] == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
@@ -161,7 +163,7 @@ def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, mo
     path = Path(shutil.copy(Path(__file__).parent / "data" / FORMAT_2[name], tmp_path / "run" / "checkpoint.pt"))
     unrestricted = torch.load(path, weights_only=False)
     assert unrestricted["format"] == 2 and isinstance(unrestricted["rng"]["numpy"][1], np.ndarray)
-    checkpoint = script.load_checkpoint(str(path))
+    checkpoint = load_checkpoint(str(path), f"{name}.py")
     assert np.array_equal(checkpoint["rng"]["numpy"][1].numpy(), unrestricted["rng"]["numpy"][1])
     assert checkpoint["rng"]["python"] == unrestricted["rng"]["python"]
     for key in ("obs_rms", "reward_rms"):
@@ -169,7 +171,7 @@ def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, mo
             assert np.array_equal(checkpoint[key]["mean"].numpy(), unrestricted[key]["mean"])
     assert all(torch.equal(value, unrestricted["model"][key]) for key, value in checkpoint["model"].items())
     step = unrestricted["global_step"]
-    script.main(script.Args(resume=str(path), total_timesteps=2 * step, cuda=False))
+    script.main(resume_args(script, path, total_timesteps=2 * step, cuda=False))
     resumed = load(path)
     assert (resumed["format"], resumed["global_step"], resumed["iteration"]) == (
         3,
@@ -179,49 +181,65 @@ def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, mo
 
 
 # RESUME WITH OTHER FLAGS -------------------------------------------------------------------------
+# The rules are the package's (ppolab.checkpoints.resume_args, ppolab.run.parse), checked here with ppo.py's
+# Args; every script resumes through them (test_contract.py resumes every script).
 
 
-def saved_run(script, iteration: int = 2) -> dict:
+def saved_run(iteration: int = 2) -> dict:
     """What resume_args reads from a checkpoint: the saved arguments and how far the run got."""
-    args = script.Args(total_timesteps=script.Args().batch_size * 4, torch_threads=2)
+    args = ppo.Args(total_timesteps=ppo.Args().batch_size * 4, torch_threads=2, num_envs=2)
     return {"args": asdict(args), "iteration": iteration, "global_step": iteration * args.batch_size}
 
 
-def test_resume_honours_what_may_change_and_keeps_the_rest(every_script):
-    saved = saved_run(every_script)
-    total = every_script.Args().batch_size * 10
-    args = every_script.resume_args(every_script.Args(resume="c.pt", total_timesteps=total, torch_threads=3), saved)
-    assert (args.resume, args.total_timesteps, args.torch_threads) == ("c.pt", total, 3)
+def test_resume_honours_what_may_change_and_keeps_the_rest():
+    saved = saved_run()
+    total = ppo.Args().batch_size * 10
+    changed = ppo.Args(**{**saved["args"], "resume": "c.pt", "total_timesteps": total, "torch_threads": 3})
+    args = resume_args_of(changed, saved)
     assert asdict(args) == {**saved["args"], "resume": "c.pt", "total_timesteps": total, "torch_threads": 3}
-    # a flag not given keeps the saved value, not the default
-    assert every_script.resume_args(every_script.Args(resume="c.pt"), saved).torch_threads == 2
 
 
 @pytest.mark.parametrize(
     "flag, value", [("env_id", "Acrobot-v1"), ("gamma", 0.5), ("num_steps", 7), ("runs_dir", "elsewhere")]
 )
-def test_resume_refuses_a_flag_that_cannot_change_naming_it(every_script, flag, value, capsys):
+def test_resume_refuses_a_flag_that_cannot_change_naming_it(flag, value, capsys):
+    saved = saved_run()
     with pytest.raises(SystemExit) as exit_info:
-        every_script.resume_args(every_script.Args(resume="c.pt", **{flag: value}), saved_run(every_script))
+        resume_args_of(ppo.Args(**{**saved["args"], "resume": "c.pt", flag: value}), saved)
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert f"--{flag.replace('_', '-')} {value}: cannot change on --resume" in line
 
 
-def test_resume_refuses_a_total_the_run_has_reached(every_script, capsys):
-    saved = saved_run(every_script, iteration=4)
+def test_resume_refuses_a_total_the_run_has_reached(capsys):
+    saved = saved_run(iteration=4)
     with pytest.raises(SystemExit):
-        every_script.resume_args(every_script.Args(resume="c.pt"), saved)
+        resume_args_of(ppo.Args(**{**saved["args"], "resume": "c.pt"}), saved)
     assert "the run is at step" in capsys.readouterr().err
+
+
+def test_the_command_line_of_a_resume_reads_the_saved_arguments_as_defaults(tmp_path, monkeypatch, capsys):
+    """`--resume c.pt` alone gives the run's own arguments; a flag given means what it says, also when its
+    value is the script's default (saved --num-envs 2, given --num-envs 4: refused, where a comparison with
+    the defaults would have taken the 4 for "not given" and kept 2 without a word)."""
+    path = tmp_path / "checkpoint.pt"
+    write_checkpoint_file({**saved_run(), "model": {}, "script": "ppo.py", "format": 3}, str(path))
+    monkeypatch.setattr("sys.argv", ["ppo.py", "--resume", str(path), "--torch-threads", "1"])
+    args = parse(ppo.Args)
+    assert asdict(args) == {**saved_run()["args"], "resume": str(path), "torch_threads": 1}
+    monkeypatch.setattr("sys.argv", ["ppo.py", "--resume", str(path), "--num-envs", "4"])
+    assert parse(ppo.Args).num_envs == 4 == ppo.Args().num_envs
+    with pytest.raises(SystemExit) as exit_info:
+        resume_args_of(parse(ppo.Args), saved_run())
+    assert exit_info.value.code == 2
+    assert "--num-envs 4: cannot change on --resume (the run has 2)" in capsys.readouterr().err
 
 
 def test_resume_with_a_larger_total_trains_on_with_the_learning_rate_of_the_new_total(tmp_path):
     """ppo.py trained 2 iterations, resumed with --total-timesteps for 4: 2 more, annealed over 4."""
-    import ppo
-
     fields = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
     run_dir = ppo.main(ppo.Args(runs_dir=str(tmp_path), total_timesteps=2 * 32, checkpoint_every=1, **fields))
-    ppo.main(ppo.Args(resume=f"{run_dir}/checkpoint.pt", total_timesteps=4 * 32, cuda=False))
+    ppo.main(resume_args(ppo, f"{run_dir}/checkpoint.pt", total_timesteps=4 * 32, cuda=False))
     assert load(f"{run_dir}/checkpoint.pt")["global_step"] == 4 * 32
     rates = read_scalars(run_dir)["charts/learning_rate"]
     lr = ppo.Args().learning_rate
@@ -241,7 +259,7 @@ def test_track_without_a_login_is_refused_before_any_work(every_script, tmp_path
     assert "WANDB_MODE=offline" in line
     assert not (tmp_path / "runs").exists()
     monkeypatch.setenv("WANDB_MODE", "offline")
-    every_script.check_tracking(every_script.Args(track=True))  # offline: nothing to refuse
+    check_tracking(every_script.Args(track=True))  # offline: nothing to refuse
 
 
 # CTRL-C ------------------------------------------------------------------------------------------

@@ -25,7 +25,15 @@ import torch
 
 from fake_cuda import FakeCuda
 from helpers import ITERATIONS, RUNS, load, make_args, read_scalars
-from scripts import NUMPY_POLICY, NUMPY_UPDATE, REPO, SCRIPTS, top_level_definitions
+from ppolab.fast_path import (
+    NUMPY_COMPUTES,
+    NumpyPolicy,
+    NumpyUpdate,
+    agent_kind,
+    code_fingerprint,
+    numpy_update_agrees,
+)
+from scripts import NUMPY_POLICY, NUMPY_UPDATE, REPO, SCRIPTS, script_path
 
 # the rollout runs in other processes (on the CPU): the learner's rollout phase makes no copies at all
 ROLLOUT_ELSEWHERE = {"ppo_continuous_action_redis", "ppo_shared_memory_lstm"}
@@ -138,8 +146,12 @@ def test_a_script_on_more_than_one_thread_lets_idle_openmp_threads_sleep():
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in openmp_settings(threaded[0], OMP_WAIT_POLICY="ACTIVE")
 
 
-def test_the_numpy_policy_steps_are_listed():
-    assert [name for name in SCRIPTS if "NumpyPolicy" in top_level_definitions(name)] == NUMPY_POLICY
+def uses_the_fast_path(name: str) -> bool:
+    return "ppolab.numpy_fast_path(" in script_path(name).read_text()
+
+
+def test_the_scripts_with_the_numpy_steps_are_listed():
+    assert [name for name in SCRIPTS if uses_the_fast_path(name)] == NUMPY_POLICY == NUMPY_UPDATE
 
 
 @pytest.mark.parametrize("name", NUMPY_POLICY)
@@ -149,7 +161,7 @@ def test_the_numpy_policy_step_is_agent_act(name):
     script = importlib.import_module(name)
     torch.manual_seed(0)
     agent = script.Agent(5, 3)
-    policy = script.NumpyPolicy(agent)
+    policy = NumpyPolicy(agent)
     optimizer = torch.optim.Adam(agent.parameters(), lr=0.1, fused=True)
     for _ in range(3):
         obs = torch.randn(7, 5) * 3
@@ -183,10 +195,6 @@ def test_the_values_computed_after_the_rollout_belong_to_the_stored_observations
     monkeypatch.setattr(script, "update_step", checking_update)
     script.main(make_args(script, tmp_path, numpy_update=False, save_model=False, checkpoint_every=0))
     assert len(checked) == ITERATIONS and len(calls) > ITERATIONS
-
-
-def test_the_numpy_update_steps_are_listed():
-    assert [name for name in SCRIPTS if "NumpyUpdate" in top_level_definitions(name)] == NUMPY_UPDATE
 
 
 def minibatch(script, agent, n: int, seed: int):
@@ -227,7 +235,7 @@ def test_the_numpy_update_step_is_update_step(name, options, torch_steps_first):
         batch = minibatch(script, agents[0], 64, seed=100 + k)
         for a, o in zip(agents, optimizers):
             script.update_step(a, o, args, *batch)
-    numpy_step = script.NumpyUpdate(agents[1], optimizers[1], args)
+    numpy_step = NumpyUpdate(agents[1], optimizers[1], args)
     clipped = []
     for k in range(6):
         batch = minibatch(script, agents[0], 64, seed=k)
@@ -256,7 +264,7 @@ def test_the_start_of_run_check_leaves_the_agent_and_adam_state_alone(name):
     for k in range(2):
         script.update_step(agent, optimizer, script.Args(), *minibatch(script, agent, 64, seed=k))
     before = copy.deepcopy((agent.state_dict(), optimizer.state_dict()))
-    assert script.numpy_update_agrees(agent, optimizer, script.Args())
+    assert numpy_update_agrees(agent, optimizer, script.Args(), script.update_step)
     for saved, now in zip(before, (agent.state_dict(), optimizer.state_dict())):
         torch.testing.assert_close(now, saved, rtol=0, atol=0)
 
@@ -285,9 +293,9 @@ def test_a_loss_replaced_at_run_time_makes_the_run_fall_back_to_update_step(name
 
 @pytest.mark.parametrize("name", NUMPY_UPDATE)
 def test_the_fingerprints_are_those_of_the_code_as_it_stands(name):
-    """NUMPY_COMPUTES holds the fingerprints of the functions the NumPy steps compute: the script as it stands
-    uses its fast path. After a change to one of them (and to the NumPy code with it), put the printed
-    fingerprint into NUMPY_COMPUTES."""
+    """ppolab.fast_path.NUMPY_COMPUTES holds the fingerprints of the functions the NumPy steps compute: the
+    script as it stands uses its fast path. After a change to one of them (and to the NumPy code with it),
+    put the printed fingerprint into NUMPY_COMPUTES."""
     script = importlib.import_module(name)
     functions = {
         "Agent.act": script.Agent.act,
@@ -296,7 +304,8 @@ def test_the_fingerprints_are_those_of_the_code_as_it_stands(name):
         "ppo_loss": script.ppo_loss,
         "update_step": script.update_step,
     }
-    assert {key: script.code_fingerprint(f) for key, f in functions.items()} == script.NUMPY_COMPUTES
+    kind = agent_kind(script.Agent(3, 2))
+    assert {key: code_fingerprint(f) for key, f in functions.items()} == NUMPY_COMPUTES[kind]
 
 
 @pytest.mark.parametrize("name", NUMPY_UPDATE)

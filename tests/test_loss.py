@@ -1,13 +1,12 @@
 """ppo_loss and explained_variance of every script on small inputs whose answers follow from the formulas."""
 
-import importlib
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from scripts import IDENTICAL
+from ppolab.run import explained_variance
 
 
 def loss_inputs(n=8, seed=0):
@@ -94,11 +93,10 @@ def test_entropy_and_value_coefficients_enter_the_total_loss(every_script):
     assert stats["value_loss"].item() > 0 and loss.item() != pytest.approx(base.item())
 
 
-@pytest.mark.parametrize("name", IDENTICAL["explained_variance"][0])  # multigpu's: test_multigpu.py
-def test_explained_variance(name):
-    script = importlib.import_module(name)
+def test_explained_variance():
+    """The package's, every single-process script's (multigpu's sums: test_multigpu.py)."""
     y = np.array([1.0, 2.0, 4.0, 7.0])
-    assert script.explained_variance(y, y) == pytest.approx(1.0)
-    assert script.explained_variance(np.full(4, y.mean()), y) == pytest.approx(0.0)
-    assert script.explained_variance(y[::-1].copy(), y) < 0
-    assert math.isnan(script.explained_variance(y, np.ones(4)))
+    assert explained_variance(y, y) == pytest.approx(1.0)
+    assert explained_variance(np.full(4, y.mean()), y) == pytest.approx(0.0)
+    assert explained_variance(y[::-1].copy(), y) < 0
+    assert math.isnan(explained_variance(y, np.ones(4)))

@@ -6,6 +6,7 @@ import time
 
 import ppo
 from helpers import LINE, assert_progress_lines, read_scalars
+from ppolab.run import ProgressLine
 
 
 def test_lines_without_finished_episodes_say_so(tmp_path, capsys):
@@ -32,7 +33,7 @@ def test_lines_without_finished_episodes_say_so(tmp_path, capsys):
 def test_at_most_one_line_every_few_seconds_and_always_the_last(monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    progress = ppo.ProgressLine(every=5.0)
+    progress = ProgressLine(every=5.0)
     printed = []
     for iteration, (seconds, returns) in enumerate(
         [(0, [1.0]), (2, [3.0]), (2, []), (1.5, [5.0, 7.0]), (1, [9.0]), (0.5, [])], start=1
