@@ -9,7 +9,7 @@
 #    so .venv/bin/python is the environment's Python in every case;
 # 2. the system packages, only those missing: the Qt 5 runtime (envpool's Procgen, ppo_procgen.py),
 #    the Redis server (ppo_continuous_action_redis.py), and python3.X-venv when venv can't make .venv;
-# 3. the Python packages of requirements.txt, with that environment's pip.
+# 3. the Python packages of requirements.txt, with that environment's pip, and ppolab itself (pip install -e .).
 # Anything missing that setup can't get is one line on stderr and exit 1. .ci/run runs this file with
 # the system's python3, so CI proves the README's setup.
 set -euo pipefail
@@ -111,4 +111,6 @@ prefix=$(cd -P .venv && pwd)
 if [ -L .venv ]; then where=".venv -> $prefix"; else where=.venv; fi
 echo "setup.sh: installing requirements.txt into $where (a few minutes the first time)"
 "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
+# the package ppolab, editable (this folder's code), so that a script copied to any folder runs with this Python
+"$prefix/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
 echo "setup.sh: done; run a script with .venv/bin/python, e.g. .venv/bin/python ppo.py"
