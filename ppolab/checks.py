@@ -85,8 +85,8 @@ def check_args(
     """The checks every script makes, in this order: the numbers (check_numbers), the counts that must be
     positive (POSITIVE, those of them the script has, then `positive`), those that must not be negative
     (--checkpoint-every, --torch-threads, then `non_negative`), that --num-minibatches divides the batch
-    (`batch` says what the batch is made of, e.g. "--num-envs 4 x --num-steps 128"; None: the script checks
-    that itself) into minibatches of at least 2, --cudagraphs with CUDA, a first iteration, --eval-every,
+    (`batch` says what the batch is made of; by default "--num-envs 4 x --num-steps 128" where the script has
+    --num-envs; None otherwise: the script checks that itself) into minibatches of at least 2, --cudagraphs with CUDA, a first iteration, --eval-every,
     --track's login, --runs-dir, and that --resume and --evaluate name files (where they are read:
     `files_here`; under torchrun only rank 0 reads them)."""
     check_numbers(args)
@@ -96,6 +96,8 @@ def check_args(
     non_negative = ("checkpoint_every", "torch_threads", *non_negative)
     if any(getattr(args, name) < 0 for name in non_negative):
         fail(f"{listed(non_negative)} must not be negative")
+    if batch is None and hasattr(args, "num_envs"):
+        batch = f"--num-envs {args.num_envs} x --num-steps {args.num_steps}"
     if batch is not None and args.batch_size % args.num_minibatches != 0:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} ({batch})")
     if args.batch_size // args.num_minibatches < 2:
