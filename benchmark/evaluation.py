@@ -13,7 +13,9 @@ plays. On CartPole-v1 the return is the episode's length, so the seconds per 100
 import argparse
 import copy
 import importlib
+import inspect
 import time
+from dataclasses import asdict
 
 import gymnasium as gym
 import numpy as np
@@ -29,11 +31,15 @@ def measure(name: str, episodes: int) -> dict:
     script = importlib.import_module(name)
     args = script.Args(env_id=ENV_ID[name], cuda=False)
     torch.manual_seed(0)
-    agent, extra = make_agent(script, args)
+    agent, statistics = make_agent(script, args)
+    seed = args.seed + 100_000
     start = time.perf_counter()
-    returns = script.evaluate(
-        copy.deepcopy(agent), args, episodes, False, args.seed + 100_000, torch.device("cpu"), **extra
-    )
+    if "checkpoint" in inspect.signature(script.evaluate).parameters:  # a script on ppolab: from checkpoint data
+        checkpoint = {"model": agent.state_dict(), "args": asdict(args)}
+        checkpoint.update((key, statistic.state_dict()) for key, statistic in statistics.items())
+        returns = script.evaluate(checkpoint, episodes, False, seed)
+    else:
+        returns = script.evaluate(copy.deepcopy(agent), args, episodes, False, seed, torch.device("cpu"), **statistics)
     return dict(
         script=name,
         env=args.env_id,
@@ -44,7 +50,8 @@ def measure(name: str, episodes: int) -> dict:
 
 
 def make_agent(script, args):
-    """An untrained agent of the script for args.env_id, and the keyword arguments its evaluate needs."""
+    """An untrained agent of the script for args.env_id, and the statistics its evaluate needs besides (by
+    their checkpoint key for a script on ppolab, else by evaluate's keyword)."""
     name = script.__name__
     if name == "ppo":
         env = gym.make(args.env_id)
@@ -53,7 +60,7 @@ def make_agent(script, args):
         env = gym.make(args.env_id)
         obs_shape = env.observation_space.shape
         agent = script.Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)))
-        return agent, {"obs_normalizer": script.ObsNormalizer(obs_shape, args.obs_clip)}
+        return agent, {"obs_rms": script.ObsNormalizer(obs_shape, args.obs_clip).rms}
     if name == "ppo_atari":
         return script.Agent(int(gym.make(script.atari_id(args.env_id)).action_space.n)), {}
     return script.Agent(script.make_envs(args, 1, 0).action_space.n), {}

@@ -1,7 +1,7 @@
 """What the fast path gives one script on this CPU, at one thread: the policy step (eager `Agent.act`,
-`NumpyPolicy` where the script has it, compiled `act`) on one step's observations, the update step of
-one minibatch (eager and compiled `update_step`, `NumpyUpdate` where the script has it), and the time
-torch.compile takes for each.
+ppolab's `NumpyPolicy` where the script's training runs it, compiled `act`) on one step's observations, the
+update step of one minibatch (eager and compiled `update_step`, ppolab's `NumpyUpdate` where the script's
+training runs it), and the time torch.compile takes for each.
 
     OMP_NUM_THREADS=1 python benchmark/fast_path.py ppo --rounds 5
     OMP_NUM_THREADS=1 python benchmark/fast_path.py ppo_continuous_action --rounds 5
@@ -24,12 +24,16 @@ from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ppolab.fast_path import NumpyPolicy, NumpyUpdate  # noqa: E402  (after the repository is on the path)
+
 SIZES = {  # (observation shape, actions: an int for a discrete count, a tuple for a Box shape)
     "ppo": ((4,), 2),
     "ppo_continuous_action": ((11,), (3,)),
     "ppo_continuous_action_redis": ((11,), (3,)),
     "ppo_atari": ((4, 84, 84), 4),
 }
+# the scripts whose training runs ppolab's NumPy steps on the CPU (ppolab.numpy_fast_path)
+NUMPY = ("ppo", "ppo_continuous_action")
 
 
 def per_call(fn, seconds: float) -> float:
@@ -85,13 +89,13 @@ def main():
     compile_seconds["update_step"] = time.perf_counter() - start
 
     # NumpyUpdate first: it moves the parameters into one flat tensor, which NumpyPolicy then reads
-    numpy_update = script.NumpyUpdate(agent, optimizer, args) if hasattr(script, "NumpyUpdate") else None
+    numpy_update = NumpyUpdate(agent, optimizer, args) if options.script in NUMPY else None
     variants = {
         "policy step, eager act": lambda: agent.act(step_obs),
         "policy step, compiled act": lambda: compiled_act(step_obs),
     }
-    if hasattr(script, "NumpyPolicy"):
-        numpy_policy = script.NumpyPolicy(agent)
+    if options.script in NUMPY:
+        numpy_policy = NumpyPolicy(agent)
         variants["policy step, NumpyPolicy"] = lambda: numpy_policy(step_obs.numpy())
     variants["update step, eager"] = lambda: script.update_step(agent, optimizer, args, *batch)
     variants["update step, compiled"] = lambda: compiled_update(agent, optimizer, args, *batch)

@@ -209,8 +209,9 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
     module.Agent.act = act
     torch.optim.Adam = plain_adam
     torch.distributions.Distribution.set_default_validate_args = staticmethod(lambda value: None)
-    if hasattr(module, "RunningMeanStd"):
-        module.RunningMeanStd.update = update
+    for owner in (module, getattr(module, "ppolab", None)):  # the script's own running statistics, or ppolab's
+        if hasattr(owner, "RunningMeanStd"):
+            owner.RunningMeanStd.update = update
     overrides = {}
     if hasattr(module.Agent, "features"):  # the pixel scripts
         agent_init = module.Agent.__init__

@@ -93,7 +93,9 @@ def test_ratio_is_one_at_the_first_minibatch(e2e):
 def test_saved_model_evaluates_as_after_training(e2e):
     script = importlib.import_module(e2e["name"])
     logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
-    returns = script.run_evaluation(str(e2e["run_dir"] / "model.pt"), script.Args(eval_episodes=EVAL_EPISODES))
+    returns = script.main(
+        script.Args(evaluate=str(e2e["run_dir"] / "model.pt"), eval_episodes=EVAL_EPISODES, cuda=False)
+    )
     # the episodes are logged at one global step, where the event file does not keep their order
     assert sorted(returns) == pytest.approx(sorted(logged), rel=1e-6)
 

@@ -169,9 +169,9 @@ RUN = dict(
 ENV = {"ppo": "CartPole-v1", "ppo_continuous_action": "Hopper-v5"}
 
 
-def edited_copy(name: str, edit: str, folder):
+def edited_copy(name: str, edit: str, folder, monkeypatch):
     """The script with the edit applied to its text, written to `folder/<name>.py` and imported as a module
-    of its own (the original module is untouched)."""
+    of its own (the original module is untouched), registered in sys.modules until the test ends."""
     source = script_path(name).read_text()
     for old, new in EDITS[edit][1]:
         assert old in source, f"{edit}: {old!r} is not in {name}.py any more: update the edit"
@@ -180,17 +180,16 @@ def edited_copy(name: str, edit: str, folder):
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"{name}_{edit}", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while the file runs
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
+    # dataclasses look the module up while the file runs, and ppolab while it trains (the script's file name
+    # for its checkpoints, its Agent for the fast path's guard)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
     return module
 
 
 @pytest.mark.parametrize("name, edit", CASES, ids=[f"{name}-{edit}" for name, edit in CASES])
-def test_an_edited_script_trains_its_edit_with_or_without_the_fast_path(name, edit, tmp_path, capsys):
-    script = edited_copy(name, edit, tmp_path)
+def test_an_edited_script_trains_its_edit_with_or_without_the_fast_path(name, edit, tmp_path, capsys, monkeypatch):
+    script = edited_copy(name, edit, tmp_path, monkeypatch)
     runs = {}
     for fast in (True, False):
         run_dir = script.main(

@@ -1,17 +1,20 @@
-"""Observation normalisation and reward scaling of ppo_continuous_action.py."""
+"""Observation normalisation and reward scaling of ppo_continuous_action.py (on ppolab's running statistics)."""
+
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
 
 import ppo_continuous_action as pca
-from helpers import FIXED_ENV
+import ppolab
+from helpers import FIXED_ENV, FIXED_LENGTH
 
 
 def test_running_mean_std_equals_statistics_of_all_data():
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, size=(n, 3)) * [1, 10, 0.1] for n in (1, 7, 50, 200, 13)]
-    rms = pca.RunningMeanStd(shape=(3,))
+    rms = ppolab.RunningMeanStd(shape=(3,))
     for batch in batches:
         rms.update(batch)
     data = np.concatenate(batches)
@@ -62,17 +65,38 @@ def test_normaliser_state_round_trip_gives_identical_outputs():
     assert not np.array_equal(source.rms.mean, state["mean"])
 
 
-def test_evaluation_freezes_the_statistics():
+def test_normalisation_and_scaling_run_on_the_package_statistics():
+    assert type(pca.ObsNormalizer((3,), clip=1.0).rms) is ppolab.RunningMeanStd
+    assert type(pca.RewardScaler(num_envs=1, gamma=0.99, clip=1.0).rms) is ppolab.RunningMeanStd
+
+
+def test_evaluation_normalises_with_the_checkpoint_statistics_frozen(monkeypatch):
+    """evaluate() plays on observations normalised with the statistics the checkpoint holds, which it never
+    updates: neither the normaliser it builds from them nor the checkpoint's data changes."""
     normalizer = pca.ObsNormalizer((2,), clip=10.0)
     normalizer(np.array([[0.0, 1.0], [2.0, 1.0], [5.0, 1.0]], np.float32), update=True)
-    before = normalizer.rms.state_dict()
-    agent = pca.Agent(2, 2)
-    args = pca.Args(env_id=FIXED_ENV["ppo_continuous_action"])
-    returns = pca.evaluate(
-        agent, args, episodes=3, deterministic=False, seed=0, device=torch.device("cpu"), obs_normalizer=normalizer
-    )
-    assert len(returns) == 3
-    after = normalizer.rms.state_dict()
-    np.testing.assert_array_equal(after["mean"], before["mean"])
-    np.testing.assert_array_equal(after["var"], before["var"])
-    assert after["count"] == before["count"]
+    saved = normalizer.rms.state_dict()
+    checkpoint = {
+        "args": asdict(pca.Args(env_id=FIXED_ENV["ppo_continuous_action"])),
+        "model": pca.Agent(2, 2).state_dict(),
+        "obs_rms": normalizer.rms.state_dict(),
+    }
+    seen = []  # (observation, update, mean, var) at every call of an ObsNormalizer
+    normalise = pca.ObsNormalizer.__call__
+
+    def recording(self, obs, update):
+        seen.append((obs.copy(), update, self.rms.mean.copy(), self.rms.var.copy()))
+        return normalise(self, obs, update)
+
+    monkeypatch.setattr(pca.ObsNormalizer, "__call__", recording)
+    returns = pca.evaluate(checkpoint, episodes=3, deterministic=False, seed=0)
+    assert returns == [float(FIXED_LENGTH)] * 3  # reward 1 per step, whatever the actions
+    # the observation of every step the policy acted on: [t, 1] for t = 0, 1, 2 of each episode
+    assert [obs[0, 0] for obs, *_ in seen] == list(range(FIXED_LENGTH)) * 3
+    for _, update, mean, var in seen:
+        assert not update
+        np.testing.assert_array_equal(mean, saved["mean"].numpy())
+        np.testing.assert_array_equal(var, saved["var"].numpy())
+    for key in ("mean", "var"):
+        assert torch.equal(checkpoint["obs_rms"][key], saved[key])
+    assert checkpoint["obs_rms"]["count"] == saved["count"]
