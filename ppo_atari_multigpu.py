@@ -135,7 +135,7 @@ class Args:
     """seconds a collective waits for the other ranks before the job fails (a dead or hung rank)"""
     sync_timing: bool = False
     """if toggled, on CUDA the GPU is synchronized around every timed collective, so perf/comm_time is the
-    collectives' own time (costs two syncs per minibatch; off: see CommTimer for what is measured)"""
+    collectives' own time (costs two syncs per minibatch; off: ppolab.distributed.CommTimer says what is measured)"""
     torch_threads: int = 1
     """CPU threads for PyTorch per process; 1, because the ranks of a machine share its cores; 0 keeps PyTorch's default"""
     compile: bool = False
@@ -649,7 +649,7 @@ def update_step(
     returns: torch.Tensor,
     values: torch.Tensor,
     adv_stats: torch.Tensor,
-    comm: "CommTimer",
+    comm: CommTimer,
     comm_device: torch.device,
 ) -> dict[str, torch.Tensor]:
     """One gradient step on this rank's piece of one global minibatch: forward, advantage normalisation
@@ -701,7 +701,7 @@ def train(
     step with the others (the steps that involve them are marked DISTRIBUTED); rank 0 also writes everything
     the run reports into its folder (`run`, the package's), which train returns. The collectives reduce on
     `comm_device`."""
-    ppolab.seed_everything(args.seed + rank, args.torch_deterministic)  # rank r: seed + r, its own actions
+    ppolab.seed_everything(args.seed + rank, args.torch_deterministic)  # seed + r: each rank samples its own actions
 
     T, N = args.num_steps, args.num_envs // world_size  # this rank's environments
     envs = make_envs(args, N, run.dir, args.capture_video and rank == 0)
