@@ -951,11 +951,11 @@ class Preemption:
 
 
 # ==================================================================================================
-# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its
-# policy plays an evaluation, and the entry point, which joins the job. The rest of a run (the run folder,
-# checkpoints and resuming, logging, Ctrl-C and full disks) and the job's plumbing (choosing the device and
-# the backend, joining and leaving the job, the messages between ranks, timing the collectives, rank 0
-# writing the run for every rank) are the package ppolab's; none of it changes what PPO computes.
+# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its policy
+# plays an evaluation, and the entry point, which joins the job. The rest of a run (the run folder, checkpoints
+# and resuming, logging, Ctrl-C and full disks) and the job's plumbing (the device and the backend, joining and
+# leaving the job, the messages between ranks, timing the collectives, rank 0 writing for every rank) are the
+# package ppolab's. None of it changes what PPO computes; what the ranks compute together is all above.
 # ==================================================================================================
 
 
