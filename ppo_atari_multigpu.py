@@ -16,10 +16,9 @@ global batch (`--num-envs` is the global count) the update is the single-process
 buy speed, not a different algorithm (tests/test_multigpu.py checks the gradient).
 
 To learn data-parallel PPO, read `train` (its distributed steps are marked DISTRIBUTED), `update_step`,
-`all_reduce_gradients` and `global_advantage_stats`; below the banner, `broadcast_weights`,
-`RolloutReport` and `Preemption`. PPO ends at the banner after `train`; below it is the machinery a run
-needs (input checks, checkpoints, evaluation, logging, Ctrl-C and full disks) and the plumbing of the
-job (joining it, the messages between ranks, timing the collectives).
+`all_reduce_gradients`, `global_advantage_stats`, and after `train` the process layout: `broadcast_weights`,
+`RolloutReport`, `Preemption`. Below the banner: the input checks, the evaluation and `main`; the rest of a
+run, the job's plumbing included (ppolab/distributed.py), is the package ppolab's.
 
 What is special in this file (the places where distributed RL usually goes wrong):
 - torchrun gives each process RANK (global, it identifies the process everywhere: seeds, logging,
@@ -33,7 +32,8 @@ What is special in this file (the places where distributed RL usually goes wrong
 - Rank 0 alone writes logs and checkpoints, but of everyone's data: the episodes of all ranks, and
   per iteration the time split into rollout (`perf/rollout_time`, `perf/rollout_time_max` of the
   slowest rank), update (`perf/update_time`, its collectives included) and the part of it spent in
-  collectives (`perf/comm_time`, waits for slower ranks included).
+  collectives (`perf/comm_time`, waits for slower ranks included); a checkpoint holds every rank's
+  random streams, which a resume with the same world size gives back to each rank.
 - `--torch-deterministic` (the default) makes cuDNN deterministic and also turns TF32 off, so
   convolutions on a GPU run in full float32 (same seed, same numbers; ratio 1 at the first minibatch).
 - Failures end the job: if a rank dies, torchrun stops the others and exits non-zero; if a rank hangs,
@@ -47,25 +47,11 @@ What is special in this file (the places where distributed RL usually goes wrong
 Speed and scaling: benchmark/results/speed.md, section Distributed scaling.
 """
 
-import contextlib
-import copy
-import errno
-import hashlib
-import io
-import json
 import math
-import os
-import pickle
-import random
-import signal
-import sys
-import threading
 import time
-import warnings
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import ale_py
 import gymnasium as gym
@@ -73,8 +59,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import tyro
 from torch.distributions.categorical import Categorical
+
+import ppolab
+from ppolab.distributed import CommTimer, DistributedRun, ValueSums, all_gather, in_the_job, init_distributed
+from ppolab.distributed import job_store, select_backend, select_device
+from ppolab.stops import launch_info
 
 gym.register_envs(ale_py)  # registers BreakoutNoFrameskip-v4, ALE/Breakout-v5, ...
 ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
@@ -139,13 +129,13 @@ class Args:
     device_ids: list[int] | None = None
     """GPUs of this machine's ranks: local rank i uses device_ids[i % len]; `--device-ids 0` puts all on GPU 0
     (several ranks per GPU need the gloo backend); default: local rank i uses GPU i"""
-    backend: str | None = None
-    """torch.distributed backend: `gloo` or `nccl`; default nccl on CUDA (with a PyTorch built with NCCL), else gloo"""
+    backend: Literal["gloo", "nccl"] | None = None
+    """torch.distributed backend; default nccl on CUDA (with a PyTorch built with NCCL), else gloo"""
     timeout: float = 300.0
     """seconds a collective waits for the other ranks before the job fails (a dead or hung rank)"""
     sync_timing: bool = False
     """if toggled, on CUDA the GPU is synchronized around every timed collective, so perf/comm_time is the
-    collectives' own time (costs two syncs per minibatch; off: see CommTimer for what is measured)"""
+    collectives' own time (costs two syncs per minibatch; off: ppolab.distributed.CommTimer says what is measured)"""
     torch_threads: int = 1
     """CPU threads for PyTorch per process; 1, because the ranks of a machine share its cores; 0 keeps PyTorch's default"""
     compile: bool = False
@@ -659,7 +649,7 @@ def update_step(
     returns: torch.Tensor,
     values: torch.Tensor,
     adv_stats: torch.Tensor,
-    comm: "CommTimer",
+    comm: CommTimer,
     comm_device: torch.device,
 ) -> dict[str, torch.Tensor]:
     """One gradient step on this rank's piece of one global minibatch: forward, advantage normalisation
@@ -701,37 +691,29 @@ def update_step(
 
 def train(
     args: Args,
-    run_dir: str,
-    checkpoint: dict | None,
+    run: DistributedRun,
     rank: int,
     world_size: int,
     device: torch.device,
     comm_device: torch.device,
 ) -> str:
-    """One rank's PPO on args.env_id from scratch, or on from `checkpoint` (--resume): every rank runs this
-    loop in step with the others (the steps that involve them are marked DISTRIBUTED); rank 0 also writes
-    everything the run writes to run_dir, which it returns. The collectives reduce on `comm_device`."""
-    # Seeding: rank r seeds its RNGs with seed + r, so the ranks sample different actions
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    torch.manual_seed(args.seed + rank)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_deterministic:  # cuDNN's float32 convolutions and LSTMs in full float32, not TF32
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
+    """One rank's PPO on args.env_id, from scratch or on from --resume's checkpoint: every rank runs this loop in
+    step with the others (the steps that involve them are marked DISTRIBUTED); rank 0 also writes everything
+    the run reports into its folder (`run`, the package's), which train returns. The collectives reduce on
+    `comm_device`."""
+    ppolab.seed_everything(args.seed + rank, args.torch_deterministic)  # seed + r: each rank samples its own actions
 
     T, N = args.num_steps, args.num_envs // world_size  # this rank's environments
-    envs = make_envs(args, N, run_dir, args.capture_video and rank == 0)
+    envs = make_envs(args, N, run.dir, args.capture_video and rank == 0)
     agent = Agent(int(envs.single_action_space.n)).to(device)
     # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
     # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
     # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
-    start_iteration, global_step = restore(checkpoint, agent, optimizer, args)  # 1, 0 for a new run
+    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint holds besides progress, RNG and args
+    start_iteration, global_step = run.start(saved)  # --resume: on every rank, its RNG too; 1, 0 if new
     broadcast_weights(agent, comm_device)  # DISTRIBUTED: every rank starts from rank 0's weights
-    log = RunLog(args, run_dir, global_step, device) if rank == 0 else None  # rank 0 logs every rank's data
 
     # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
     # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them)
@@ -784,10 +766,10 @@ def train(
 
             rewards_np[step] = reward  # clipped to the sign in make_env
             dones_np[step] = terminated | truncated
-            # next_obs is already the next episode's first observation where an episode ended. Gymnasium's
-            # TimeLimit sets truncated on the last allowed step even when the episode also terminated
-            # there: such a step is a termination (value 0), so only truncated-and-not-terminated
-            # environments bootstrap, with the value of final_obs, computed after the rollout
+            # next_obs is already the next episode's first observation where an episode ended; where a
+            # truncated episode stopped is kept from info["final_obs"], its value computed after the rollout.
+            # ALE truncates at its last allowed frame even when a life (or the game) was also lost there:
+            # such a step is a termination (value 0), so only truncated-and-not-terminated environments bootstrap
             bootstrap = truncated & ~terminated
             if args.bootstrap_truncation and bootstrap.any():
                 idx = np.flatnonzero(bootstrap)
@@ -868,7 +850,7 @@ def train(
                     comm,
                     comm_device,
                 )
-                stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
+                stats = {name: value.clone() for name, value in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and k == 0:
                     # Nothing has been updated yet, so the ratio must be 1 to float precision; a larger
                     # deviation means the stored log-probs do not belong to the stored observations
@@ -887,1016 +869,33 @@ def train(
 
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        if rank == 0:  # with every rank's episodes and sums from the reports; the others wait for it
-            log.iteration(
-                iteration,
-                global_step,
-                stats,
-                learning_rate.item(),
-                reports,
-                epochs,
-                int(kl_stop_disagreements),
-                rollout_time,
-                update_time,
-                comm.seconds,
-            )
-            evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
-        checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)  # DISTRIBUTED: all RNGs
+        if rank == 0:  # rank 0 logs every rank's episodes and value sums (the reports); the others wait for it
+            preempted_ranks = sum(report.steps < T * N for report in reports)
+            scalars = {"debug/update_epochs": epochs, "debug/preempted_ranks": preempted_ranks}
+            scalars["debug/kl_stop_disagreements"] = int(kl_stop_disagreements)
+            lr, comm_time = learning_rate.item(), comm.seconds
+            run.iteration(iteration, global_step, stats, lr, reports, rollout_time, update_time, comm_time, scalars)
+            run.evaluate_if_due(iteration, global_step, saved)
+        run.checkpoint_if_due(iteration, global_step, saved)  # DISTRIBUTED: with every rank's random streams
         if global_step >= total_steps:  # the same global_step on every rank: they end together
             break
 
-    # DISTRIBUTED: finish checks first that every rank ends with the same weights
-    finish(args, envs, agent, optimizer, run_dir, global_step, log, iteration=iteration)
-    return run_dir
-
-
-# ==================================================================================================
-# PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
-# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, the distributed
-# plumbing and the entry point. None of it changes what PPO computes.
-# ==================================================================================================
-
-
-# INPUT CHECKS ------------------------------------------------------------------------------------
-
-
-def fail(message: str):
-    """Bad input: one line on stderr naming the problem, exit code 2, before any long work. Under torchrun
-    every rank checks the same things, so every rank prints the line and exits 2; the line also goes to
-    torchrun's summary of the failed ranks (see tell_torchrun), the last thing torchrun prints."""
-    line = f"{Path(sys.argv[0]).name}: error: {message}"
-    print(line, file=sys.stderr)
-    tell_torchrun(line)
-    raise SystemExit(2)
-
-
-def tell_torchrun(line: str):
-    """Under torchrun: writes `line` to this rank's error file (TORCHELASTIC_ERROR_FILE), which torchrun
-    reads when the rank fails: its ChildFailedError summary then shows the line as the rank's
-    `traceback :` instead of a link to its documentation."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if path:
-        with open(path, "w") as f:
-            # the layout of torch.distributed.elastic's own error files (its @record decorator writes them)
-            json.dump(
-                {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}},
-                f,
-            )
-
-
-def check_numbers(args: Args):
-    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
-    coefficient or a NaN learning rate trains without an error, on nonsense."""
-    for name, value in asdict(args).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for name, valid, meaning in (
-        (
-            "seed",
-            0 <= args.seed <= 1_000_000_000,
-            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
-        ),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
-        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
-        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
-    ):
-        if not valid:
-            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
-
-
-def check_tracking(args: Args):
-    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
-    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
-        return
-    import wandb  # imported only when used
-
-    if not wandb.login(prompt=False, verify=False):
-        fail(
-            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
-        )
-
-
-def check_runs_dir(runs_dir: str):
-    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
-    reports what the OS says if creating it fails all the same)."""
-    path = Path(runs_dir).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
-
-
-def check_args(args: Args, world_size: int):
-    """Reject arguments that would crash or silently misbehave later (on every rank, before any collective)."""
-    check_numbers(args)
-    for name in (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "eval_episodes",
-        "max_episode_steps",
-        "timeout",
-    ):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.checkpoint_every < 0 or args.torch_threads < 0 or args.straggler_delay < 0:
-        fail("--checkpoint-every, --torch-threads and --straggler-delay must not be negative")
-    if args.num_envs % world_size != 0:
-        fail(
-            f"the world size {world_size} does not divide --num-envs {args.num_envs} (the global number of "
-            f"environments); pass a multiple of {world_size}"
-        )
-    if args.batch_size % args.num_minibatches != 0:
-        fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps})"
-        )
-    if args.batch_size // args.num_minibatches < 2:
-        fail(
-            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
-        )
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
-    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.preempt_fraction is not None:
-        if not 0 < args.preempt_fraction <= 1 or not 0 < args.preempt_min_steps <= 1:
-            fail("--preempt-fraction and --preempt-min-steps must be in (0, 1]")
-        if math.ceil(args.preempt_min_steps * args.num_steps) * (args.num_envs // world_size) < args.num_minibatches:
-            fail("--preempt-min-steps leaves a rank fewer samples than --num-minibatches")
-    if args.backend not in (None, "gloo", "nccl"):
-        fail(f"--backend must be gloo or nccl, got {args.backend}")
-    if args.backend == "nccl" and not (args.cuda and torch.cuda.is_available()):
-        fail("--backend nccl needs CUDA (pass --backend gloo, or run on GPUs)")
-    if args.device_ids is not None and torch.cuda.is_available():
-        bad = [i for i in args.device_ids if not 0 <= i < torch.cuda.device_count()]
-        if bad or not args.device_ids:
-            fail(f"--device-ids {args.device_ids}: this machine has GPUs 0 to {torch.cuda.device_count() - 1}")
-    if args.eval_every < 0:
-        fail(f"--eval-every must not be negative, got {args.eval_every}")
-    check_tracking(args)
-    if args.resume is None and args.evaluate is None:
-        check_runs_dir(args.runs_dir)
-    for name in ("resume", "evaluate"):
-        path = getattr(args, name)
-        # only rank 0 reads these files (and sends what it read), so only its machine needs them
-        if path is not None and launch_info()[0] == 0 and not Path(path).is_file():
-            fail(f"--{name}: no such file: {path}")
-    env_id = atari_id(args.env_id)
-    try:
-        gym.spec(env_id)
-    except gym.error.Error:
-        fail(
-            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
-            "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
-            "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
-        )
-    try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
-        env = gym.make(env_id)
-        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
-        env.close()
-    except gym.error.Error as e:
-        fail(f"cannot make {env_id}: {e}")
-    if not atari:
-        fail(f"{env_id} is not an Atari game; ppo_atari_multigpu.py trains Atari games only")
-
-
-# THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
-
-
-def prepare_run(args: Args, rank: int, world_size: int) -> tuple[Args, str, dict | None]:
-    """The same (args, run folder, checkpoint) on every rank: a new folder, named by rank 0, for a new run;
-    for --resume the checkpoint (read by rank 0 and sent: only its machine needs the file), its saved
-    arguments (with the flags that may change) and its folder."""
-    if args.resume is not None:
-        checkpoint = from_rank0(read_checkpoint(args.resume) if rank == 0 else None)
-        if isinstance(checkpoint, str):
-            fail(checkpoint)
-        saved = resume_args(args, checkpoint)  # the saved arguments, with the flags that may change
-        check_args(saved, world_size)  # the saved arguments with this job's world size
-        return saved, str(Path(args.resume).parent), checkpoint
-    run_dir, problem = None, None
-    if rank == 0:
-        run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = f"{args.runs_dir}/{run_name}"
-        if os.path.exists(run_dir):
-            problem = (
-                f"run folder {run_dir} exists already (same env, name and seed started in the same "
-                "second); pass another --exp-name"
-            )
-    run_dir, problem = from_rank0((run_dir, problem))
-    if problem:
-        fail(problem)
-    return args, run_dir, None
-
-
-def make_run_dir(run_dir: str):
-    """Creates the run folder, or ends in one line saying why it cannot."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
-
-
-# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before checkpoints
-# named their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and
-# converted by as_data)
-CHECKPOINT_FORMAT = 3
-
-
-def save_checkpoint(
-    path: str,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    args: Args,
-    iteration: int,
-    global_step: int,
-    *,
-    rank_rng: list[dict],
-):
-    """Everything needed to continue or evaluate: weights, optimizer, progress, args, the RNG states
-    of this process (`rng`, rank 0's when rank 0 writes) and of every rank (`rank_rng[r]`, a dict made
-    by `rng_state`, for a resume with the same world size): data only. Written by rank 0 (the weights and
-    the optimizer are the same on all ranks).
-
-    Written by `write_checkpoint_file`, so a run killed while saving keeps its last checkpoint.
-    """
-    checkpoint = {
-        "model": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "iteration": iteration,
-        "global_step": global_step,
-        "args": asdict(args),
-        "script": Path(__file__).name,  # read_checkpoint refuses the checkpoints of other scripts
-        "format": CHECKPOINT_FORMAT,
-        "rng": rng_state(next(agent.parameters()).device),
-        "rank_rng": rank_rng,
-    }
-    write_checkpoint_file(checkpoint, path)
-
-
-def checkpoint_if_due(
-    args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str
-):
-    """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration, written by rank 0 with the
-    random streams of every rank (one all_gather, on every rank)."""
-    if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-        rank_rng = all_gather(rng_state(next(agent.parameters()).device))
-        if dist.get_rank() == 0:
-            save_checkpoint(
-                f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, rank_rng=rank_rng
-            )
-
-
-def write_checkpoint_file(checkpoint: dict, path: str):
-    """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
-    one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
-    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes.
-    A write the file system refuses (disk full, file too large, read-only) removes `path.tmp` and raises
-    the OSError, naming `path`; the previous checkpoint stays as it was."""
-    data = io.BytesIO()
-    torch.save(checkpoint, data)  # in memory first: a failed write is then the file system's OSError
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, path) from None
-    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-    for stale in Path(path).parent.glob("*.pt.tmp"):
-        stale.unlink(missing_ok=True)
-
-
-def as_data(value):
-    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
-    hold (read_checkpoint reads nothing else)."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        return torch.tensor(value)  # a copy, with the same dtype
-    if isinstance(value, dict):
-        return {key: as_data(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(as_data(item) for item in value)
-    return value
-
-
-def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
-    pickle); CUDA's too when the run uses it."""
-    kind, key, *rest = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-        "python": random.getstate(),
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device):
-    torch.set_rng_state(state["torch"])
-    kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, key.numpy().astype(np.uint32), *rest))
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-# What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
-# statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [
-    np.ndarray,
-    np.dtype,
-    np._core.multiarray._reconstruct,
-    np._core.multiarray.scalar,
-    np.dtypes.UInt32DType,
-    np.dtypes.Float64DType,
-]
-
-
-def read_checkpoint(path: str) -> dict | str:
-    """Reads a checkpoint written by this script's `save_checkpoint`, as data only: torch.load with
-    weights_only=True rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so
-    opening a file never runs code from it. Returns the problem, in words, if the file is not a checkpoint
-    (empty or truncated, holding code or other objects, of another script, of another format)."""
-    head = b""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else
-            with torch.serialization.safe_globals(FORMAT_2_NUMPY):
-                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (
-                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                "numbers, strings, lists and dicts): refused, nothing in it was run"
-            )
-        return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
-    except Exception as e:
-        if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
-            return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
-        return f"{path} is not a checkpoint (torch.load: {type(e).__name__})"
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
-        return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
-    script = checkpoint.get("script")
-    if script is None:
-        return (
-            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-            "them); retrain, or read it with the version of the scripts that wrote it"
-        )
-    if script != Path(__file__).name:
-        return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
-    if checkpoint.get("format") == 2:
-        checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
-    if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (
-            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-            f"{CHECKPOINT_FORMAT}"
-        )
-    return checkpoint
-
-
-def load_checkpoint(path: str) -> dict:
-    """`read_checkpoint`, with a one-line error if the file is not a checkpoint of this script."""
-    checkpoint = read_checkpoint(path)
-    if isinstance(checkpoint, str):
-        fail(checkpoint)
-    return checkpoint
-
-
-# the flags a --resume may change (where and how the run goes on); every other flag keeps the
-# checkpoint's value
-CHANGEABLE_ON_RESUME = (
-    "resume",
-    "total_timesteps",
-    "torch_threads",
-    "cuda",
-    "checkpoint_every",
-    "track",
-    "wandb_project_name",
-    "wandb_entity",
-    "capture_video",
-    "save_model",
-    "eval_episodes",
-    "eval_every",
-    "eval_deterministic",
-    "compile",
-    "cudagraphs",
-    "backend",
-    "device_ids",
-    "timeout",
-)
-
-
-def resume_args(args: Args, checkpoint: dict) -> Args:
-    """`--resume`: the checkpoint's arguments, with the flags of this command line that may change
-    (CHANGEABLE_ON_RESUME: where and how the run goes on, and --total-timesteps to train longer or stop
-    sooner); a flag that differs from its default and from the saved value and cannot change is refused
-    in one line. (A flag given with its default value cannot be told from one not given.)"""
-    saved, defaults = Args(**checkpoint["args"]), Args()
-    for name in asdict(saved):
-        given, default = getattr(args, name), getattr(defaults, name)
-        if name in CHANGEABLE_ON_RESUME:
-            if given != default:
-                setattr(saved, name, given)
-        elif given != default and given != getattr(saved, name):
-            changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(
-                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                f"only {changeable} can; start a new run to change it"
-            )
-    if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(
-            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-            "pass a larger --total-timesteps to train longer"
-        )
-    return saved
-
-
-def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> tuple[int, int]:
-    """--resume, on every rank: the weights, the optimizer's state and, when the job has the world size that
-    wrote `checkpoint`, this rank's random streams (with another world size each rank keeps its new seed's);
-    returns the first iteration to run and the global step (1 and 0 for a new run)."""
-    if checkpoint is None:
-        return 1, 0
-    learning_rate = optimizer.param_groups[0]["lr"]  # the tensor that annealing fills
-    agent.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
-    if len(checkpoint["rank_rng"]) == dist.get_world_size():  # every rank continues its own streams
-        set_rng_state(checkpoint["rank_rng"][dist.get_rank()], next(agent.parameters()).device)
-    if dist.get_rank() == 0:
-        print(
-            f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step "
-            f"{checkpoint['global_step']}"
-        )
-    return checkpoint["iteration"] + 1, checkpoint["global_step"]
-
-
-# EVALUATION --------------------------------------------------------------------------------------
-
-
-def evaluate(
-    agent: Agent,
-    args: Args,
-    episodes: int,
-    deterministic: bool,
-    seed: int,
-    device: torch.device,
-    *,
-    video_prefix: str | None = None,
-) -> list[float]:
-    """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
-    and returns their returns (the unclipped game scores). The action sampling uses its own seeded RNG
-    stream, so the same model and seed score the same right after training and later from the saved file.
-    `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) with
-    RecordVideo, the unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
-    # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
-    envs = make_envs(
-        args,
-        episodes,
-        str(Path(video_prefix or ".").parent.parent),
-        video_prefix is not None,
-        video_prefix=Path(video_prefix or "rl-video").name,
-        video_trigger=lambda episode: episode == 0,
-    )
-    returns = np.full(episodes, np.nan)
-    obs, _ = envs.reset(seed=seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        while np.isnan(returns).any():
-            with torch.no_grad():
-                logits = agent.actor(agent.features(torch.as_tensor(obs, device=device)))
-                action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
-            obs, _, _, _, infos = envs.step(action.cpu().numpy())
-            for i, episodic_return, _ in finished_episodes(infos):
-                if np.isnan(returns[i]):
-                    returns[i] = episodic_return
     envs.close()
-    return returns.tolist()
+    run.finish(global_step, saved, iteration=iteration)  # DISTRIBUTED: first compares every rank's weights
+    return run.dir
 
 
-def evaluate_if_due(
-    args: Args,
-    iteration: int,
-    global_step: int,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    run_dir: str,
-    log: "RunLog",
-):
-    """--eval-every N, on rank 0: after every N-th iteration the policy as it is now plays --eval-episodes on a
-    separate environment with its own seeded RNG stream (the same episodes every time, those of the final
-    evaluation); the best evaluation's model is kept as `run_dir/best_model.pt`. The other ranks go on to
-    their next collective and wait there for rank 0."""
-    if not args.eval_every or iteration % args.eval_every:
-        return
-    eval_start = time.perf_counter()
-    # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(
-        copy.deepcopy(agent).cpu(),
-        args,
-        args.eval_episodes,
-        args.eval_deterministic,
-        args.seed + 100_000,
-        torch.device("cpu"),
-    )
-    log.evaluation(returns, global_step)
-    if np.mean(returns) > log.best_return:
-        log.best_return = float(np.mean(returns))
-        save_checkpoint(
-            f"{run_dir}/best_model.pt",
-            agent,
-            optimizer,
-            args,
-            iteration,
-            global_step,
-            rank_rng=[rng_state(next(agent.parameters()).device)],
-        )
-    print(
-        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
-        flush=True,
-    )
-
-
-def run_evaluation(path: str, args: Args) -> list[float]:
-    """`--evaluate PATH`: scores a saved model or checkpoint on the game it was trained on (one process)."""
-    checkpoint = load_checkpoint(path)
-    saved = Args(**checkpoint["args"])
-    env = gym.make(atari_id(saved.env_id))
-    agent = Agent(int(env.action_space.n))
-    env.close()
-    agent.load_state_dict(checkpoint["model"])
-    # the trained run's seed: the same games as the evaluation reported right after training
-    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(
-        agent,
-        saved,
-        args.eval_episodes,
-        args.eval_deterministic,
-        saved.seed + 100_000,
-        torch.device("cpu"),
-        video_prefix=video_prefix,
-    )
-    print(
-        f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
-        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
-    )
-    if video_prefix is not None:
-        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
-        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
-    return returns
-
-
-# LOGGING AND THE END OF A RUN --------------------------------------------------------------------
-
-
-class ValueSums(NamedTuple):
-    """Sums over one rank's samples (float64) from which the explained variance of the values follows:
-    added up over the ranks they give the numbers of one process on all samples (see
-    `explained_variance`). y are the returns, e = y - values the errors."""
-
-    count: int
-    y: float
-    y_squared: float
-    e: float
-    e_squared: float
-
-    @classmethod
-    def of(cls, values: torch.Tensor, returns: torch.Tensor) -> "ValueSums":
-        y, e = returns.double().numpy().ravel(), (returns - values).double().numpy().ravel()
-        return cls(y.size, y.sum(), (y**2).sum(), e.sum(), (e**2).sum())
-
-
-def explained_variance(sums: list[ValueSums]) -> float:
-    """1 - Var(returns - values) / Var(returns) over every rank's samples, from the ranks' ValueSums
-    (nan when the returns do not vary): what one process computes on the concatenated samples."""
-    n, y, y_squared, e, e_squared = (sum(column) for column in zip(*sums))
-    var_y = y_squared / n - (y / n) ** 2
-    return float("nan") if var_y <= 0 else float(1 - (e_squared / n - (e / n) ** 2) / var_y)
-
-
-class ProgressLine:
-    """When to print the per-iteration line: at the first and the last iteration, and in between at most
-    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
-    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
-    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
-
-    def __init__(self, every: float = 5.0):
-        self.every = every
-        self.printed_at = None  # time.monotonic() of the last line
-        self.returns = []  # the returns of the episodes that ended since the last line
-
-    def due(self, episode_returns, last: bool) -> str | None:
-        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
-        self.returns.extend(episode_returns)
-        now = time.monotonic()
-        if not last and self.printed_at is not None and now - self.printed_at < self.every:
-            return None
-        self.printed_at = now
-        mean = np.mean(self.returns) if self.returns else float("nan")
-        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
-        return line
-
-
-class RunLog:
-    """What a run reports, written by rank 0 with the data of every rank: the run folder and its TensorBoard
-    scalars (charts/, losses/, debug/, perf/, eval/), the per-iteration line, and Weights & Biases with
-    --track. Creating it creates the run folder."""
-
-    def __init__(self, args: Args, run_dir: str, global_step: int, device: torch.device):
-        make_run_dir(run_dir)
-        print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
-        if args.track:
-            import wandb  # imported only when used
-
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=asdict(args),
-                name=Path(run_dir).name,
-                save_code=True,
-            )
-        from torch.utils.tensorboard import SummaryWriter
-
-        world_size = dist.get_world_size()
-        self.writer = SummaryWriter(run_dir)
-        self.writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n"
-            + "\n".join(f"|{k}|{v}|" for k, v in {**asdict(args), "world_size": world_size}.items()),
-        )
-        print(
-            f"{world_size} ranks x {args.num_envs // world_size} environments, backend {dist.get_backend()}, "
-            f"rank 0 on {device}"
-        )
-        self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
-        self.start_time, self.start_step = time.time(), global_step
-        self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
-
-    def iteration(
-        self,
-        iteration: int,
-        global_step: int,
-        stats: dict[str, torch.Tensor],
-        learning_rate: float,
-        reports: list["RolloutReport"],
-        epochs: int,
-        kl_stop_disagreements: int,
-        rollout_time: float,
-        update_time: float,
-        comm_time: float,
-    ):
-        """The iteration's scalars (the statistics copied from the device at once), the episodes of every
-        rank's report at the steps they ended, and, when due, the iteration's line."""
-        args, writer = self.args, self.writer
-        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-        first_ratio_deviation = stats.pop("ratio_deviation")
-        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-        for name, value in stats.items():
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar(
-            "losses/explained_variance", explained_variance([report.value_sums for report in reports]), global_step
-        )
-        writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-        writer.add_scalar("debug/update_epochs", epochs, global_step)
-        writer.add_scalar("debug/kl_stop_disagreements", kl_stop_disagreements, global_step)
-        full = args.num_steps * (args.num_envs // dist.get_world_size())  # a rank's steps, not preempted
-        writer.add_scalar("debug/preempted_ranks", sum(report.steps < full for report in reports), global_step)
-        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-        writer.add_scalar("perf/rollout_time_max", max(report.rollout_time for report in reports), global_step)
-        writer.add_scalar("perf/update_time", update_time, global_step)  # collectives included
-        writer.add_scalar("perf/comm_time", comm_time, global_step)  # what it measures: see CommTimer
-        episode_returns = []
-        for episode in (episode for report in reports for episode in report.episodes):
-            writer.add_scalar("charts/episodic_return", episode.episodic_return, episode.step)
-            writer.add_scalar("charts/episodic_length", episode.episodic_length, episode.step)
-            episode_returns.append(episode.episodic_return)
-        total_steps = args.num_iterations * args.batch_size
-        line = self.progress.due(episode_returns, last=global_step >= total_steps)
-        if line:
-            # with --preempt-fraction the number of iterations is unknown in advance: no "/N"
-            planned = "" if args.preempt_fraction is not None else f"/{args.num_iterations}"
-            eta = str(timedelta(seconds=int((total_steps - global_step) / max(sps, 1))))
-            print(
-                f"iteration {iteration}{planned} global_step={global_step} {line} SPS={sps} ETA={eta} "
-                f"(rollout {rollout_time:.2f}s, update {update_time:.2f}s, comm {comm_time:.2f}s)",
-                flush=True,
-            )
-
-    def evaluation(self, returns: list[float], global_step: int):
-        """An evaluation's scalars at the global step it was made: every episode's return as
-        `eval/episodic_return` and their mean as `eval/mean_return`."""
-        for episodic_return in returns:
-            self.writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-        self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
-
-    def close(self):
-        self.writer.close()
-        if self.args.track:
-            finish_tracking(self.run_dir)
-
-
-def finish_tracking(run_dir: str):
-    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
-    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
-    they are written)."""
-    import wandb  # imported only when used
-
-    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
-        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
-    wandb.finish()
-
-
-def finish(
-    args: Args,
-    envs,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    run_dir: str,
-    global_step: int,
-    log: RunLog | None,
-    *,
-    iteration: int,
-):
-    """The end of a run. On every rank: the weights compared across the ranks (every rank took the same
-    optimizer steps, so they must be identical: a difference ends the job in a line naming them), the
-    environments closed. On rank 0 (`log`) then: the weights' checksums printed; with --save-model the final
-    model saved and evaluated; the logs closed."""
-    digest = hashlib.sha256(flatten(list(agent.state_dict().values())).cpu().numpy().tobytes()).hexdigest()[:16]
-    digests = all_gather(digest)
-    envs.close()
-    if len(set(digests)) > 1:
-        raise SystemExit(
-            f"{Path(sys.argv[0]).name}: rank {dist.get_rank()}: the weights differ across ranks: {digests}"
-        )
-    if log is None:
-        return
-    print(f"final weights of the {len(digests)} ranks: sha256 {' '.join(digests)}")
-    if args.save_model:
-        model_path = f"{run_dir}/model.pt"
-        # saved by rank 0 alone, with its own random streams only: a model is for evaluation, or a resume
-        save_checkpoint(
-            model_path,
-            agent,
-            optimizer,
-            args,
-            iteration,
-            global_step,
-            rank_rng=[rng_state(next(agent.parameters()).device)],
-        )
-        print(f"model saved to {model_path}")
-        agent.cpu()
-        returns = evaluate(
-            agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000, torch.device("cpu")
-        )
-        log.evaluation(returns, global_step)
-        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    log.close()
-
-
-# CTRL-C AND FULL DISKS ---------------------------------------------------------------------------
-
-
-def resume_hint(run_dir: str) -> str:
-    """Where a stopped run can go on from: its last checkpoint (on rank 0's machine) and the command that
-    resumes it, under torchrun the job's own command with --resume."""
-    checkpoint = Path(run_dir) / "checkpoint.pt"
-    if checkpoint.is_file():
-        command = f"python {sys.argv[0]}" if launch_info()[2] == 1 else "the same torchrun command with"
-        return f"last checkpoint {checkpoint}; continue with: {command} --resume {checkpoint}"
-    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-
-
-def exit_on_ctrl_c(run_dir: str):
-    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
-    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
-    It raises SystemExit, so `finally` blocks still run (leaving the process group). Under torchrun each
-    rank gets the signal and prints its line, naming its rank; the checkpoint is on rank 0's machine."""
-    rank, _, world_size = launch_info()
-
-    def handler(signum, frame):
-        who = "" if world_size == 1 else f"rank {rank}: "
-        print(f"{Path(sys.argv[0]).name}: {who}interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
-        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(130)
-
-    signal.signal(signal.SIGINT, handler)
-
-
-# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
-# a read-only file system, a quota exceeded
-WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
-
-
-def quiet_write_errors(hook_args):
-    """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
-    error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
-    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
-        threading.__excepthook__(hook_args)
-
-
-@contextlib.contextmanager
-def exit_on_write_error(run_dir: str):
-    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
-    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
-    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
-    threading.excepthook = quiet_write_errors
-    try:
-        yield
-    except OSError as e:
-        if e.errno not in WRITE_ERRORS:
-            raise
-        file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(
-            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-            file=sys.stderr,
-            flush=True,
-        )
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
-        raise SystemExit(1) from None
-
-
-# THE DISTRIBUTED PLUMBING ------------------------------------------------------------------------
-# Joining the job and leaving it, the messages between ranks, timing the collectives, preemption's
-# counter. Every collective is called by every rank, in the same order: that is the whole protocol.
-
-
-def launch_info() -> tuple[int, int, int]:
-    """(rank, local rank, world size) from torchrun's environment variables; (0, 0, 1) without torchrun."""
-    return tuple(
-        int(os.environ.get(name, default)) for name, default in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))
-    )
-
-
-def select_device(args: Args, local_rank: int) -> torch.device:
-    """Local rank i uses GPU device_ids[i % len] (default: GPU i % GPU count), or the CPU."""
-    if not (args.cuda and torch.cuda.is_available()):
-        return torch.device("cpu")
-    ids = args.device_ids or list(range(torch.cuda.device_count()))
-    return torch.device("cuda", ids[local_rank % len(ids)])
-
-
-def select_backend(args: Args, device: torch.device) -> str:
-    """nccl when every local rank has a GPU of its own (and PyTorch has NCCL), else gloo (NCCL refuses
-    two ranks on one GPU)."""
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    shared_gpu = (
-        device.type == "cuda" and len({select_device(args, i) for i in range(local_world_size)}) < local_world_size
-    )
-    if args.backend == "nccl" and shared_gpu:
-        fail("--backend nccl cannot put several ranks on one GPU; pass --backend gloo or other --device-ids")
-    if args.backend == "nccl" and not dist.is_nccl_available():
-        fail("--backend nccl: this PyTorch is built without NCCL; pass --backend gloo")
-    nccl = device.type == "cuda" and not shared_gpu and dist.is_nccl_available()
-    return args.backend or ("nccl" if nccl else "gloo")
-
-
-def init_distributed(backend: str, world_size: int, timeout: float):
-    """Joins the job's process group. Under torchrun, `env://` finds the store of torchrun's rendezvous
-    through MASTER_ADDR and MASTER_PORT (and RANK, WORLD_SIZE); without torchrun the process is a world
-    of one, with an in-memory store. A collective that waits `timeout` seconds raises instead."""
-    kwargs = dict(backend=backend, timeout=timedelta(seconds=timeout))
-    if "MASTER_ADDR" in os.environ or world_size > 1:
-        dist.init_process_group(init_method="env://", **kwargs)
-    else:
-        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
-
-
-def job_store(name: str) -> dist.Store:
-    """A client of the job's key-value store (the one torchrun's rendezvous runs, in torchrun's own process
-    where it hosts it: it outlives the ranks), with its own keys under `name`: the ranks leave each other
-    notes there without a collective (the finished rollouts of preemption, a rank that ended on purpose)."""
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
-    )
-    # torchrun --max-restarts starts the ranks again in the same store: each start has keys of its own
-    return dist.PrefixStore(f"{Path(__file__).stem}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}/{name}", store)
-
-
-@contextlib.contextmanager
-def in_the_job(rank: int, world_size: int, timeout: float):
-    """The block runs as one rank of the job, whose process group it leaves on every path (torchrun stops
-    the other ranks of a failed job with SIGTERM: that leaves through `finally` too). A rank that ends on
-    purpose (a SystemExit: bad input, Ctrl-C, a refused write, each after its own line) notes it in the
-    job's store first, and a rank that it leaves waiting in a collective then ends without a line of its
-    own (exit 1); a rank that loses the others otherwise (one died, or hung for more than --timeout) ends in
-    one line that says so."""
-    notes = job_store("ended") if world_size > 1 else None
-    previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    try:
-        yield
-    except SystemExit:
-        if notes is not None:
-            with contextlib.suppress(RuntimeError):  # no store to tell (torchrun's is gone): nobody to tell
-                notes.set("on purpose", str(rank))
-        raise
-    except RuntimeError as e:
-        if not is_connection_failure(e):
-            raise
-        ended_on_purpose = False
-        if notes is not None:
-            with contextlib.suppress(RuntimeError):
-                ended_on_purpose = notes.check(["on purpose"])
-        if not ended_on_purpose:
-            print(
-                f"{Path(sys.argv[0]).name}: rank {rank}: lost the other ranks (one died or hung for more than "
-                f"--timeout {timeout:g}s): {str(e).splitlines()[0]}",
-                file=sys.stderr,
-            )
-        raise SystemExit(1) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
-        dist.destroy_process_group()
-
-
-def is_connection_failure(error: RuntimeError) -> bool:
-    """A collective that failed because another rank died, hung or closed its connection."""
-    text = str(error)
-    return isinstance(error, dist.DistError) or any(
-        word in text for word in ("gloo", "NCCL", "Connection closed", "Timed out", "timed out")
-    )
-
-
-def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One 1-D tensor holding all `tensors` one after the other (a copy)."""
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]):
-    """The inverse of `flatten`: copies the pieces of `flat` back into `tensors` (in their own layout)."""
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset : offset + t.numel()].view(t.shape))
-        offset += t.numel()
-
-
-# The Python objects that ranks send each other (the checkpoint and run folder from rank 0, the rollout
-# reports, the random states for a checkpoint, the weights' checksums) travel pickled, through
-# torch.distributed's object collectives, and unpickling can run code. Here that is safe by construction:
-# every pickle was made by a rank of this same job (this file, started by the same launch and joined through
-# its rendezvous), never read from a file or taken from outside the job; a checkpoint file is read as data
-# only (read_checkpoint) before rank 0 sends what it read. They are pickled by torch.save, not by pickle
-# itself: pickle's own path for tensors cannot rebuild a uint32 tensor (the key of NumPy's random state).
-
-
-def to_bytes(value) -> bytes:
-    """`value` pickled by torch.save, every tensor with its dtype."""
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def from_bytes(data: bytes):
-    """The inverse of `to_bytes`, for the pickles of the ranks of this job only (see above)."""
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-
-
-def from_rank0(value):
-    """Rank 0's `value` on every rank (pickled; for small objects and checkpoints)."""
-    box = [to_bytes(value) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return from_bytes(box[0])
-
-
-def all_gather(value) -> list:
-    """Every rank's `value` on every rank, in rank order (pickled; for small objects)."""
-    values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, to_bytes(value))
-    return [from_bytes(data) for data in values]
+# THE PROCESS LAYOUT ------------------------------------------------------------------------------
+# What the ranks exchange besides the update's collectives: rank 0's weights at the start, a report after every
+# rollout, and (with --preempt-fraction) the count of finished rollouts in the job's store
 
 
 def broadcast_weights(agent: Agent, comm_device: torch.device):
-    """Every rank takes rank 0's weights (one broadcast of all of them, flattened)."""
-    tensors = list(agent.state_dict().values())
-    flat = flatten(tensors).to(comm_device)
-    dist.broadcast(flat, src=0)
-    unflatten_into(flat, tensors)
+    """Every rank takes rank 0's weights (a broadcast per tensor, once per run)."""
+    for tensor in agent.state_dict().values():
+        buffer = tensor.to(comm_device)  # the tensor itself, or with gloo and the weights on a GPU a CPU copy
+        dist.broadcast(buffer, src=0)
+        tensor.copy_(buffer)
 
 
 class Episode(NamedTuple):
@@ -1914,53 +913,6 @@ class RolloutReport(NamedTuple):
     episodes: list[Episode]  # that ended in its rollout, for rank 0's log
     rollout_time: float  # seconds, for perf/rollout_time_max
     value_sums: ValueSums  # for losses/explained_variance
-
-
-class CommTimer:
-    """`with comm: <collective>` adds the time this rank spends in the collective to `comm.seconds`
-    (perf/comm_time), the wait for slower ranks included.
-
-    What that time is: with gloo on the CPU a collective returns when it is done, so the wall time of
-    the call is the communication and the wait. On CUDA the GPU runs behind the host, and an nccl
-    collective returns to the host as soon as it is queued: the wall time of the call would be the
-    launch. There CUDA events recorded on entry and exit time the collective on the GPU's own clock,
-    without a sync; `seconds` reads them, once per iteration (one sync, at logging). With `sync`
-    (--sync-timing) the GPU is instead synchronized on entry and exit, two syncs per call, and the
-    wall time is the collective's alone."""
-
-    def __init__(self, device: torch.device, sync: bool):
-        self.device, self.sync = device, sync and device.type == "cuda"
-        self.events = device.type == "cuda" and not sync and torch.cuda.is_available()
-        self.wall_seconds, self.timed = 0.0, []  # wall time; (start, end) CUDA events
-
-    def __enter__(self):
-        if self.sync:
-            torch.cuda.synchronize(self.device)
-        if self.events:
-            self.timed.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
-            self.timed[-1][0].record()
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exception):
-        if self.sync:
-            torch.cuda.synchronize(self.device)
-        if self.events:
-            self.timed[-1][1].record()
-        self.wall_seconds += time.perf_counter() - self.start
-
-    @torch.compiler.disable
-    def __call__(self, collective, *args):
-        """`collective(*args)`, timed; eager also under --compile (the compiled graphs end before it)."""
-        with self:
-            return collective(*args)
-
-    @property
-    def seconds(self) -> float:
-        if not self.events:
-            return self.wall_seconds
-        if self.timed:
-            self.timed[-1][1].synchronize()
-        return sum(start.elapsed_time(end) for start, end in self.timed) / 1000.0
 
 
 def make_preemption(args: Args, world_size: int) -> "Preemption | None":
@@ -1998,18 +950,103 @@ class Preemption:
         return self.min_steps <= steps < self.num_steps and self.finished_rollouts(iteration) >= self.after
 
 
-# THE ENTRY POINT ---------------------------------------------------------------------------------
+# ==================================================================================================
+# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its policy
+# plays an evaluation, and the entry point, which joins the job. The rest of a run (the run folder, checkpoints
+# and resuming, logging, Ctrl-C and full disks) and the job's plumbing (the device and the backend, joining and
+# leaving the job, the messages between ranks, timing the collectives, rank 0 writing for every rank) are the
+# package ppolab's. None of it changes what PPO computes; what the ranks compute together is all above.
+# ==================================================================================================
+
+
+def check_args(args: Args, rank: int, world_size: int):
+    """Bad input ends in one line on every rank before it joins the job: the checks of every script (numbers,
+    counts, the world size, the batch, folders, and on rank 0, which alone reads them, the --resume and
+    --evaluate files), then preemption, the backend and GPUs, and the game."""
+    ppolab.check_args(
+        args,
+        positive=("max_episode_steps", "timeout"),
+        non_negative=("straggler_delay",),
+        world_size=world_size,
+        batch=f"--num-envs {args.num_envs} x --num-steps {args.num_steps}",
+        files_here=rank == 0,
+    )
+    if args.preempt_fraction is not None:
+        if not 0 < args.preempt_fraction <= 1 or not 0 < args.preempt_min_steps <= 1:
+            ppolab.fail("--preempt-fraction and --preempt-min-steps must be in (0, 1]")
+        if math.ceil(args.preempt_min_steps * args.num_steps) * (args.num_envs // world_size) < args.num_minibatches:
+            ppolab.fail("--preempt-min-steps leaves a rank fewer samples than --num-minibatches")
+    if args.backend not in (None, "gloo", "nccl"):  # from the command line tyro refuses it first
+        ppolab.fail(f"--backend must be gloo or nccl, got {args.backend}")
+    if args.backend == "nccl" and not (args.cuda and torch.cuda.is_available()):
+        ppolab.fail("--backend nccl needs CUDA (pass --backend gloo, or run on GPUs)")
+    if args.device_ids is not None and torch.cuda.is_available():
+        bad = [i for i in args.device_ids if not 0 <= i < torch.cuda.device_count()]
+        if bad or not args.device_ids:
+            ppolab.fail(f"--device-ids {args.device_ids}: this machine has GPUs 0 to {torch.cuda.device_count() - 1}")
+    env_id = atari_id(args.env_id)
+    try:
+        gym.spec(env_id)
+    except gym.error.Error:
+        ppolab.fail(
+            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
+            "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
+            "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
+        )
+    try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
+        env = gym.make(env_id)
+        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
+        env.close()
+    except gym.error.Error as e:
+        ppolab.fail(f"cannot make {env_id}: {e}")
+    if not atari:
+        ppolab.fail(f"{env_id} is not an Atari game; ppo_atari_multigpu.py trains Atari games only")
+
+
+def evaluate(
+    checkpoint: dict, episodes: int, deterministic: bool, seed: int, *, video_prefix: str | None = None
+) -> list[float]:
+    """Plays `episodes` whole games (all lives), one per environment, with the policy of `checkpoint` (a saved
+    model, or a snapshot of the training) and the training preprocessing, on the CPU, and returns their returns
+    (the unclipped game scores). The games and the action sampling come from `seed`, so the same model scores
+    the same whether evaluated during training, after it or later from the saved file. `video_prefix`
+    (`--evaluate --capture-video`): records the game of environment 0 (the first) with RecordVideo, the
+    unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
+    args = Args(**checkpoint["args"])
+    # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
+    envs = make_envs(
+        args,
+        episodes,
+        str(Path(video_prefix or ".").parent.parent),
+        video_prefix is not None,
+        video_prefix=Path(video_prefix or "rl-video").name,
+        video_trigger=lambda episode: episode == 0,
+    )
+    agent = Agent(int(envs.single_action_space.n))
+    agent.load_state_dict(checkpoint["model"])
+    torch.manual_seed(seed)
+    returns = np.full(episodes, np.nan)
+    obs, _ = envs.reset(seed=seed)
+    while np.isnan(returns).any():
+        with torch.no_grad():
+            logits = agent.actor(agent.features(torch.as_tensor(obs)))
+            action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+        obs, _, _, _, infos = envs.step(action.numpy())
+        for i, episodic_return, _ in finished_episodes(infos):
+            if np.isnan(returns[i]):
+                returns[i] = episodic_return
+    envs.close()
+    return returns.tolist()
 
 
 def main(args: Args) -> str | list[float] | None:
     """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates on rank 0
-    (returns the episodes' returns). Training joins the job's process group and leaves it on every path."""
+    (returns the games' scores). Training joins the job's process group and leaves it on every path."""
     rank, local_rank, world_size = launch_info()
-    check_args(args, world_size)
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
+    check_args(args, rank, world_size)
+    ppolab.use_threads(args.torch_threads)
     if args.evaluate is not None:
-        return run_evaluation(args.evaluate, args) if rank == 0 else None
+        return ppolab.evaluate_file(args, evaluate, atari_id) if rank == 0 else None
 
     device = select_device(args, local_rank)
     backend = select_backend(args, device)
@@ -2017,12 +1054,11 @@ def main(args: Args) -> str | list[float] | None:
         torch.cuda.set_device(device)
     init_distributed(backend, world_size, args.timeout)
     comm_device = device if backend == "nccl" else torch.device("cpu")  # gloo reduces CPU tensors
-    with in_the_job(rank, world_size, args.timeout):
-        args, run_dir, checkpoint = prepare_run(args, rank, world_size)
-        exit_on_ctrl_c(run_dir)  # on every rank: each says where rank 0 writes its checkpoints
-        with exit_on_write_error(run_dir):
-            return train(args, run_dir, checkpoint, rank, world_size, device, comm_device)
+    # every rank trains with rank 0's arguments and folder (or --resume's checkpoint, which rank 0 reads and
+    # sends); rank 0 alone writes the run. Ctrl-C and refused writes end it in one line (ppolab.stops)
+    with in_the_job(rank, world_size, args.timeout), DistributedRun(args, evaluate, atari_id) as run:
+        return train(run.args, run, rank, world_size, device, comm_device)
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(ppolab.parse(Args))

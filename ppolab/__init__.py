@@ -12,7 +12,10 @@ loop) and imports this package for what never changes what PPO computes and is t
 - seeding.py: seeds, deterministic kernels, the device;
 - fast_path.py: the NumPy policy and update steps of the small-MLP scripts on the CPU, with the guard that
   runs them only where they compute exactly the script's code;
-- vector_env.py, statistics.py: a same-step vector environment and running statistics.
+- vector_env.py, statistics.py: a same-step vector environment and running statistics;
+- distributed.py (imported by the torchrun script only): the plumbing of a job of processes (device, backend,
+  joining and leaving, the messages between ranks, timing the collectives) and `DistributedRun`, the run of a
+  data-parallel job, which rank 0 writes for every rank.
 
 A script copied elsewhere runs wherever this package is importable (`pip install -e .` in the repository,
 which `bash setup.sh` does).

@@ -80,14 +80,21 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
 
 
 def check_args(
-    args, *, positive: tuple = (), non_negative: tuple = (), batch: str | None = None, files_here: bool = True
+    args,
+    *,
+    positive: tuple = (),
+    non_negative: tuple = (),
+    world_size: int = 1,
+    batch: str | None = None,
+    files_here: bool = True,
 ):
     """The checks every script makes, in this order: the numbers (check_numbers), the counts that must be
     positive (POSITIVE, those of them the script has, then `positive`), those that must not be negative
-    (--checkpoint-every, --torch-threads, then `non_negative`), that --num-minibatches divides the batch
-    (`batch` says what the batch is made of; by default "--num-envs 4 x --num-steps 128" where the script has
-    --num-envs; None otherwise: the script checks that itself) into minibatches of at least 2, --cudagraphs with CUDA, a first iteration, --eval-every,
-    --track's login, --runs-dir, and that --resume and --evaluate name files (where they are read:
+    (--checkpoint-every, --torch-threads, then `non_negative`), that the `world_size` of a job of processes that
+    share --num-envs (torchrun's) divides it, that --num-minibatches divides the batch (`batch` says what the
+    batch is made of; by default "--num-envs 4 x --num-steps 128" where the script has --num-envs; None
+    otherwise: the script checks that itself) into minibatches of at least 2, --cudagraphs with CUDA, a first
+    iteration, --eval-every, --track's login, --runs-dir, and that --resume and --evaluate name files (where they are read:
     `files_here`; under torchrun only rank 0 reads them)."""
     check_numbers(args)
     for name in [name for name in POSITIVE if hasattr(args, name)] + list(positive):
@@ -96,6 +103,11 @@ def check_args(
     non_negative = ("checkpoint_every", "torch_threads", *non_negative)
     if any(getattr(args, name) < 0 for name in non_negative):
         fail(f"{listed(non_negative)} must not be negative")
+    if world_size > 1 and args.num_envs % world_size != 0:
+        fail(
+            f"the world size {world_size} does not divide --num-envs {args.num_envs} (the global number of "
+            f"environments); pass a multiple of {world_size}"
+        )
     if batch is None and hasattr(args, "num_envs"):
         batch = f"--num-envs {args.num_envs} x --num-steps {args.num_steps}"
     if batch is not None and args.batch_size % args.num_minibatches != 0:

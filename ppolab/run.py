@@ -119,6 +119,19 @@ def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str
     return returns
 
 
+def new_run_dir(args, env_name: Callable[[str], str] = str) -> tuple[str, str | None]:
+    """A new run's folder, `<--runs-dir>/<env>__<--exp-name>__<--seed>__<the time in seconds>`, and the problem
+    with it in words (None: none)."""
+    name = f"{env_name(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}".replace("/", "-")
+    run_dir = f"{args.runs_dir}/{name}"
+    if os.path.exists(run_dir):
+        return run_dir, (
+            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
+            "pass another --exp-name"
+        )
+    return run_dir, None
+
+
 class Run:
     """One training run: its arguments (a resumed run's are its checkpoint's, with the flags that may change),
     its folder, and everything it writes there. `evaluate` is the script's
@@ -128,20 +141,27 @@ class Run:
     Used as a context manager around training: inside it Ctrl-C, and a checkpoint or the TensorBoard events
     that cannot be written, end the run in one line that says how to resume it (ppolab.stops)."""
 
-    def __init__(self, args, evaluate: Callable | None = None, env_name: Callable[[str], str] = str):
+    def __init__(
+        self,
+        args,
+        evaluate: Callable | None = None,
+        env_name: Callable[[str], str] = str,
+        *,
+        checkpoint: dict | None = None,
+        run_dir: str | None = None,
+    ):
+        """`checkpoint` (--resume's, read) and `run_dir` (a new run's folder, named by new_run_dir) where another
+        process read and named them (under torchrun, rank 0); by default the run reads and names them itself."""
         self.script, self.evaluate, self.env_name = script_of(args), evaluate, env_name
         if args.resume is not None:
-            self.checkpoint = load_checkpoint(args.resume, self.script)
+            self.checkpoint = checkpoint if checkpoint is not None else load_checkpoint(args.resume, self.script)
             self.args, self.dir = resume_args(args, self.checkpoint), str(Path(args.resume).parent)
         else:
-            self.checkpoint, self.args = None, args
-            name = f"{env_name(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}".replace("/", "-")
-            self.dir = f"{args.runs_dir}/{name}"
-            if os.path.exists(self.dir):
-                fail(
-                    f"run folder {self.dir} exists already (same env, name and seed started in the same second); "
-                    "pass another --exp-name"
-                )
+            self.checkpoint, self.args, self.dir = None, args, run_dir
+            if run_dir is None:
+                self.dir, problem = new_run_dir(args, env_name)
+                if problem:
+                    fail(problem)
         self.writer, self.progress, self.best_return = None, ProgressLine(), float("-inf")
         self.episode_returns = []  # of the episodes that ended in this iteration
         self.exits = contextlib.ExitStack()
@@ -191,9 +211,14 @@ class Run:
 
         self.writer = SummaryWriter(self.dir)
         self.writer.add_text(
-            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
+            "hyperparameters",
+            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in self.hyperparameters().items()),
         )
         self.start_time, self.start_step = time.time(), global_step
+
+    def hyperparameters(self) -> dict:
+        """What the TensorBoard text `hyperparameters` lists: the arguments."""
+        return asdict(self.args)
 
     def episode(self, step: int, episodic_return: float, episodic_length: int):
         """An episode that ended at global step `step`, logged there."""
@@ -215,29 +240,52 @@ class Run:
     ):
         """The iteration's scalars (the update's statistics copied from the device at once, the critic's
         explained variance of `returns` by `values`, the script's own `scalars` by tag) and, when due, its line."""
-        args, writer = self.args, self.writer
+        explained = explained_variance(values.numpy(), returns.numpy())
+        sps = self.log_iteration(global_step, stats, learning_rate, explained, rollout_time, update_time, scalars)
+        self.line_if_due(
+            f"iteration {iteration}/{self.args.num_iterations}",
+            global_step,
+            sps,
+            iteration == self.args.num_iterations,
+            f"rollout {rollout_time:.2f}s, update {update_time:.2f}s",
+        )
+
+    def log_iteration(
+        self,
+        global_step: int,
+        stats: dict[str, torch.Tensor],
+        learning_rate: float,
+        explained: float,
+        rollout_time: float,
+        update_time: float,
+        scalars: dict[str, float] | None = None,
+    ) -> int:
+        """An iteration's scalars at `global_step` (`explained`: the critic's explained variance); returns the
+        run's steps per second so far."""
+        writer = self.writer
         stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
         first_ratio_deviation = stats.pop("ratio_deviation")
         sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        eta = timedelta(seconds=int((args.num_iterations * args.batch_size - global_step) / max(sps, 1)))
         writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         for name, value in stats.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)
+        writer.add_scalar("losses/explained_variance", explained, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
         writer.add_scalar("perf/rollout_time", rollout_time, global_step)
         writer.add_scalar("perf/update_time", update_time, global_step)
         for tag, value in (scalars or {}).items():
             writer.add_scalar(tag, value, global_step)
-        line = self.progress.due(self.episode_returns, last=iteration == args.num_iterations)
+        return sps
+
+    def line_if_due(self, head: str, global_step: int, sps: int, last: bool, times: str):
+        """The per-iteration line, when due (ProgressLine; always at the `last` iteration): `head`
+        ("iteration i/N"), the episodes since the previous line, the speed, the time left and the `times`."""
+        line = self.progress.due(self.episode_returns, last=last)
         self.episode_returns = []
         if line:
-            print(
-                f"iteration {iteration}/{args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)",
-                flush=True,
-            )
+            eta = timedelta(seconds=int((self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1)))
+            print(f"{head} global_step={global_step} {line} SPS={sps} ETA={eta} ({times})", flush=True)
 
     def log_evaluation(self, returns: list[float], global_step: int):
         """An evaluation's scalars at the global step it was made: every episode's return as
@@ -274,12 +322,14 @@ class Run:
             flush=True,
         )
 
-    def finish(self, global_step: int, saved: dict, **extras):
-        """The end of a run: with --save-model the final model saved as `model.pt` and evaluated; the logs
-        closed (and the Weights & Biases run, with the videos recorded)."""
+    def finish(self, global_step: int, saved: dict, *, iteration: int | None = None, **extras):
+        """The end of a run: with --save-model the final model saved as `model.pt` (at `iteration`, by default
+        the last one, --total-timesteps' count) and evaluated; the logs closed (and the Weights & Biases run, with
+        the videos recorded)."""
         args = self.args
         if args.save_model:
-            model = checkpoint_data(saved, args, args.num_iterations, global_step, **extras)
+            iteration = args.num_iterations if iteration is None else iteration
+            model = checkpoint_data(saved, args, iteration, global_step, **extras)
             write_checkpoint_file(model, f"{self.dir}/model.pt")
             print(f"model saved to {self.dir}/model.pt")
             returns = evaluate_saved(model, self.evaluate, args.eval_episodes, args.eval_deterministic)

@@ -23,10 +23,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+import tyro
 
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari
 import ppo_atari_multigpu as script
+from ppolab.distributed import explained_variance_of
+from ppolab.stops import resume_hint
 from helpers import (
     LINE,
     METRICS,
@@ -359,11 +362,11 @@ def test_the_resume_command_is_the_launchs_own(tmp_path, monkeypatch):
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.write_bytes(b"")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert script.resume_hint(str(tmp_path)) == (
+    assert resume_hint(str(tmp_path)) == (
         f"last checkpoint {checkpoint}; continue with: the same torchrun command with --resume {checkpoint}"
     )
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert script.resume_hint(str(tmp_path)) == (
+    assert resume_hint(str(tmp_path)) == (
         f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
     )
 
@@ -513,10 +516,10 @@ def test_explained_variance_from_every_ranks_sums_is_the_whole_batchs():
     y_pred = torch.cat([v.reshape(-1) for v in values]).double().numpy()
     sums = [script.ValueSums.of(v, r) for v, r in zip(values, returns)]
     assert sums[0].count == 10 and sums[1].count == 6
-    assert script.explained_variance(sums) == pytest.approx(1 - np.var(y - y_pred) / np.var(y), rel=1e-6)
+    assert explained_variance_of(sums) == pytest.approx(1 - np.var(y - y_pred) / np.var(y), rel=1e-6)
     # one rank's sums alone give another number: the sums of every rank matter
-    assert script.explained_variance(sums[:1]) != pytest.approx(script.explained_variance(sums), rel=1e-3)
-    assert math.isnan(script.explained_variance([script.ValueSums.of(torch.zeros(4), torch.ones(4))]))
+    assert explained_variance_of(sums[:1]) != pytest.approx(explained_variance_of(sums), rel=1e-3)
+    assert math.isnan(explained_variance_of([script.ValueSums.of(torch.zeros(4), torch.ones(4))]))
 
 
 def test_preemption_reads_the_counter_without_changing_it():
@@ -571,6 +574,10 @@ def test_bad_input_fails_before_joining(tmp_path, monkeypatch, capsys):
             script.main(fake_args(script, tmp_path, **overrides))
         assert exit_info.value.code == 2 and words in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+    # from the command line tyro refuses another backend itself, before main
+    with pytest.raises(SystemExit) as exit_info:
+        tyro.cli(script.Args, args=["--backend", "mpi"])
+    assert exit_info.value.code == 2 and "mpi" in capsys.readouterr().err
 
 
 def test_ranks_sharing_a_gpu_use_gloo(monkeypatch):
