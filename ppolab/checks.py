@@ -80,13 +80,20 @@ POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "upda
 
 
 def check_args(
-    args, *, positive: tuple = (), non_negative: tuple = (), batch: str | None = None, files_here: bool = True
+    args,
+    *,
+    positive: tuple = (),
+    non_negative: tuple = (),
+    batch: str | None = None,
+    whole_sequences: bool = False,
+    files_here: bool = True,
 ):
     """The checks every script makes, in this order: the numbers (check_numbers), the counts that must be
     positive (POSITIVE, those of them the script has, then `positive`), those that must not be negative
     (--checkpoint-every, --torch-threads, then `non_negative`), that --num-minibatches divides the batch
     (`batch` says what the batch is made of, e.g. "--num-envs 4 x --num-steps 128"; None: the script checks
-    that itself) into minibatches of at least 2, --cudagraphs with CUDA, a first iteration, --eval-every,
+    that itself), or with `whole_sequences` (a minibatch is a set of whole environment sequences) that it divides
+    --num-envs, into minibatches of at least 2, --cudagraphs with CUDA, a first iteration, --eval-every,
     --track's login, --runs-dir, and that --resume and --evaluate name files (where they are read:
     `files_here`; under torchrun only rank 0 reads them)."""
     check_numbers(args)
@@ -98,6 +105,11 @@ def check_args(
         fail(f"{listed(non_negative)} must not be negative")
     if batch is not None and args.batch_size % args.num_minibatches != 0:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} ({batch})")
+    if whole_sequences and args.num_envs % args.num_minibatches != 0:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
+            "(a minibatch is a set of whole environment sequences)"
+        )
     if args.batch_size // args.num_minibatches < 2:
         fail(
             f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
