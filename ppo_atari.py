@@ -7,9 +7,8 @@ Run:
 What this file shows, top to bottom: PPO with the 9 Atari details of "The 37 Implementation Details of PPO"
 (Huang et al. 2022): no-op reset, max-and-skip 4, episodic life, fire on reset, reward clipping, 84x84 grayscale
 and frame stack 4 (the wrappers of `make_env`), a Nature CNN shared by actor and critic and pixels scaled to
-[0, 1] (`Agent`). PPO ends at the banner after `train`; below it is what is particular to this script's run (its
-input checks, how its policy plays an evaluation, the entry point); the rest of a run (the run folder,
-checkpoints and resuming, logging) is the package ppolab's.
+[0, 1] (`Agent`). PPO ends at the banner after `train`; below it are this script's input checks, its evaluation
+and the entry point (the rest of a run is the package ppolab's).
 
 What is special in this file (the places where Atari scripts usually go wrong): same-step autoreset, so every
 stored transition is real (`make_envs`); a lost life ends the learning episode, not the game (`EpisodicLife`),

@@ -10,20 +10,17 @@ sees one frame per step (no frame stack) and remembers the past in an LSTM, with
 LSTM weights with zero biases, a zero initial state, the state reset where an episode starts, minibatches made
 of whole environment sequences, and an update that replays each sequence from the state the rollout started
 with (so the new policy equals the old one at the first minibatch: ratio 1). PPO ends at the banner after
-`train`; below it is what is particular to this script's run (its input checks, how its policy plays an
-evaluation, the entry point); the rest of a run (the run folder, checkpoints and resuming, logging) is the
-package ppolab's.
+`train`; below it are this script's input checks, its evaluation and the entry point (the rest of a run is
+the package ppolab's).
 
 What is special in this file:
-- The usual implementation runs the LSTM one time step at a time in a Python loop, in the rollout and,
-  slowest, in every minibatch of the update. `Agent.run_lstm` instead runs every stretch of steps without an
-  episode start in one `nn.LSTM` call and resets the state only where some episode starts: the same numbers
-  (tests/test_atari_lstm.py), many fewer calls (benchmark/throughput.py).
+- `Agent.run_lstm` runs every stretch of steps without an episode start in one `nn.LSTM` call, where the usual
+  implementation steps the LSTM one time step at a time in a Python loop (slowest in every minibatch of the
+  update): the same numbers (tests/test_atari_lstm.py), many fewer calls (benchmark/throughput.py).
 - Same-step autoreset (every stored transition real), episodic life with the game score over all lives,
   truncation bootstrapped with the value of the final observation *and the LSTM state it was reached with*.
-- Observations stay uint8 (one 84x84 frame per step). A resumed run starts new games from a zero state.
-- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU
-  (convolutions and the LSTM).
+- Observations stay uint8 (one 84x84 frame per step); a resumed run starts new games from a zero state.
+- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
 import os
@@ -373,10 +370,7 @@ class Agent(nn.Module):
 
     def initial_state(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Recurrent detail 2: every environment starts from the zero state."""
-        return (
-            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
-            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
-        )
+        return tuple(torch.zeros(1, num_envs, self.lstm.hidden_size, device=device) for _ in range(2))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
@@ -634,11 +628,8 @@ def train(args: Args, run: ppolab.Run) -> str:
     obs_shape = envs.single_observation_space.shape  # (1, 84, 84)
     obs = torch.zeros((T, N) + obs_shape, dtype=torch.uint8)
     actions = torch.zeros((T, N), dtype=torch.long)
-    logprobs = torch.zeros((T, N))
-    rewards = torch.zeros((T, N))
-    dones = torch.zeros((T, N))
+    logprobs, rewards, dones, values = (torch.zeros((T, N)) for _ in range(4))
     starts = torch.zeros((T, N))  # 1 where obs[t] is the first observation of an episode
-    values = torch.zeros((T, N))
     final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
     obs_np, actions_np, logprobs_np, rewards_np, dones_np, starts_np, values_np = (
         x.numpy() for x in (obs, actions, logprobs, rewards, dones, starts, values)

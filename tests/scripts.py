@@ -30,18 +30,23 @@ SAME_STEP_GAE = [
 ]
 NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
 
+# The scripts whose run machinery (checkpoints, resume, input checks, logging, Ctrl-C) is the package ppolab's:
+# they hold no copy of it
+ON_PPOLAB = ["ppo", "ppo_atari", "ppo_atari_lstm"]
+OWN_MACHINERY = [s for s in SCRIPTS if s not in ON_PPOLAB]
+
 # Functions and classes that several scripts repeat on purpose. Within each group the copies must be
 # the same code (docstrings and comments may differ); a piece with more than one group names an
 # intended difference, and the comment says why it exists.
 IDENTICAL = {
     # multigpu's also tells torchrun (its failure summary shows the line)
-    "fail": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
+    "fail": [[s for s in OWN_MACHINERY if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
     "ppo_loss": [SCRIPTS],
     "layer_init": [SCRIPTS],
-    "rng_state": [SCRIPTS],
-    "set_rng_state": [SCRIPTS],
+    "rng_state": [OWN_MACHINERY],
+    "set_rng_state": [OWN_MACHINERY],
     # multigpu's takes every rank's sums (one all_gather), not the arrays
-    "explained_variance": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
+    "explained_variance": [[s for s in OWN_MACHINERY if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
     "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
     # gymnasium's vector RecordEpisodeStatistics (classic control, MuJoCo) / a per-env one below the
     # Atari wrappers, whose info arrives in final_info with same-step autoreset
@@ -50,34 +55,34 @@ IDENTICAL = {
         ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"],
     ],
     # gymnasium's same-step SyncVectorEnv, written out for the per-step cost
-    "SameStepVectorEnv": [["ppo", "ppo_continuous_action"]],
+    "SameStepVectorEnv": [["ppo_continuous_action"]],
     "step_in_reset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "NoopReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "MaxAndSkip": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "EpisodicLife": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
     "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
-    "ProgressLine": [SCRIPTS],
-    "finish_tracking": [SCRIPTS],
+    "ProgressLine": [OWN_MACHINERY],
+    "finish_tracking": [OWN_MACHINERY],
     "RunningMeanStd": [["ppo_continuous_action", "ppo_procgen", "ppo_continuous_action_redis"]],
     # bad input, checkpoint files, resuming and Ctrl-C: the same rules in every script
-    "check_numbers": [SCRIPTS],
-    "check_tracking": [SCRIPTS],
-    "check_runs_dir": [SCRIPTS],
-    "write_checkpoint_file": [SCRIPTS],
-    "CHECKPOINT_FORMAT": [SCRIPTS],
-    "as_data": [SCRIPTS],
-    "FORMAT_2_NUMPY": [SCRIPTS],
-    "read_checkpoint": [SCRIPTS],
-    "load_checkpoint": [SCRIPTS],
-    "resume_args": [SCRIPTS],
-    "make_run_dir": [SCRIPTS],
+    "check_numbers": [OWN_MACHINERY],
+    "check_tracking": [OWN_MACHINERY],
+    "check_runs_dir": [OWN_MACHINERY],
+    "write_checkpoint_file": [OWN_MACHINERY],
+    "CHECKPOINT_FORMAT": [OWN_MACHINERY],
+    "as_data": [OWN_MACHINERY],
+    "FORMAT_2_NUMPY": [OWN_MACHINERY],
+    "read_checkpoint": [OWN_MACHINERY],
+    "load_checkpoint": [OWN_MACHINERY],
+    "resume_args": [OWN_MACHINERY],
+    "make_run_dir": [OWN_MACHINERY],
     # under torchrun: the rank in the line, and torchrun's command to resume
-    "resume_hint": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
-    "exit_on_ctrl_c": [[s for s in SCRIPTS if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
+    "resume_hint": [[s for s in OWN_MACHINERY if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
+    "exit_on_ctrl_c": [[s for s in OWN_MACHINERY if s != "ppo_atari_multigpu"], ["ppo_atari_multigpu"]],
     # a refused write (disk full) ends the run in one line, as Ctrl-C does
-    "WRITE_ERRORS": [SCRIPTS],
-    "quiet_write_errors": [SCRIPTS],
-    "exit_on_write_error": [SCRIPTS],
+    "WRITE_ERRORS": [OWN_MACHINERY],
+    "quiet_write_errors": [OWN_MACHINERY],
+    "exit_on_write_error": [OWN_MACHINERY],
     # one minibatch's gradient step: the plain form / with the all-reduce of the gradients / with the
     # 0/1 mask of fixed-shape minibatches (reset rows kept, not counted) / with the recurrent state
     "update_step": [
