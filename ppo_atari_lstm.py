@@ -370,7 +370,10 @@ class Agent(nn.Module):
 
     def initial_state(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Recurrent detail 2: every environment starts from the zero state."""
-        return tuple(torch.zeros(1, num_envs, self.lstm.hidden_size, device=device) for _ in range(2))
+        return (
+            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
+            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
+        )
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
