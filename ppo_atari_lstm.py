@@ -10,36 +10,22 @@ sees one frame per step (no frame stack) and remembers the past in an LSTM, with
 LSTM weights with zero biases, a zero initial state, the state reset where an episode starts, minibatches made
 of whole environment sequences, and an update that replays each sequence from the state the rollout started
 with (so the new policy equals the old one at the first minibatch: ratio 1). PPO ends at the banner after
-`train`; below it is the machinery a run needs, the Atari wrappers (ppo_atari.py's) included.
+`train`; below it are this script's input checks, its evaluation and the entry point (the rest of a run is
+the package ppolab's).
 
 What is special in this file:
-- The usual implementation runs the LSTM one time step at a time in a Python loop, in the rollout and,
-  slowest, in every minibatch of the update. `Agent.run_lstm` instead runs every stretch of steps without an
-  episode start in one `nn.LSTM` call and resets the state only where some episode starts: the same numbers
-  (tests/test_atari_lstm.py), many fewer calls (benchmark/throughput.py).
+- `Agent.run_lstm` runs every stretch of steps without an episode start in one `nn.LSTM` call, where the usual
+  implementation steps the LSTM one time step at a time in a Python loop (slowest in every minibatch of the
+  update): the same numbers (tests/test_atari_lstm.py), many fewer calls (benchmark/throughput.py).
 - Same-step autoreset (every stored transition real), episodic life with the game score over all lives,
   truncation bootstrapped with the value of the final observation *and the LSTM state it was reached with*.
-- Observations stay uint8 (one 84x84 frame per step). Checkpoints are data only, with everything needed to
-  resume (a resumed run starts new games from a zero state); `--evaluate` scores a saved model.
-- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU
-  (convolutions and the LSTM).
+- Observations stay uint8 (one 84x84 frame per step); a resumed run starts new games from a zero state.
+- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
-import contextlib
-import copy
-import errno
-import io
-import math
 import os
-import pickle
-import random
-import signal
-import sys
-import threading
 import time
-import warnings
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -52,8 +38,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
 from torch.distributions.categorical import Categorical
+
+import ppolab
 
 gym.register_envs(ale_py)  # registers BreakoutNoFrameskip-v4, ALE/Breakout-v5, ...
 ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
@@ -160,6 +147,109 @@ class Args:
 # ENVIRONMENTS ------------------------------------------------------------------------------------
 
 
+def atari_id(env_id: str) -> str:
+    """`Breakout` -> `BreakoutNoFrameskip-v4`; full ids (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`) as given."""
+    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
+
+
+def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
+    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
+    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
+    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
+    obs, _, terminated, truncated, step_info = env.step(action)
+    episode = info.get("episode")
+    if terminated or truncated:
+        episode = step_info.get("episode", episode)
+        obs, step_info = env.reset()
+    return obs, step_info if episode is None else {**step_info, "episode": episode}
+
+
+class NoopReset(gym.Wrapper):
+    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
+    seeded RNG, so the games start in different states."""
+
+    def __init__(self, env: gym.Env, noop_max: int = 30):
+        super().__init__(env)
+        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, info = step_in_reset(self.env, 0, info)
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
+    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
+    an episode end, still with the max of the last two frames (the earlier one from the step before
+    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
+    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
+
+    def __init__(self, env: gym.Env, skip: int = 4):
+        super().__init__(env)
+        self.skip, self.frame = skip, None
+
+    def reset(self, **kwargs):
+        self.frame, info = self.env.reset(**kwargs)
+        return self.frame, info
+
+    def step(self, action):
+        total_reward = 0.0
+        for _ in range(self.skip):
+            previous = self.frame
+            self.frame, reward, terminated, truncated, info = self.env.step(action)
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
+    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
+    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
+    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, info = step_in_reset(self.env, 0, {})
+        self.game_over = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Ours. Games that wait for FIRE to start (Breakout's ball) get FIRE after every reset, then
+    action 2, as the usual wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife,
+    it also fires after each lost life."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, info = step_in_reset(self.env, self.fire, info)
+        return step_in_reset(self.env, 2, info)
+
+
 def make_env(
     env_id: str,
     idx: int,
@@ -170,8 +260,7 @@ def make_env(
     video_trigger=None,
 ):
     """A thunk that builds one Atari environment with the standard preprocessing, wrapper by wrapper from the bottom
-    up (Gymnasium's where one does exactly the same thing, ours otherwise: below the banner, THE ATARI WRAPPERS,
-    ppo_atari.py's code). Grayscale comes from ALE
+    up (Gymnasium's where one does exactly the same thing, ours otherwise). Grayscale comes from ALE
     (`obs_type="grayscale"`: OpenCV's RGB2GRAY values on all 110 colours met in 11 games), so the max of two frames
     is taken in grayscale, as envpool and Gymnasium's AtariPreprocessing do. Every id gets the v4 NoFrameskip
     settings (frameskip=1, no sticky actions, minimal action set, truncation at 4 x `max_episode_steps` frames), so
@@ -201,7 +290,7 @@ def make_env(
             env = FireReset(env)  # ours: FIRE after every reset
         env = gym.wrappers.TransformReward(env, np.sign)  # the reward clipped to its sign, -1, 0 or 1
         env = gym.wrappers.ResizeObservation(env, (84, 84))  # cv2.resize with INTER_AREA
-        return gym.wrappers.FrameStackObservation(env, 1)  # one frame, (1, 84, 84) uint8: the LSTM is the memory
+        return gym.wrappers.ReshapeObservation(env, (1, 84, 84))  # one frame, (1, 84, 84) uint8: the LSTM is the memory
 
     return thunk
 
@@ -225,6 +314,20 @@ def make_envs(
         for i in range(num_envs)
     ]
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
+    """The episodes that ended at this vector step: (env index, return, length in agent steps), where an
+    episode is a whole game and its return the game score: RecordEpisodeStatistics sits below EpisodicLife
+    and the reward clipping. With same-step autoreset the info of a step that ended an episode moves to
+    `info["final_info"]`, the reset's info stays at the top level: a game ends in the former at its last
+    step, or, rarely, in the latter during a reset's own steps (a truncation during the no-op after a lost
+    life, see `step_in_reset`)."""
+    episodes = []
+    for source in (infos.get("final_info", {}), infos):
+        for i in np.flatnonzero(source.get("_episode", [])):
+            episodes.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
+    return episodes
 
 
 # THE NETWORK -------------------------------------------------------------------------------------
@@ -497,20 +600,13 @@ def episode_cuts(starts: torch.Tensor) -> list[int]:
 # TRAINING ----------------------------------------------------------------------------------------
 
 
-def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
-    """PPO on args.env_id from scratch or from `checkpoint` (--resume), writing to run_dir, which it returns."""
-    # Seeding: same seed, same machine, same thread count -> same numbers
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_deterministic:  # cuDNN's float32 convolutions and LSTMs in full float32, not TF32
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
+def train(args: Args, run: ppolab.Run) -> str:
+    """PPO on args.env_id, from scratch or on from --resume's checkpoint; `run` (the package's) writes everything
+    the run reports into its folder, which train returns."""
+    ppolab.seed_everything(args.seed, args.torch_deterministic)  # same seed, same thread count: same numbers
+    device = ppolab.pick_device(args.cuda)
 
-    envs = make_envs(args, args.num_envs, run_dir, args.capture_video)
+    envs = make_envs(args, args.num_envs, run.dir, args.capture_video)
     agent = Agent(int(envs.single_action_space.n)).to(device)
     # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
     # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees
@@ -518,8 +614,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     # device too (capturable)
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
-    start_iteration, global_step = restore(checkpoint, agent, optimizer, args)  # 1, 0 for a new run
-    log = RunLog(args, run_dir, global_step)
+    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint holds besides progress, RNG and args
+    start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run
 
     # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
     # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them).
@@ -535,11 +631,8 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
     obs_shape = envs.single_observation_space.shape  # (1, 84, 84)
     obs = torch.zeros((T, N) + obs_shape, dtype=torch.uint8)
     actions = torch.zeros((T, N), dtype=torch.long)
-    logprobs = torch.zeros((T, N))
-    rewards = torch.zeros((T, N))
-    dones = torch.zeros((T, N))
+    logprobs, rewards, dones, values = (torch.zeros((T, N)) for _ in range(4))
     starts = torch.zeros((T, N))  # 1 where obs[t] is the first observation of an episode
-    values = torch.zeros((T, N))
     final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
     obs_np, actions_np, logprobs_np, rewards_np, dones_np, starts_np, values_np = (
         x.numpy() for x in (obs, actions, logprobs, rewards, dones, starts, values)
@@ -596,7 +689,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
                 idx = np.flatnonzero(bootstrap)
                 truncations.append((step, idx, np.stack(infos["final_obs"][idx]), state))
             for i, episodic_return, episodic_length in finished_episodes(infos):
-                log.episode(global_step - N + i + 1, episodic_return, episodic_length)  # at the step it ended
+                run.episode(global_step - N + i + 1, episodic_return, episodic_length)  # at the step it ended
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         with torch.no_grad():
@@ -666,138 +759,33 @@ def train(args: Args, run_dir: str, checkpoint: dict | None) -> str:
 
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        log.iteration(
-            iteration,
-            global_step,
-            stats,
-            lr,
-            values,
-            returns,
-            rollout_time,
-            update_time,
-            act_time=act_time,
-            env_time=env_time,
-        )
-        evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log)
-        checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir)
+        perf = {"perf/act_time": act_time, "perf/env_time": env_time}  # the rollout's time, split
+        run.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time, perf)
+        run.evaluate_if_due(iteration, global_step, saved)
+        run.checkpoint_if_due(iteration, global_step, saved)
 
-    finish(args, envs, agent, optimizer, run_dir, global_step, log)
-    return run_dir
+    envs.close()
+    run.finish(global_step, saved)  # --save-model: model.pt, evaluated
+    return run.dir
 
 
 # ==================================================================================================
-# PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
-# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, and the entry
-# point, none of which changes what PPO computes; and the Atari wrappers that make_env stacks.
+# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its
+# policy plays an evaluation (carrying the recurrent state), and the entry point. The rest of a run (the
+# run folder, checkpoints and resuming, logging, Ctrl-C and full disks) is the package ppolab's; none of
+# it changes what PPO computes.
 # ==================================================================================================
-
-
-# INPUT CHECKS ------------------------------------------------------------------------------------
-
-
-def fail(message: str):
-    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def check_numbers(args: Args):
-    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
-    coefficient or a NaN learning rate trains without an error, on nonsense."""
-    for name, value in asdict(args).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for name, valid, meaning in (
-        (
-            "seed",
-            0 <= args.seed <= 1_000_000_000,
-            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
-        ),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
-        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
-        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
-    ):
-        if not valid:
-            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
-
-
-def check_tracking(args: Args):
-    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
-    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
-        return
-    import wandb  # imported only when used
-
-    if not wandb.login(prompt=False, verify=False):
-        fail(
-            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
-        )
-
-
-def check_runs_dir(runs_dir: str):
-    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
-    reports what the OS says if creating it fails all the same)."""
-    path = Path(runs_dir).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
-
-
-def atari_id(env_id: str) -> str:
-    """`Breakout` -> `BreakoutNoFrameskip-v4`; full ids (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`) as given."""
-    return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
 
 
 def check_args(args: Args):
-    """Reject arguments that would crash or silently misbehave later."""
-    check_numbers(args)
-    for name in (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "eval_episodes",
-        "max_episode_steps",
-    ):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.checkpoint_every < 0 or args.torch_threads < 0:
-        fail("--checkpoint-every and --torch-threads must not be negative")
-    if args.num_envs % args.num_minibatches != 0:
-        fail(
-            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
-            "(a minibatch is a set of whole environment sequences)"
-        )
-    if args.batch_size // args.num_minibatches < 2:
-        fail(
-            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
-        )
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
-    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.eval_every < 0:
-        fail(f"--eval-every must not be negative, got {args.eval_every}")
-    check_tracking(args)
-    if args.resume is None and args.evaluate is None:
-        check_runs_dir(args.runs_dir)
-    for name in ("resume", "evaluate"):
-        path = getattr(args, name)
-        if path is not None and not Path(path).is_file():
-            fail(f"--{name}: no such file: {path}")
+    """Bad input ends in one line before any work: the checks of every script (numbers, counts, that a minibatch
+    is whole environment sequences, files, folders), then that the game is an Atari game."""
+    ppolab.check_args(args, positive=("max_episode_steps",), whole_sequences=True)
     env_id = atari_id(args.env_id)
     try:
         gym.spec(env_id)
     except gym.error.Error:
-        fail(
+        ppolab.fail(
             f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
             "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
             "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
@@ -807,277 +795,20 @@ def check_args(args: Args):
         atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
         env.close()
     except gym.error.Error as e:
-        fail(f"cannot make {env_id}: {e}")
+        ppolab.fail(f"cannot make {env_id}: {e}")
     if not atari:
-        fail(f"{env_id} is not an Atari game; ppo_atari_lstm.py trains Atari games only")
+        ppolab.fail(f"{env_id} is not an Atari game; ppo_atari_lstm.py trains Atari games only")
 
 
-# THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
-
-
-def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
-    """The run's arguments, folder and checkpoint: a new folder for a new run; for --resume the checkpoint's
-    folder, arguments (with the flags that may change) and the checkpoint itself."""
-    if args.resume is not None:
-        checkpoint = load_checkpoint(args.resume)
-        return resume_args(args, checkpoint), str(Path(args.resume).parent), checkpoint
-    run_name = f"{atari_id(args.env_id).replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = f"{args.runs_dir}/{run_name}"
-    if os.path.exists(run_dir):
-        fail(
-            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-            "pass another --exp-name"
-        )
-    return args, run_dir, None
-
-
-def make_run_dir(run_dir: str):
-    """Creates the run folder, or ends in one line saying why it cannot."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
-
-
-# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before checkpoints
-# named their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and
-# converted by as_data)
-CHECKPOINT_FORMAT = 3
-
-
-def save_checkpoint(
-    path: str, agent: Agent, optimizer: torch.optim.Optimizer, args: Args, iteration: int, global_step: int
-):
-    """Everything needed to continue or evaluate: weights, optimizer, progress, RNG states, args.
-
-    Written by `write_checkpoint_file`, so a run killed while saving keeps its last checkpoint.
-    """
-    checkpoint = {
-        "model": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "iteration": iteration,
-        "global_step": global_step,
-        "args": asdict(args),
-        "script": Path(__file__).name,  # read_checkpoint refuses the checkpoints of other scripts
-        "format": CHECKPOINT_FORMAT,
-        "rng": rng_state(next(agent.parameters()).device),
-    }
-    write_checkpoint_file(checkpoint, path)
-
-
-def checkpoint_if_due(
-    args: Args, iteration: int, global_step: int, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str
-):
-    """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration."""
-    if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-        save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step)
-
-
-def write_checkpoint_file(checkpoint: dict, path: str):
-    """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
-    one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
-    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes.
-    A write the file system refuses (disk full, file too large, read-only) removes `path.tmp` and raises
-    the OSError, naming `path`; the previous checkpoint stays as it was."""
-    data = io.BytesIO()
-    torch.save(checkpoint, data)  # in memory first: a failed write is then the file system's OSError
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, path) from None
-    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-    for stale in Path(path).parent.glob("*.pt.tmp"):
-        stale.unlink(missing_ok=True)
-
-
-def as_data(value):
-    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
-    hold (read_checkpoint reads nothing else)."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        return torch.tensor(value)  # a copy, with the same dtype
-    if isinstance(value, dict):
-        return {key: as_data(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(as_data(item) for item in value)
-    return value
-
-
-def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
-    pickle); CUDA's too when the run uses it."""
-    kind, key, *rest = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-        "python": random.getstate(),
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device):
-    torch.set_rng_state(state["torch"])
-    kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, key.numpy().astype(np.uint32), *rest))
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-# What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
-# statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [
-    np.ndarray,
-    np.dtype,
-    np._core.multiarray._reconstruct,
-    np._core.multiarray.scalar,
-    np.dtypes.UInt32DType,
-    np.dtypes.Float64DType,
-]
-
-
-def read_checkpoint(path: str) -> dict | str:
-    """Reads a checkpoint written by this script's `save_checkpoint`, as data only: torch.load with
-    weights_only=True rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so
-    opening a file never runs code from it. Returns the problem, in words, if the file is not a checkpoint
-    (empty or truncated, holding code or other objects, of another script, of another format)."""
-    head = b""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else
-            with torch.serialization.safe_globals(FORMAT_2_NUMPY):
-                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (
-                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                "numbers, strings, lists and dicts): refused, nothing in it was run"
-            )
-        return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
-    except Exception as e:
-        if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
-            return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
-        return f"{path} is not a checkpoint (torch.load: {type(e).__name__})"
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
-        return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
-    script = checkpoint.get("script")
-    if script is None:
-        return (
-            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-            "them); retrain, or read it with the version of the scripts that wrote it"
-        )
-    if script != Path(__file__).name:
-        return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
-    if checkpoint.get("format") == 2:
-        checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
-    if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (
-            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-            f"{CHECKPOINT_FORMAT}"
-        )
-    return checkpoint
-
-
-def load_checkpoint(path: str) -> dict:
-    """`read_checkpoint`, with a one-line error if the file is not a checkpoint of this script."""
-    checkpoint = read_checkpoint(path)
-    if isinstance(checkpoint, str):
-        fail(checkpoint)
-    return checkpoint
-
-
-# the flags a --resume may change (where and how the run goes on); every other flag keeps the
-# checkpoint's value
-CHANGEABLE_ON_RESUME = (
-    "resume",
-    "total_timesteps",
-    "torch_threads",
-    "cuda",
-    "checkpoint_every",
-    "track",
-    "wandb_project_name",
-    "wandb_entity",
-    "capture_video",
-    "save_model",
-    "eval_episodes",
-    "eval_every",
-    "eval_deterministic",
-    "compile",
-    "cudagraphs",
-)
-
-
-def resume_args(args: Args, checkpoint: dict) -> Args:
-    """`--resume`: the checkpoint's arguments, with the flags of this command line that may change
-    (CHANGEABLE_ON_RESUME: where and how the run goes on, and --total-timesteps to train longer or stop
-    sooner); a flag that differs from its default and from the saved value and cannot change is refused
-    in one line. (A flag given with its default value cannot be told from one not given.)"""
-    saved, defaults = Args(**checkpoint["args"]), Args()
-    for name in asdict(saved):
-        given, default = getattr(args, name), getattr(defaults, name)
-        if name in CHANGEABLE_ON_RESUME:
-            if given != default:
-                setattr(saved, name, given)
-        elif given != default and given != getattr(saved, name):
-            changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(
-                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                f"only {changeable} can; start a new run to change it"
-            )
-    if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(
-            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-            "pass a larger --total-timesteps to train longer"
-        )
-    return saved
-
-
-def restore(checkpoint: dict | None, agent: Agent, optimizer: torch.optim.Optimizer, args: Args) -> tuple[int, int]:
-    """--resume: the weights, the optimizer's state and the random streams of `checkpoint`; returns the first
-    iteration to run and the global step (1 and 0 for a new run)."""
-    if checkpoint is None:
-        return 1, 0
-    learning_rate = optimizer.param_groups[0]["lr"]  # the tensor that annealing fills
-    agent.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
-    set_rng_state(checkpoint["rng"], next(agent.parameters()).device)
-    print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {checkpoint['global_step']}")
-    return checkpoint["iteration"] + 1, checkpoint["global_step"]
-
-
-# EVALUATION --------------------------------------------------------------------------------------
-
-
-def evaluate(
-    agent: Agent,
-    args: Args,
-    episodes: int,
-    deterministic: bool,
-    seed: int,
-    device: torch.device,
-    *,
-    video_prefix: str | None = None,
-) -> list[float]:
-    """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing,
-    and returns their scores (unclipped). The action sampling uses its own seeded RNG stream, so the
-    same model and seed score the same right after training and later from the saved file.
-    `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first) with
-    RecordVideo, the unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
+def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *, video_prefix: str | None = None):
+    """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing and the
+    policy of `checkpoint` (a saved model, or a snapshot of the training) on the CPU, each game from the zero
+    state with its state reset where an episode starts, as in training, and returns their scores (unclipped). The
+    games and the action sampling come from `seed`, so the same model scores the same whether evaluated during
+    training, after it or later from the saved file. `video_prefix` (`--evaluate --capture-video`): records the
+    game of environment 0 (the first) with RecordVideo, the unpreprocessed RGB frames, as
+    `<video_prefix>-episode-0.mp4`."""
+    args = Args(**checkpoint["args"])
     # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
     envs = make_envs(
         args,
@@ -1087,430 +818,36 @@ def evaluate(
         video_prefix=Path(video_prefix or "rl-video").name,
         video_trigger=lambda episode: episode == 0,
     )
+    agent = Agent(int(envs.single_action_space.n))
+    agent.load_state_dict(checkpoint["model"])
+    torch.manual_seed(seed)
     scores = np.full(episodes, np.nan)
     obs, _ = envs.reset(seed=seed)
-    state, starts = agent.initial_state(episodes, device), torch.ones(1, episodes, device=device)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        while np.isnan(scores).any():
-            with torch.no_grad():
-                out, state = agent.get_states(torch.as_tensor(obs, device=device).unsqueeze(0), starts, state)
-                logits = agent.actor(out[0])
-                action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
-            obs, _, terminated, truncated, infos = envs.step(action.cpu().numpy())
-            starts = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device).unsqueeze(0)
-            for i, score, _ in finished_episodes(infos):
-                if np.isnan(scores[i]):
-                    scores[i] = score
+    state, starts = agent.initial_state(episodes, torch.device("cpu")), torch.ones(1, episodes)
+    while np.isnan(scores).any():
+        with torch.no_grad():
+            out, state = agent.get_states(torch.as_tensor(obs).unsqueeze(0), starts, state)
+            logits = agent.actor(out[0])
+            action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+        obs, _, terminated, truncated, infos = envs.step(action.numpy())
+        starts = torch.as_tensor(terminated | truncated, dtype=torch.float32).unsqueeze(0)
+        for i, score, _ in finished_episodes(infos):
+            if np.isnan(scores[i]):
+                scores[i] = score
     envs.close()
     return scores.tolist()
-
-
-def evaluate_if_due(
-    args: Args,
-    iteration: int,
-    global_step: int,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    run_dir: str,
-    log: "RunLog",
-):
-    """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
-    environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation);
-    the best evaluation's model is kept as `run_dir/best_model.pt`."""
-    if not args.eval_every or iteration % args.eval_every:
-        return
-    eval_start = time.perf_counter()
-    # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(
-        copy.deepcopy(agent).cpu(),
-        args,
-        args.eval_episodes,
-        args.eval_deterministic,
-        args.seed + 100_000,
-        torch.device("cpu"),
-    )
-    log.evaluation(returns, global_step)
-    if np.mean(returns) > log.best_return:
-        log.best_return = float(np.mean(returns))
-        save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step)
-    print(
-        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
-        flush=True,
-    )
-
-
-def run_evaluation(path: str, args: Args) -> list[float]:
-    """`--evaluate PATH`: scores a saved model or checkpoint on the game it was trained on."""
-    checkpoint = load_checkpoint(path)
-    saved = Args(**checkpoint["args"])
-    env = gym.make(atari_id(saved.env_id))
-    agent = Agent(int(env.action_space.n))
-    env.close()
-    agent.load_state_dict(checkpoint["model"])
-    # the trained run's seed: the same games as the evaluation reported right after training
-    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(
-        agent,
-        saved,
-        args.eval_episodes,
-        args.eval_deterministic,
-        saved.seed + 100_000,
-        torch.device("cpu"),
-        video_prefix=video_prefix,
-    )
-    print(
-        f"evaluation of {path} on {atari_id(saved.env_id)}: {len(returns)} episodes, "
-        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
-    )
-    if video_prefix is not None:
-        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
-        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
-    return returns
-
-
-# LOGGING AND THE END OF A RUN --------------------------------------------------------------------
-
-
-def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
-    var_y = np.var(y_true)
-    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
-
-
-def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended at this vector step: (env index, return, length in agent steps), where an
-    episode is a whole game and its return the game score: RecordEpisodeStatistics sits below EpisodicLife
-    and the reward clipping. With same-step autoreset the info of a step that ended an episode moves to
-    `info["final_info"]`, the reset's info stays at the top level: a game ends in the former at its last
-    step, or, rarely, in the latter during a reset's own steps (a truncation during the no-op after a lost
-    life, see `step_in_reset`)."""
-    episodes = []
-    for source in (infos.get("final_info", {}), infos):
-        for i in np.flatnonzero(source.get("_episode", [])):
-            episodes.append((int(i), float(source["episode"]["r"][i]), int(source["episode"]["l"][i])))
-    return episodes
-
-
-class ProgressLine:
-    """When to print the per-iteration line: at the first and the last iteration, and in between at most
-    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
-    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
-    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
-
-    def __init__(self, every: float = 5.0):
-        self.every = every
-        self.printed_at = None  # time.monotonic() of the last line
-        self.returns = []  # the returns of the episodes that ended since the last line
-
-    def due(self, episode_returns, last: bool) -> str | None:
-        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
-        self.returns.extend(episode_returns)
-        now = time.monotonic()
-        if not last and self.printed_at is not None and now - self.printed_at < self.every:
-            return None
-        self.printed_at = now
-        mean = np.mean(self.returns) if self.returns else float("nan")
-        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
-        return line
-
-
-class RunLog:
-    """What a run reports: the run folder and its TensorBoard scalars (charts/, losses/, debug/, perf/,
-    eval/), the per-iteration line, and Weights & Biases with --track. Creating it creates the run folder."""
-
-    def __init__(self, args: Args, run_dir: str, global_step: int):
-        make_run_dir(run_dir)
-        print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
-        if args.track:
-            import wandb  # imported only when used
-
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=asdict(args),
-                name=Path(run_dir).name,
-                save_code=True,
-            )
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(run_dir)
-        self.writer.add_text(
-            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        )
-        self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
-        self.start_time, self.start_step = time.time(), global_step
-        self.episode_returns = []  # of the episodes that ended in this iteration
-        self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
-
-    def episode(self, step: int, episodic_return: float, episodic_length: int):
-        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
-        self.writer.add_scalar("charts/episodic_length", episodic_length, step)
-        self.episode_returns.append(episodic_return)
-
-    def iteration(
-        self,
-        iteration: int,
-        global_step: int,
-        stats: dict[str, torch.Tensor],
-        learning_rate: float,
-        values: torch.Tensor,
-        returns: torch.Tensor,
-        rollout_time: float,
-        update_time: float,
-        *,
-        act_time: float,
-        env_time: float,
-    ):
-        """The iteration's scalars (the statistics copied from the device at once) and, when due, its line;
-        the rollout's time splits into the policy steps (`act_time`) and the environments' (`env_time`)."""
-        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-        first_ratio_deviation = stats.pop("ratio_deviation")
-        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        eta = timedelta(seconds=int((self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1)))
-        self.writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-        for name, value in stats.items():
-            self.writer.add_scalar(f"losses/{name}", value, global_step)
-        self.writer.add_scalar(
-            "losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step
-        )
-        self.writer.add_scalar("charts/SPS", sps, global_step)
-        self.writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-        self.writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-        self.writer.add_scalar("perf/act_time", act_time, global_step)
-        self.writer.add_scalar("perf/env_time", env_time, global_step)
-        self.writer.add_scalar("perf/update_time", update_time, global_step)
-        line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
-        self.episode_returns = []
-        if line:
-            print(
-                f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s)",
-                flush=True,
-            )
-
-    def evaluation(self, returns: list[float], global_step: int):
-        """An evaluation's scalars at the global step it was made: every episode's return as
-        `eval/episodic_return` and their mean as `eval/mean_return`."""
-        for episodic_return in returns:
-            self.writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-        self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
-
-    def close(self):
-        self.writer.close()
-        if self.args.track:
-            finish_tracking(self.run_dir)
-
-
-def finish_tracking(run_dir: str):
-    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
-    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
-    they are written)."""
-    import wandb  # imported only when used
-
-    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
-        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
-    wandb.finish()
-
-
-def finish(
-    args: Args, envs, agent: Agent, optimizer: torch.optim.Optimizer, run_dir: str, global_step: int, log: RunLog
-):
-    """The end of a run: the environments closed; with --save-model the final model saved and evaluated;
-    the logs closed."""
-    envs.close()
-    if args.save_model:
-        model_path = f"{run_dir}/model.pt"
-        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step)
-        print(f"model saved to {model_path}")
-        agent.cpu()
-        returns = evaluate(
-            agent, args, args.eval_episodes, args.eval_deterministic, args.seed + 100_000, torch.device("cpu")
-        )
-        log.evaluation(returns, global_step)
-        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    log.close()
-
-
-# CTRL-C AND FULL DISKS ---------------------------------------------------------------------------
-
-
-def resume_hint(run_dir: str) -> str:
-    """Where a stopped run can go on from: its last checkpoint and the command that resumes it."""
-    checkpoint = Path(run_dir) / "checkpoint.pt"
-    if checkpoint.is_file():
-        return f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
-    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-
-
-def exit_on_ctrl_c(run_dir: str):
-    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
-    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
-    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
-
-    def handler(signum, frame):
-        print(f"{Path(sys.argv[0]).name}: interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
-        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(130)
-
-    signal.signal(signal.SIGINT, handler)
-
-
-# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
-# a read-only file system, a quota exceeded
-WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
-
-
-def quiet_write_errors(hook_args):
-    """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
-    error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
-    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
-        threading.__excepthook__(hook_args)
-
-
-@contextlib.contextmanager
-def exit_on_write_error(run_dir: str):
-    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
-    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
-    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
-    threading.excepthook = quiet_write_errors
-    try:
-        yield
-    except OSError as e:
-        if e.errno not in WRITE_ERRORS:
-            raise
-        file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(
-            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-            file=sys.stderr,
-            flush=True,
-        )
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
-        raise SystemExit(1) from None
-
-
-# THE ATARI WRAPPERS ------------------------------------------------------------------------------
-# The Atari preprocessing that make_env stacks around each game, its comments saying what each wrapper does:
-# ppo_atari.py's wrappers, the same code. There they are the lesson; here the recurrent PPO comes first.
-
-
-def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
-    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
-    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
-    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
-    obs, _, terminated, truncated, step_info = env.step(action)
-    episode = info.get("episode")
-    if terminated or truncated:
-        episode = step_info.get("episode", episode)
-        obs, step_info = env.reset()
-    return obs, step_info if episode is None else {**step_info, "episode": episode}
-
-
-class NoopReset(gym.Wrapper):
-    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
-    seeded RNG, so the games start in different states."""
-
-    def __init__(self, env: gym.Env, noop_max: int = 30):
-        super().__init__(env)
-        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
-        self.noop_max = noop_max
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
-            obs, info = step_in_reset(self.env, 0, info)
-        return obs, info
-
-
-class MaxAndSkip(gym.Wrapper):
-    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
-    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
-    an episode end, still with the max of the last two frames (the earlier one from the step before
-    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
-    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
-
-    def __init__(self, env: gym.Env, skip: int = 4):
-        super().__init__(env)
-        self.skip, self.frame = skip, None
-
-    def reset(self, **kwargs):
-        self.frame, info = self.env.reset(**kwargs)
-        return self.frame, info
-
-    def step(self, action):
-        total_reward = 0.0
-        for _ in range(self.skip):
-            previous = self.frame
-            self.frame, reward, terminated, truncated, info = self.env.step(action)
-            total_reward += float(reward)
-            if terminated or truncated:
-                break
-        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
-
-
-class EpisodicLife(gym.Wrapper):
-    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
-    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
-    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
-    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.lives, self.game_over = 0, True
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.game_over = terminated or truncated
-        lives = self.unwrapped.ale.lives()
-        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
-            terminated = True
-        self.lives = lives
-        return obs, reward, terminated, truncated, info
-
-    def reset(self, **kwargs):
-        if self.game_over or kwargs.get("seed") is not None:
-            obs, info = self.env.reset(**kwargs)
-        else:
-            obs, info = step_in_reset(self.env, 0, {})
-        self.game_over = False
-        self.lives = self.unwrapped.ale.lives()
-        return obs, info
-
-
-class FireReset(gym.Wrapper):
-    """Ours. Games that wait for FIRE to start (Breakout's ball) get FIRE after every reset, then
-    action 2, as the usual wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife,
-    it also fires after each lost life."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        obs, info = step_in_reset(self.env, self.fire, info)
-        return step_in_reset(self.env, 2, info)
-
-
-# THE ENTRY POINT ---------------------------------------------------------------------------------
 
 
 def main(args: Args) -> str | list[float]:
     """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates (returns the
     games' scores)."""
     check_args(args)
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
+    ppolab.use_threads(args.torch_threads)
     if args.evaluate is not None:
-        return run_evaluation(args.evaluate, args)
-    args, run_dir, checkpoint = prepare_run(args)
-    exit_on_ctrl_c(run_dir)
-    with exit_on_write_error(run_dir):
-        return train(args, run_dir, checkpoint)
+        return ppolab.evaluate_file(args, evaluate, atari_id)
+    with ppolab.Run(args, evaluate, atari_id) as run:  # the run folder (a resumed run's own), Ctrl-C, refused writes
+        return train(run.args, run)
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    main(ppolab.parse(Args))

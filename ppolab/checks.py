@@ -86,6 +86,7 @@ def check_args(
     non_negative: tuple = (),
     world_size: int = 1,
     batch: str | None = None,
+    whole_sequences: bool = False,
     files_here: bool = True,
 ):
     """The checks every script makes, in this order: the numbers (check_numbers), the counts that must be
@@ -93,9 +94,10 @@ def check_args(
     (--checkpoint-every, --torch-threads, then `non_negative`), that the `world_size` of a job of processes that
     share --num-envs (torchrun's) divides it, that --num-minibatches divides the batch (`batch` says what the
     batch is made of; by default "--num-envs 4 x --num-steps 128" where the script has --num-envs; None
-    otherwise: the script checks that itself) into minibatches of at least 2, --cudagraphs with CUDA, a first
-    iteration, --eval-every, --track's login, --runs-dir, and that --resume and --evaluate name files (where they are read:
-    `files_here`; under torchrun only rank 0 reads them)."""
+    otherwise: the script checks that itself), or with `whole_sequences` (a minibatch is a set of whole
+    environment sequences) that it divides --num-envs, into minibatches of at least 2, --cudagraphs with CUDA, a
+    first iteration, --eval-every, --track's login, --runs-dir, and that --resume and --evaluate name files
+    (where they are read: `files_here`; under torchrun only rank 0 reads them)."""
     check_numbers(args)
     for name in [name for name in POSITIVE if hasattr(args, name)] + list(positive):
         if getattr(args, name) <= 0:
@@ -108,10 +110,15 @@ def check_args(
             f"the world size {world_size} does not divide --num-envs {args.num_envs} (the global number of "
             f"environments); pass a multiple of {world_size}"
         )
-    if batch is None and hasattr(args, "num_envs"):
+    if batch is None and hasattr(args, "num_envs") and not whole_sequences:
         batch = f"--num-envs {args.num_envs} x --num-steps {args.num_steps}"
     if batch is not None and args.batch_size % args.num_minibatches != 0:
         fail(f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} ({batch})")
+    if whole_sequences and args.num_envs % args.num_minibatches != 0:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
+            "(a minibatch is a set of whole environment sequences)"
+        )
     if args.batch_size // args.num_minibatches < 2:
         fail(
             f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "

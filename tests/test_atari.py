@@ -105,7 +105,7 @@ def test_video_records_the_unpreprocessed_rgb_game(e2e):
 
 def test_saved_model_evaluates_as_after_training(e2e):
     logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
-    returns = script.run_evaluation(str(e2e["run_dir"] / "model.pt"), script.Args(eval_episodes=1))
+    returns = script.main(script.Args(evaluate=str(e2e["run_dir"] / "model.pt"), eval_episodes=1, cuda=False))
     assert returns == logged
 
 
