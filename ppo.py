@@ -37,13 +37,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+from torch.distributions.categorical import Categorical
 
 import ppolab
-from torch.distributions.categorical import Categorical
 
 
 @dataclass
-class Args:
+class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --track, --resume, ...
     # PPO's hyperparameters (the defaults are the published ones)
     env_id: str = "CartPole-v1"
     """the id of the environment"""
@@ -82,54 +82,11 @@ class Args:
     bootstrap_truncation: bool = True
     """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
 
-    # The run: where it goes, what it records, how it runs
-    exp_name: str = Path(__file__).stem
-    """the name of this experiment (part of the run folder's name)"""
-    seed: int = 1
-    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
-    cuda: bool = True
-    """if toggled, cuda is used when available"""
-    torch_threads: int = 1
-    """CPU threads for PyTorch and NumPy's BLAS (0 keeps their defaults); the default is chosen in
-    benchmark/results/speed_cpu.md"""
-    compile: bool = False
-    """torch.compile the update step (on CUDA also the policy step; on the CPU the policy step is NumpyPolicy)
-    instead of running NumpyUpdate; off by default on the CPU (benchmark/results/speed_cpu.md), the way to a
-    faster update on a GPU"""
-    cudagraphs: bool = False
-    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
+    # This script's own run settings (those of every script: ppolab.RunSettings)
     numpy_update: bool = True
     """on the CPU, run the policy step and the update step in NumPy (NumpyPolicy, NumpyUpdate: the same
     computation, faster on these small networks), each only where it computes exactly this file's code;
     off: both run in PyTorch"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights & Biases"""
-    wandb_project_name: str = "ppo-lab"
-    """the Weights & Biases project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the Weights & Biases project"""
-    capture_video: bool = False
-    """if toggled, videos of environment 0 are saved to `runs/<run>/videos`"""
-    save_model: bool = False
-    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
-    checkpoint_every: int = 0
-    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
-    resume: str | None = None
-    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
-    evaluate: str | None = None
-    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
-    eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; its cost is
-    in benchmark/results/evaluation.md)"""
-    eval_episodes: int = 10
-    """number of episodes of an evaluation"""
-    eval_deterministic: bool = False
-    """if toggled, evaluation takes the most probable action instead of sampling"""
-    runs_dir: str = "runs"
-    """folder under which each run writes its own folder"""
 
     @property
     def batch_size(self) -> int:

@@ -4,14 +4,12 @@ Run:
     python ppo_atari_lstm.py --env-id Breakout        # or BreakoutNoFrameskip-v4, ALE/Breakout-v5, Pong, ...
     tensorboard --logdir runs
 
-What this file shows: recurrent PPO, i.e. ppo_atari.py's PPO and Atari preprocessing, except that the agent
-sees one frame per step (no frame stack) and remembers the past in an LSTM, with the 5 LSTM details of "The
-37 Implementation Details of PPO" (Huang et al. 2022), marked "recurrent detail" where they are: orthogonal
-LSTM weights with zero biases, a zero initial state, the state reset where an episode starts, minibatches made
-of whole environment sequences, and an update that replays each sequence from the state the rollout started
-with (so the new policy equals the old one at the first minibatch: ratio 1). PPO ends at the banner after
-`train`; below it are this script's input checks, its evaluation and the entry point (the rest of a run is
-the package ppolab's).
+What this file shows: recurrent PPO, ppo_atari.py's PPO and Atari preprocessing with one frame per step (no
+frame stack) and an LSTM that remembers the past, with the 5 LSTM details of "The 37 Implementation Details of
+PPO" (Huang et al. 2022), marked "recurrent detail": orthogonal LSTM weights, zero biases; a zero initial state;
+the state reset where an episode starts; minibatches of whole environment sequences; an update that replays
+each sequence from the rollout's initial state (ratio 1 at the first minibatch). PPO ends at the banner; below
+it are the input checks, the evaluation and the entry point (the rest of a run is the package ppolab's).
 
 What is special in this file:
 - `Agent.run_lstm` runs every stretch of steps without an episode start in one `nn.LSTM` call, where the usual
@@ -20,7 +18,6 @@ What is special in this file:
 - Same-step autoreset (every stored transition real), episodic life with the game score over all lives,
   truncation bootstrapped with the value of the final observation *and the LSTM state it was reached with*.
 - Observations stay uint8 (one 84x84 frame per step); a resumed run starts new games from a zero state.
-- `--torch-deterministic` (the default) also runs cuDNN in full float32 instead of TF32 on a GPU.
 """
 
 import os
@@ -47,7 +44,7 @@ ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on s
 
 
 @dataclass
-class Args:
+class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --track, --resume, ...
     # PPO's hyperparameters (the defaults are the published ones)
     env_id: str = "BreakoutNoFrameskip-v4"
     """the Atari game: `Breakout` (read as `BreakoutNoFrameskip-v4`), `BreakoutNoFrameskip-v4` or `ALE/Breakout-v5`"""
@@ -88,50 +85,9 @@ class Args:
     max_episode_steps: int = 27_000
     """agent steps after which a game is truncated: ALE stops it at 4x this many frames (27,000 = 108,000 frames, the usual limit)"""
 
-    # The run: where it goes, what it records, how it runs
-    exp_name: str = Path(__file__).stem
-    """the name of this experiment (part of the run folder's name)"""
-    seed: int = 1
-    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
-    cuda: bool = True
-    """if toggled, cuda is used when available"""
+    # This script's own run settings (those of every script: ppolab.RunSettings)
     torch_threads: int = 2
-    """CPU threads for PyTorch; 2 uses both cores of an idle machine and kept up with 1 beside a busy core in
-    ppo_atari.py (benchmark/results/speed.md, Pixel scripts; not measured for this script); 0: PyTorch's default"""
-    compile: bool = False
-    """torch.compile the policy step and the update step; off by default: on a 2-core CPU it did not pay (the
-    compiled update runs the LSTM step by step, the eager one in stretches: benchmark/results/speed_cpu.md);
-    meant for GPUs"""
-    cudagraphs: bool = False
-    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights & Biases"""
-    wandb_project_name: str = "ppo-lab"
-    """the Weights & Biases project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the Weights & Biases project"""
-    capture_video: bool = False
-    """if toggled, videos of environment 0's games (the unpreprocessed RGB frames) are saved to `runs/<run>/videos`"""
-    save_model: bool = False
-    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
-    checkpoint_every: int = 0
-    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
-    resume: str | None = None
-    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
-    evaluate: str | None = None
-    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
-    eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best model as
-    `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; its cost is in
-    benchmark/results/evaluation.md)"""
-    eval_episodes: int = 10
-    """number of episodes (whole games, all lives) of an evaluation"""
-    eval_deterministic: bool = False
-    """if toggled, evaluation takes the most probable action instead of sampling"""
-    runs_dir: str = "runs"
-    """folder under which each run writes its own folder"""
+    """CPU threads for PyTorch (0: PyTorch's default); why 2: ppo_atari.py's in benchmark/results/speed.md, Pixel scripts"""
 
     @property
     def batch_size(self) -> int:
@@ -150,104 +106,6 @@ class Args:
 def atari_id(env_id: str) -> str:
     """`Breakout` -> `BreakoutNoFrameskip-v4`; full ids (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`) as given."""
     return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
-
-
-def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
-    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
-    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
-    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
-    obs, _, terminated, truncated, step_info = env.step(action)
-    episode = info.get("episode")
-    if terminated or truncated:
-        episode = step_info.get("episode", episode)
-        obs, step_info = env.reset()
-    return obs, step_info if episode is None else {**step_info, "episode": episode}
-
-
-class NoopReset(gym.Wrapper):
-    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
-    seeded RNG, so the games start in different states."""
-
-    def __init__(self, env: gym.Env, noop_max: int = 30):
-        super().__init__(env)
-        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
-        self.noop_max = noop_max
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
-            obs, info = step_in_reset(self.env, 0, info)
-        return obs, info
-
-
-class MaxAndSkip(gym.Wrapper):
-    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
-    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
-    an episode end, still with the max of the last two frames (the earlier one from the step before
-    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
-    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
-
-    def __init__(self, env: gym.Env, skip: int = 4):
-        super().__init__(env)
-        self.skip, self.frame = skip, None
-
-    def reset(self, **kwargs):
-        self.frame, info = self.env.reset(**kwargs)
-        return self.frame, info
-
-    def step(self, action):
-        total_reward = 0.0
-        for _ in range(self.skip):
-            previous = self.frame
-            self.frame, reward, terminated, truncated, info = self.env.step(action)
-            total_reward += float(reward)
-            if terminated or truncated:
-                break
-        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
-
-
-class EpisodicLife(gym.Wrapper):
-    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
-    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
-    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
-    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.lives, self.game_over = 0, True
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.game_over = terminated or truncated
-        lives = self.unwrapped.ale.lives()
-        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
-            terminated = True
-        self.lives = lives
-        return obs, reward, terminated, truncated, info
-
-    def reset(self, **kwargs):
-        if self.game_over or kwargs.get("seed") is not None:
-            obs, info = self.env.reset(**kwargs)
-        else:
-            obs, info = step_in_reset(self.env, 0, {})
-        self.game_over = False
-        self.lives = self.unwrapped.ale.lives()
-        return obs, info
-
-
-class FireReset(gym.Wrapper):
-    """Ours. Games that wait for FIRE to start (Breakout's ball) get FIRE after every reset, then
-    action 2, as the usual wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife,
-    it also fires after each lost life."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        obs, info = step_in_reset(self.env, self.fire, info)
-        return step_in_reset(self.env, 2, info)
 
 
 def make_env(
@@ -429,10 +287,8 @@ class Agent(nn.Module):
         hidden = self.features(x.reshape((T * B,) + x.shape[2:])).view(T, B, -1)
         return self.run_lstm(hidden, starts, state, cuts)
 
-    def get_value(
-        self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
-        """Values of one step of observations (B, 1, 84, 84), given the state before it."""
+    def get_value(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """Values (B,) of one step of observations (B, 1, 84, 84), given the state before it."""
         out, _ = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
         return self.critic(out[0]).squeeze(-1)
 
@@ -608,18 +464,15 @@ def train(args: Args, run: ppolab.Run) -> str:
 
     envs = make_envs(args, args.num_envs, run.dir, args.capture_video)
     agent = Agent(int(envs.single_action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees
-    # the same input every iteration and does not recompile; CUDA graphs need the step count on the
-    # device too (capturable)
+    # fused: one kernel for all parameters (same update, less overhead). The learning rate is a tensor that annealing
+    # fills in place: a compiled update step does not recompile; CUDA graphs need Adam's step count on the device
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
     saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint holds besides progress, RNG and args
     start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run
 
-    # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
-    # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them).
-    # The compiled update runs the LSTM step by step (`cuts` None): one graph, wherever episodes start
+    # --compile runs the same two functions through torch.compile (the update runs the LSTM step by step, `cuts`
+    # None: one graph); --cudagraphs also replays their kernels from CUDA graphs (reused outputs: the loop clones)
     act, update = agent.act, partial(update_step, agent, optimizer, args)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
@@ -631,9 +484,8 @@ def train(args: Args, run: ppolab.Run) -> str:
     obs_shape = envs.single_observation_space.shape  # (1, 84, 84)
     obs = torch.zeros((T, N) + obs_shape, dtype=torch.uint8)
     actions = torch.zeros((T, N), dtype=torch.long)
-    logprobs, rewards, dones, values = (torch.zeros((T, N)) for _ in range(4))
-    starts = torch.zeros((T, N))  # 1 where obs[t] is the first observation of an episode
-    final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
+    # starts: 1 where obs[t] is the first observation of an episode; final_values: see compute_gae
+    logprobs, rewards, dones, values, starts, final_values = (torch.zeros((T, N)) for _ in range(6))
     obs_np, actions_np, logprobs_np, rewards_np, dones_np, starts_np, values_np = (
         x.numpy() for x in (obs, actions, logprobs, rewards, dones, starts, values)
     )
@@ -769,6 +621,107 @@ def train(args: Args, run: ppolab.Run) -> str:
     return run.dir
 
 
+# THE ATARI WRAPPERS (make_env's, in the order it applies them) ------------------------------------
+
+
+def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
+    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
+    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
+    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
+    obs, _, terminated, truncated, step_info = env.step(action)
+    episode = info.get("episode")
+    if terminated or truncated:
+        episode = step_info.get("episode", episode)
+        obs, step_info = env.reset()
+    return obs, step_info if episode is None else {**step_info, "episode": episode}
+
+
+class NoopReset(gym.Wrapper):
+    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
+    seeded RNG, so the games start in different states."""
+
+    def __init__(self, env: gym.Env, noop_max: int = 30):
+        super().__init__(env)
+        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, info = step_in_reset(self.env, 0, info)
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
+    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
+    an episode end, still with the max of the last two frames (the earlier one from the step before
+    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
+    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
+
+    def __init__(self, env: gym.Env, skip: int = 4):
+        super().__init__(env)
+        self.skip, self.frame = skip, None
+
+    def reset(self, **kwargs):
+        self.frame, info = self.env.reset(**kwargs)
+        return self.frame, info
+
+    def step(self, action):
+        total_reward = 0.0
+        for _ in range(self.skip):
+            previous = self.frame
+            self.frame, reward, terminated, truncated, info = self.env.step(action)
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
+    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
+    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
+    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, info = step_in_reset(self.env, 0, {})
+        self.game_over = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Ours. Games that wait for FIRE to start (Breakout's ball) get FIRE after every reset, then
+    action 2, as the usual wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife,
+    it also fires after each lost life."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, info = step_in_reset(self.env, self.fire, info)
+        return step_in_reset(self.env, 2, info)
+
+
 # ==================================================================================================
 # PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its
 # policy plays an evaluation (carrying the recurrent state), and the entry point. The rest of a run (the
@@ -781,23 +734,7 @@ def check_args(args: Args):
     """Bad input ends in one line before any work: the checks of every script (numbers, counts, that a minibatch
     is whole environment sequences, files, folders), then that the game is an Atari game."""
     ppolab.check_args(args, positive=("max_episode_steps",), whole_sequences=True)
-    env_id = atari_id(args.env_id)
-    try:
-        gym.spec(env_id)
-    except gym.error.Error:
-        ppolab.fail(
-            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
-            "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
-            "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
-        )
-    try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
-        env = gym.make(env_id)
-        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
-        env.close()
-    except gym.error.Error as e:
-        ppolab.fail(f"cannot make {env_id}: {e}")
-    if not atari:
-        ppolab.fail(f"{env_id} is not an Atari game; ppo_atari_lstm.py trains Atari games only")
+    ppolab.check_atari_game(args, atari_id(args.env_id))
 
 
 def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *, video_prefix: str | None = None):

@@ -71,7 +71,7 @@ ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on s
 
 
 @dataclass
-class Args:
+class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --track, --resume, ...
     # PPO's hyperparameters (the defaults are the published ones)
     env_id: str = "BreakoutNoFrameskip-v4"
     """the Atari game: `Breakout` (read as `BreakoutNoFrameskip-v4`), `BreakoutNoFrameskip-v4` or `ALE/Breakout-v5`"""
@@ -117,15 +117,7 @@ class Args:
     preempt_min_steps: float = 0.25
     """with --preempt-fraction: the fraction of its --num-steps a rank collects before it may be preempted"""
 
-    # The run: where it goes, what it records, how it runs
-    exp_name: str = Path(__file__).stem
-    """the name of this experiment (part of the run folder's name)"""
-    seed: int = 1
-    """seed of the experiment (rank r's PyTorch, NumPy and Python RNGs get seed + r)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` and TF32 off (convolutions in full float32)"""
-    cuda: bool = True
-    """if toggled, cuda is used when available (one GPU per local rank, see --device-ids)"""
+    # This script's own run settings (those of every script: ppolab.RunSettings)
     device_ids: list[int] | None = None
     """GPUs of this machine's ranks: local rank i uses device_ids[i % len]; `--device-ids 0` puts all on GPU 0
     (several ranks per GPU need the gloo backend); default: local rank i uses GPU i"""
@@ -136,40 +128,6 @@ class Args:
     sync_timing: bool = False
     """if toggled, on CUDA the GPU is synchronized around every timed collective, so perf/comm_time is the
     collectives' own time (costs two syncs per minibatch; off: ppolab.distributed.CommTimer says what is measured)"""
-    torch_threads: int = 1
-    """CPU threads for PyTorch per process; 1, because the ranks of a machine share its cores; 0 keeps PyTorch's default"""
-    compile: bool = False
-    """torch.compile the policy step and the update step (the all-reduce stays eager). Off, as in ppo_atari.py
-    (why: its --compile): on the CPU it pays only over millions of steps, after minutes of compiling in every rank"""
-    cudagraphs: bool = False
-    """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights & Biases (by rank 0)"""
-    wandb_project_name: str = "ppo-lab"
-    """the Weights & Biases project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the Weights & Biases project"""
-    capture_video: bool = False
-    """if toggled, videos of rank 0's environment 0 (the unpreprocessed RGB frames) are saved to `runs/<run>/videos`"""
-    save_model: bool = False
-    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated (by rank 0)"""
-    checkpoint_every: int = 0
-    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never), by rank 0"""
-    resume: str | None = None
-    """path of a checkpoint to continue from (rank 0 reads it); only --total-timesteps and machine flags may change"""
-    evaluate: str | None = None
-    """path of a checkpoint or model to evaluate; evaluates (on rank 0) and exits without training"""
-    eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; its cost, as
-    ppo_atari.py's, is in benchmark/results/evaluation.md; rank 0 evaluates while the other ranks wait in
-    their next collective, so it must end within --timeout)"""
-    eval_episodes: int = 10
-    """number of episodes (whole games) of an evaluation"""
-    eval_deterministic: bool = False
-    """if toggled, evaluation takes the most probable action instead of sampling"""
-    runs_dir: str = "runs"
-    """folder under which each run writes its own folder"""
 
     # testing aids (fault injection for benchmarks/tests) -------------------------------------------
     straggler_delay: float = 0.0
@@ -202,104 +160,6 @@ class Args:
 def atari_id(env_id: str) -> str:
     """`Breakout` -> `BreakoutNoFrameskip-v4`; full ids (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`) as given."""
     return env_id if "-v" in env_id or "/" in env_id else f"{env_id}NoFrameskip-v4"
-
-
-def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
-    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
-    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
-    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
-    obs, _, terminated, truncated, step_info = env.step(action)
-    episode = info.get("episode")
-    if terminated or truncated:
-        episode = step_info.get("episode", episode)
-        obs, step_info = env.reset()
-    return obs, step_info if episode is None else {**step_info, "episode": episode}
-
-
-class NoopReset(gym.Wrapper):
-    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
-    seeded RNG, so the games start in different states."""
-
-    def __init__(self, env: gym.Env, noop_max: int = 30):
-        super().__init__(env)
-        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
-        self.noop_max = noop_max
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
-            obs, info = step_in_reset(self.env, 0, info)
-        return obs, info
-
-
-class MaxAndSkip(gym.Wrapper):
-    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
-    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
-    an episode end, still with the max of the last two frames (the earlier one from the step before
-    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
-    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
-
-    def __init__(self, env: gym.Env, skip: int = 4):
-        super().__init__(env)
-        self.skip, self.frame = skip, None
-
-    def reset(self, **kwargs):
-        self.frame, info = self.env.reset(**kwargs)
-        return self.frame, info
-
-    def step(self, action):
-        total_reward = 0.0
-        for _ in range(self.skip):
-            previous = self.frame
-            self.frame, reward, terminated, truncated, info = self.env.step(action)
-            total_reward += float(reward)
-            if terminated or truncated:
-                break
-        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
-
-
-class EpisodicLife(gym.Wrapper):
-    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
-    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
-    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
-    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.lives, self.game_over = 0, True
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        self.game_over = terminated or truncated
-        lives = self.unwrapped.ale.lives()
-        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
-            terminated = True
-        self.lives = lives
-        return obs, reward, terminated, truncated, info
-
-    def reset(self, **kwargs):
-        if self.game_over or kwargs.get("seed") is not None:
-            obs, info = self.env.reset(**kwargs)
-        else:
-            obs, info = step_in_reset(self.env, 0, {})
-        self.game_over = False
-        self.lives = self.unwrapped.ale.lives()
-        return obs, info
-
-
-class FireReset(gym.Wrapper):
-    """Ours. Games that wait for FIRE to start (Breakout's ball) get FIRE after every reset, then
-    action 2, as the usual wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife,
-    it also fires after each lost life."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        obs, info = step_in_reset(self.env, self.fire, info)
-        return step_in_reset(self.env, 2, info)
 
 
 def make_env(
@@ -950,6 +810,107 @@ class Preemption:
         return self.min_steps <= steps < self.num_steps and self.finished_rollouts(iteration) >= self.after
 
 
+# THE ATARI WRAPPERS (make_env's, in the order it applies them) ------------------------------------
+
+
+def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:
+    """One step taken inside a wrapper's reset() (a no-op or FIRE). If it ends the game, the game is
+    reset; the statistics of the game that ended (`info["episode"]`, from RecordEpisodeStatistics
+    below) are kept in the returned info, so that game is still logged. `info`: the reset's info so far."""
+    obs, _, terminated, truncated, step_info = env.step(action)
+    episode = info.get("episode")
+    if terminated or truncated:
+        episode = step_info.get("episode", episode)
+        obs, step_info = env.reset()
+    return obs, step_info if episode is None else {**step_info, "episode": episode}
+
+
+class NoopReset(gym.Wrapper):
+    """Ours. After a reset, 1 to `noop_max` no-op frames, the number drawn from the environment's own
+    seeded RNG, so the games start in different states."""
+
+    def __init__(self, env: gym.Env, noop_max: int = 30):
+        super().__init__(env)
+        assert env.unwrapped.get_action_meanings()[0] == "NOOP"
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, info = step_in_reset(self.env, 0, info)
+        return obs, info
+
+
+class MaxAndSkip(gym.Wrapper):
+    """Ours. Repeats the action for `skip` frames, sums their rewards and returns the pixel-wise max of
+    the last two frames (Atari sprites flicker: some are drawn on every other frame only). It stops at
+    an episode end, still with the max of the last two frames (the earlier one from the step before
+    when the end came at the first frame). Gymnasium's MaxAndSkipObservation does the same on full
+    skips, but when the episode ends mid-skip it returns the previous step's frames instead."""
+
+    def __init__(self, env: gym.Env, skip: int = 4):
+        super().__init__(env)
+        self.skip, self.frame = skip, None
+
+    def reset(self, **kwargs):
+        self.frame, info = self.env.reset(**kwargs)
+        return self.frame, info
+
+    def step(self, action):
+        total_reward = 0.0
+        for _ in range(self.skip):
+            previous = self.frame
+            self.frame, reward, terminated, truncated, info = self.env.step(action)
+            total_reward += float(reward)
+            if terminated or truncated:
+                break
+        return np.maximum(previous, self.frame), total_reward, terminated, truncated, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ours. A lost life ends the learning episode (`terminated`), so the agent learns that losing a
+    life is bad; the game itself goes on: the reset that follows takes one no-op step and continues
+    the same game. Only after a real game over (or a truncation, or a reset with a seed) does
+    reset() restart the game. Lives are read from `env.unwrapped.ale.lives()`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:  # a life lost, the game goes on (at 0 lives the game itself is over)
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, info = step_in_reset(self.env, 0, {})
+        self.game_over = False
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Ours. Games that wait for FIRE to start (Breakout's ball) get FIRE after every reset, then
+    action 2, as the usual wrapper (OpenAI Baselines' FireResetEnv) does. Placed above EpisodicLife,
+    it also fires after each lost life."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fire = env.unwrapped.get_action_meanings().index("FIRE")
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, info = step_in_reset(self.env, self.fire, info)
+        return step_in_reset(self.env, 2, info)
+
+
 # ==================================================================================================
 # PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its policy
 # plays an evaluation, and the entry point, which joins the job. The rest of a run (the run folder, checkpoints
@@ -984,23 +945,7 @@ def check_args(args: Args, rank: int, world_size: int):
         bad = [i for i in args.device_ids if not 0 <= i < torch.cuda.device_count()]
         if bad or not args.device_ids:
             ppolab.fail(f"--device-ids {args.device_ids}: this machine has GPUs 0 to {torch.cuda.device_count() - 1}")
-    env_id = atari_id(args.env_id)
-    try:
-        gym.spec(env_id)
-    except gym.error.Error:
-        ppolab.fail(
-            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
-            "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
-            "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
-        )
-    try:  # an Atari game is an environment with what the wrappers use: lives and action meanings
-        env = gym.make(env_id)
-        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
-        env.close()
-    except gym.error.Error as e:
-        ppolab.fail(f"cannot make {env_id}: {e}")
-    if not atari:
-        ppolab.fail(f"{env_id} is not an Atari game; ppo_atari_multigpu.py trains Atari games only")
+    ppolab.check_atari_game(args, atari_id(args.env_id))
 
 
 def evaluate(

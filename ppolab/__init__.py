@@ -3,6 +3,8 @@
 Every script holds its whole PPO variant (arguments, environments, network, GAE, loss, update, training
 loop) and imports this package for what never changes what PPO computes and is the same in every script:
 
+- settings.py: the settings every run takes besides PPO's hyperparameters (`RunSettings`, which a script's Args
+  inherits: --seed, --cuda, --track, --save-model, --checkpoint-every, --resume, --evaluate, ...);
 - checks.py: bad input ends in one line (`fail`, `check_args`);
 - run.py: the command line (`parse`, --resume reads the saved arguments as defaults), the run folder, what
   a run reports (TensorBoard, the per-iteration line, Weights & Biases), checkpoints and evaluations on
@@ -21,19 +23,22 @@ A script copied elsewhere runs wherever this package is importable (`pip install
 which `bash setup.sh` does).
 """
 
-from ppolab.checks import check_args, fail
+from ppolab.checks import check_args, check_atari_game, fail
 from ppolab.fast_path import NumpyPolicy, numpy_fast_path
 from ppolab.run import Run, evaluate_file, explained_variance, parse, use_threads
 from ppolab.seeding import pick_device, seed_everything
+from ppolab.settings import RunSettings
 from ppolab.statistics import RunningMeanStd
 from ppolab.vector_env import SameStepVectorEnv
 
 __all__ = [
     "NumpyPolicy",
     "Run",
+    "RunSettings",
     "RunningMeanStd",
     "SameStepVectorEnv",
     "check_args",
+    "check_atari_game",
     "evaluate_file",
     "explained_variance",
     "fail",
