@@ -17,12 +17,12 @@ import sys
 import time
 import types
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
-import torch
 
 from helpers import (
     LINE,
@@ -35,6 +35,7 @@ from helpers import (
     run_script,
     script_command,
 )
+from ppolab.redis_server import check_redis_url, open_redis_host, start_redis_server, stop_processes
 
 NAME = "ppo_continuous_action_redis"
 script = importlib.import_module(NAME)
@@ -56,9 +57,9 @@ EXTRA_METRICS = [
 @pytest.fixture(scope="module")
 def server():
     """A redis-server on a free loopback port for this file (the script's own way of starting one)."""
-    process, url = script.start_redis_server()
+    process, url = start_redis_server()
     yield url
-    script.stop_processes([process])
+    stop_processes([process])
     assert process.poll() is not None
 
 
@@ -428,8 +429,9 @@ def test_evaluation_records_every_episode_on_video(tmp_path):
     as ppo_continuous_action.py's does (tests/test_end_to_end.py runs that one from a saved model)."""
     args = script.Args(env_id="Hopper-v4")
     agent, normalizer = script.Agent(11, 3), script.ObsNormalizer((11,), args.obs_clip)
+    checkpoint = {"args": asdict(args), "model": agent.state_dict(), "obs_rms": normalizer.rms.state_dict()}
     prefix = tmp_path / "videos" / "model-eval"
-    script.evaluate(agent, args, 1, False, 0, torch.device("cpu"), obs_normalizer=normalizer, video_prefix=str(prefix))
+    script.evaluate(checkpoint, 1, False, 0, video_prefix=str(prefix))
     (video,) = (tmp_path / "videos").glob("model-eval-episode-*.mp4")
     assert video.name == "model-eval-episode-0.mp4" and video.stat().st_size > 1000
 
@@ -486,7 +488,7 @@ def outward_address() -> str | None:
 
 
 def test_the_embedded_server_listens_on_loopback_only_and_keeps_nothing(server, client):
-    """The redis-server a learner starts for itself (start_redis_server) listens on 127.0.0.1 and nowhere else,
+    """The redis-server a learner starts for itself (ppolab.redis_server.start_redis_server) listens on 127.0.0.1 and nowhere else,
     so no other machine can push chunks or weights into the run, and it writes no files (no snapshots, no
     append-only log: it inherits the learner's limits, a file-size limit included)."""
     port = int(server.rsplit(":", 1)[1].split("/")[0])
@@ -530,7 +532,7 @@ OPEN = "redis://lab.invalid:6379/0"  # .invalid never resolves (RFC 6761): no te
     ],
 )
 def test_a_server_is_open_on_another_machine_without_a_password(url, host):
-    assert script.open_redis_host(url) == host
+    assert open_redis_host(url) == host
     allow = ["--allow-open-redis"] if host else []  # the command printed for the samplers passes it on
     assert script.sampler_command(url, "r") == [
         "python",
@@ -586,8 +588,8 @@ def test_an_open_server_from_the_command_line(tmp_path, argv):
 
 
 def test_a_password_or_the_flag_lets_an_open_server_through_the_check():
-    script.check_redis_url(script.Args(redis_url="redis://:PASSWORD@lab.invalid:6379/0"))
-    script.check_redis_url(script.Args(redis_url=OPEN, allow_open_redis=True))
+    check_redis_url("redis://:PASSWORD@lab.invalid:6379/0", allow_open=False)
+    check_redis_url(OPEN, allow_open=True)
 
 
 # A FULL DISK ------------------------------------------------------------------------------------
