@@ -488,9 +488,9 @@ def outward_address() -> str | None:
 
 
 def test_the_embedded_server_listens_on_loopback_only_and_keeps_nothing(server, client):
-    """The redis-server a learner starts for itself (ppolab.redis_server.start_redis_server) listens on 127.0.0.1 and nowhere else,
-    so no other machine can push chunks or weights into the run, and it writes no files (no snapshots, no
-    append-only log: it inherits the learner's limits, a file-size limit included)."""
+    """The redis-server a learner starts for itself (ppolab.redis_server.start_redis_server) listens on 127.0.0.1
+    and nowhere else, so no other machine can push chunks or weights into the run, and it writes no files (no
+    snapshots, no append-only log: it inherits the learner's limits, a file-size limit included)."""
     port = int(server.rsplit(":", 1)[1].split("/")[0])
     assert client.ping()
     assert listening_addresses(port) == {"127.0.0.1"}
