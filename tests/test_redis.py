@@ -29,12 +29,14 @@ from helpers import (
     METRICS,
     assert_evaluate_flag_matches_training,
     assert_progress_lines,
+    load,
     only_run_dir,
     process_table,
     read_scalars,
     run_script,
     script_command,
 )
+from ppolab.checkpoints import write_checkpoint_file
 from ppolab.redis_server import check_redis_url, open_redis_host, start_redis_server, stop_processes
 
 NAME = "ppo_continuous_action_redis"
@@ -42,6 +44,7 @@ script = importlib.import_module(NAME)
 ENV = "tests.fake_envs:MixedEndsBox-v0"  # 2-d observations and actions, episodes of 5 steps
 T, K = 32, 4  # steps per chunk, chunks per update
 FAST = ["--env-id", ENV, "--num-steps", T, "--num-chunks", K, "--num-minibatches", 4, "--update-epochs", 2]
+FAST_ARGS = dict(env_id=ENV, num_steps=T, num_chunks=K, num_minibatches=4, update_epochs=2)  # FAST, as Args
 EXTRA_METRICS = [
     "charts/experience_SPS",
     "charts/learner_SPS",
@@ -239,6 +242,21 @@ def test_killed_samplers_lose_nothing_and_later_ones_join(tmp_path, server, clie
     assert any((v, 3) in trained and (v, 4) in trained for v in range(1, iterations + 1))
     samplers_per_update = [v for _, v in read_scalars(only_run_dir(tmp_path / "runs"))["charts/samplers_per_update"]]
     assert samplers_per_update == [len({s for version, s in trained if version == v}) for v in range(1, iterations + 1)]
+
+
+def test_a_resume_uses_the_server_and_run_id_of_its_own_command_line(tmp_path):
+    """`--resume` reads the run's arguments from the checkpoint, except the server and the run id: the saved URL
+    has its password redacted (redis://:***@...) and the run id is the old learner's. A resume that named
+    neither trains with its own server and a fresh run id."""
+    fields = dict(FAST_ARGS, total_timesteps=2 * T * K, checkpoint_every=1, num_samplers=1, cuda=False)
+    path = Path(script.main(script.Args(**fields, runs_dir=str(tmp_path / "runs")))) / "checkpoint.pt"
+    checkpoint = load(path)
+    checkpoint["args"].update(redis_url="redis://:***@lab.invalid:6379/0", run_id="the-old-learner")
+    write_checkpoint_file(checkpoint, str(path))
+    result = run_script(NAME, "--resume", path, "--total-timesteps", 3 * T * K, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "on redis://127.0.0.1:" in result.stdout and "the-old-learner" not in result.stdout
+    assert load(path)["global_step"] == 3 * T * K
 
 
 # THE LEARNER ALONE, KILLED, OR WITHOUT ITS SERVER -------------------------------------------------
