@@ -12,9 +12,10 @@ and on every other machine the command it prints:
 
 What this file shows: ppo_continuous_action.py's PPO (its agent, details and defaults: Gaussian policy,
 observation normalisation, reward scaling, truncation bootstrap) with the environments stepped by
-sampler processes, synchronous and on-policy. PPO ends at the banner after `train` (the samplers'
-rollout, `Sampler.collect`, stands before it); below it is the machinery a run needs (checks,
-checkpoints, evaluation, logging, the wire format, the server and the processes).
+sampler processes, synchronous and on-policy: the samplers' rollout (`Sampler.collect`), the learner
+(`train`) and the exchange through Redis that joins them come before the banner; after it, this
+script's input checks, its evaluation and the entry point. The rest of a run (the run folder,
+checkpoints and resuming, logging, a redis-server of the run's own) is the package ppolab's.
 
 - Roles. The learner (`--role learner`, the default) trains; without `--redis-url` it starts its own
   `redis-server` (127.0.0.1, a free port, no persistence) and `--num-samplers` local samplers, each the
@@ -48,47 +49,37 @@ checkpoints, evaluation, logging, the wire format, the server and the processes)
   k * num_steps + 1 ... (k + 1) * num_steps).
 - Same seed, same numbers only with one sampler (`--num-samplers 1` and no remote ones): with several,
   which sampler gets which ticket, and so which environment fills which column, is a race.
-- Checkpoints are data only (weights, optimizer, statistics, RNG states, args): `--resume` continues a
-  killed run and `--evaluate` scores a saved model. `--torch-deterministic` (the default) also runs
-  cuDNN in full float32 instead of TF32 on a GPU.
+- The statistics go into every checkpoint with the weights (`--resume` continues, `--evaluate` scores as
+  in training); a resumed learner uses the server and the run id of its own command line.
 """
 
 import contextlib
-import copy
-import ctypes
-import errno
-import io
-import ipaddress
 import json
 import math
 import os
-import pickle
-import random
 import re
 import shlex
-import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-import warnings
 import zlib
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
-from urllib.parse import urlsplit
 
 import gymnasium as gym
 import numpy as np
 import redis
 import torch
 import torch.nn as nn
-import tyro
+
+import ppolab
+from ppolab.redis_server import ServerDidNotStart, check_redis_url, connect, open_redis_host, redact
+from ppolab.redis_server import start_redis_server, stop_processes
 from torch.distributions.normal import Normal
 
 
@@ -245,20 +236,31 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
             [make_env(args.env_id, idx, args.capture_video, run_dir)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
         )
     except (ImportError, gym.error.DependencyNotInstalled) as e:  # Pusher-v4, for one, needs mujoco<3
-        fail(f"cannot make {args.env_id} here: {str(e).splitlines()[0]}")
+        ppolab.fail(f"cannot make {args.env_id} here: {str(e).splitlines()[0]}")
     except gym.error.Error as e:
-        fail(f"unknown environment id '{args.env_id}' ({type(e).__name__}; gymnasium.pprint_registry() lists the ids)")
+        ppolab.fail(
+            f"unknown environment id '{args.env_id}' ({type(e).__name__}; gymnasium.pprint_registry() lists the ids)"
+        )
     action_space, observation_space = envs.single_action_space, envs.single_observation_space
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
         envs.close()
-        fail(
+        ppolab.fail(
             f"{args.env_id} has action space {action_space}; {Path(__file__).name} supports one-dimensional Box "
             "actions only (use ppo.py for Discrete actions)"
         )
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         envs.close()
-        fail(f"{args.env_id} has observation space {observation_space}; a one-dimensional Box is needed")
+        ppolab.fail(f"{args.env_id} has observation space {observation_space}; a one-dimensional Box is needed")
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def env_spaces(args: Args) -> tuple[tuple, int]:
+    """The observation shape and the action dimension of the samplers' environment, from one made and closed
+    here (make_envs refuses in one line one that cannot be made here or trained by this file)."""
+    envs = make_envs(args, "", -1)  # index -1: no video
+    spaces = envs.single_observation_space.shape, envs.single_action_space.shape[0]
+    envs.close()
+    return spaces
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
@@ -281,7 +283,7 @@ class ObsNormalizer:
     """
 
     def __init__(self, shape: tuple, clip: float):
-        self.rms, self.clip = RunningMeanStd(shape), clip
+        self.rms, self.clip = ppolab.RunningMeanStd(shape), clip
 
     def __call__(self, obs: np.ndarray, update: bool) -> np.ndarray:
         if update:
@@ -298,7 +300,7 @@ class RewardScaler:
     statistics (`__call__`) and merges the chunks' returns into `rms` after the update."""
 
     def __init__(self, num_envs: int, gamma: float, clip: float):
-        self.rms, self.gamma, self.clip = RunningMeanStd(), gamma, clip
+        self.rms, self.gamma, self.clip = ppolab.RunningMeanStd(), gamma, clip
         self.returns = np.zeros(num_envs)
 
     def track(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray:
@@ -523,7 +525,7 @@ def update_step(
 
 class Sampler:
     """One environment stepped with the published versions of the policy, a chunk at a time: the rollout of
-    PPO, in a process of its own. `run_sampler` (below the banner) runs it: it takes a ticket, loads the
+    PPO, in a process of its own. `run_sampler` (after `train`) runs it: it takes a ticket, loads the
     ticket's version (`load_policy`), collects a chunk (`collect`) and pushes it to the learner."""
 
     def __init__(self, args: Args, sampler_id: int, run_dir: str):
@@ -599,34 +601,26 @@ class Sampler:
 # TRAINING: THE LEARNER ---------------------------------------------------------------------------
 
 
-def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
-    """The learner: PPO on args.env_id from scratch, or on from `checkpoint` (--resume), trained on the chunks
-    of the samplers of `lab` (the server, and the local processes it stops when the run ends, see `redis_lab`);
-    everything the run writes goes to run_dir, which it returns."""
-    # Seeding: same seed, same machine, same thread count, one sampler -> same numbers
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_deterministic:  # cuDNN's float32 convolutions and LSTMs in full float32, not TF32
-        torch.backends.cudnn.conv.fp32_precision = "ieee"
-        torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.distributions.Distribution.set_default_validate_args(False)  # checks cost more than tiny samples
+def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
+    """The learner: PPO on args.env_id, from scratch or on from --resume's checkpoint, trained on the chunks of
+    the samplers of `lab` (the server, and the local processes it stops when the run ends, see `redis_lab`);
+    `run` (the package's) writes everything the run reports into its folder, which train returns."""
+    ppolab.seed_everything(args.seed, args.torch_deterministic)  # one sampler, same seed, same threads: same numbers
+    device = ppolab.pick_device(args.cuda)
 
     obs_shape, act_dim = env_spaces(args)  # of the samplers' environment, made here once to read them
     obs_dim = int(np.prod(obs_shape))
     agent = Agent(obs_dim, act_dim).to(device)
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     reward_scaler = RewardScaler(0, args.gamma, args.reward_clip)  # the learner only scales and merges
-    statistics = dict(obs_normalizer=obs_normalizer, reward_scaler=reward_scaler)  # saved in every checkpoint
     # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
     # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
     # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
-    start_iteration, global_step = restore(checkpoint, agent, optimizer, args, **statistics)  # 1, 0 if new
-    log = RunLog(args, run_dir, global_step)
+    # what a checkpoint holds besides progress, RNG and args: the statistics too, as every checkpoint has them
+    saved = {"model": agent, "optimizer": optimizer, "obs_rms": obs_normalizer.rms, "reward_rms": reward_scaler.rms}
+    start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run
 
     # The run on the server: its Args for the samplers, the learner's heartbeat, the first version (the
     # weights and observation statistics the samplers act with, and a ticket per chunk); then the local
@@ -634,7 +628,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
     client, run_id = lab.client, args.run_id
     beat = Heartbeat(client, key(run_id, "heartbeat"))
     beat()
-    client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run_dir}))
+    client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run.dir}))
     policy_bytes, publish_time = publish_policy(client, run_id, start_iteration, agent, obs_normalizer, args.num_chunks)
     hint = lab.start_samplers(args.num_samplers)
     schema = chunk_schema(args.num_steps, obs_dim, act_dim)
@@ -676,7 +670,7 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
         base_step, global_step = global_step, global_step + args.batch_size
         for k, chunk in enumerate(received.chunks):  # chunk k covers the steps base_step + k * T + 1 ...
             for step, episodic_return, episodic_length in chunk["episodes"]:
-                log.episode(base_step + k * T + int(step) + 1, episodic_return, episodic_length)  # at its end step
+                run.episode(base_step + k * T + int(step) + 1, episodic_return, episodic_length)  # at its end step
 
         # CALCULATE ADVANTAGES ------------------------------------------------------------------
         advantages, returns = compute_gae(
@@ -728,883 +722,42 @@ def train(args: Args, run_dir: str, checkpoint: dict | None, lab: "Lab") -> str:
         reward_scaler.rms.update(raw_returns.reshape(-1).astype(np.float64))
         update_time = time.perf_counter() - update_start
 
-        # the losses and KLs of the last minibatch, the clip fraction over the whole update
+        # the losses and KLs of the last minibatch, the clip fraction over the whole update; and the exchange's
+        # figures: the samplers' steps per second while the learner waited and the learner's in its update, the
+        # bytes through Redis per step (the chunks popped, and the version each contributing sampler fetched)
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
-        log.iteration(
-            iteration,
-            global_step,
-            stats,
-            lr,
-            values,
-            returns,
-            rollout_time,
-            update_time,
-            received=received,
-            publish_time=publish_time,
-            policy_bytes=policy_bytes,
+        exchange = {
+            "charts/experience_SPS": args.batch_size / max(rollout_time + received.transfer_time, 1e-9),
+            "charts/learner_SPS": args.batch_size / update_time,
+            "charts/bytes_per_step": (received.nbytes + policy_bytes * received.samplers) / args.batch_size,
+            "charts/samplers_per_update": received.samplers,
+            "debug/stale_chunks": received.stale,
+            "debug/malformed_chunks": received.malformed,
+            "perf/transfer_time": received.transfer_time,
+            "perf/publish_time": publish_time,
+        }
+        line = f", transfer {received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers}"
+        run.iteration(
+            iteration, global_step, stats, lr, values, returns, rollout_time, update_time, exchange, line_extra=line
         )
-        evaluate_if_due(args, iteration, global_step, agent, optimizer, run_dir, log, **statistics)
-        checkpoint_if_due(args, iteration, global_step, agent, optimizer, run_dir, **statistics)
+        run.evaluate_if_due(iteration, global_step, saved)
+        run.checkpoint_if_due(iteration, global_step, saved)
         if iteration < args.num_iterations:  # the next version, which the samplers act with
             policy_bytes, publish_time = publish_policy(
                 client, run_id, iteration + 1, agent, obs_normalizer, args.num_chunks
             )
 
-    finish(args, client, agent, optimizer, run_dir, global_step, log, **statistics)
-    return run_dir
+    end_run(client, run_id)  # the samplers go while the final model is evaluated
+    run.finish(global_step, saved)  # --save-model: model.pt, evaluated
+    return run.dir
 
 
-# ==================================================================================================
-# PPO ENDS HERE. What follows is the machinery a run needs around the algorithm: input checks, the
-# run folder, checkpoints and resuming, evaluation, logging, Ctrl-C and full disks, the wire format,
-# the server and the processes, and the entry point. None of it changes what PPO computes.
-# ==================================================================================================
+# THE EXCHANGE THROUGH REDIS: KEYS AND HEARTBEATS -------------------------------------------------
 
 
-# INPUT CHECKS ------------------------------------------------------------------------------------
-
-
-def fail(message: str):
-    """Bad input: one line on stderr naming the problem, exit code 2, before any long work."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def abort(message: str):
-    """A run that cannot go on (no sampler, server gone): one line naming the problem, exit code 1.
-    Raised inside main's `try`, so its `finally` still stops the local samplers and server."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(1)
-
-
-RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it stands in key names and in the printed sampler command
-
-
-def check_numbers(args: Args):
-    """Every number within its meaning, named with its range in the error: a gamma of 1.5, a negative clip
-    coefficient or a NaN learning rate trains without an error, on nonsense."""
-    for name, value in asdict(args).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            fail(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    for name, valid, meaning in (
-        (
-            "seed",
-            0 <= args.seed <= 1_000_000_000,
-            "from 0 to 1000000000 (NumPy seeds and the per-environment offsets added to it must stay below 2**31)",
-        ),
-        ("learning_rate", args.learning_rate > 0, "positive"),
-        ("gamma", 0 <= args.gamma <= 1, "in [0, 1] (a discount factor)"),
-        ("gae_lambda", 0 <= args.gae_lambda <= 1, "in [0, 1]"),
-        ("clip_coef", args.clip_coef > 0, "positive (the ratio is clipped to [1 - clip_coef, 1 + clip_coef])"),
-        ("ent_coef", args.ent_coef >= 0, "zero or positive"),
-        ("vf_coef", args.vf_coef >= 0, "zero or positive"),
-        ("max_grad_norm", args.max_grad_norm > 0, "positive"),
-        ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
-    ):
-        if not valid:
-            fail(f"--{name.replace('_', '-')} must be {meaning}, got {getattr(args, name)}")
-
-
-def check_tracking(args: Args):
-    """`--track` needs a Weights & Biases login (or offline mode): checked before any work, without the network."""
-    if not args.track or os.environ.get("WANDB_MODE") in ("offline", "disabled"):
-        return
-    import wandb  # imported only when used
-
-    if not wandb.login(prompt=False, verify=False):
-        fail(
-            "--track: not logged in to Weights & Biases; run `wandb login` (or set WANDB_API_KEY), or track "
-            "offline with WANDB_MODE=offline (then `wandb sync` the run folder's wandb/ later)"
-        )
-
-
-def check_runs_dir(runs_dir: str):
-    """--runs-dir must be a folder that exists or can be created (checked before any work; make_run_dir
-    reports what the OS says if creating it fails all the same)."""
-    path = Path(runs_dir).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
-        fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
-
-
-def open_redis_host(url: str) -> str | None:
-    """The host of `url` if it is a server on another machine that anyone who reaches it may write to (no
-    password); None for this machine (a loopback address, localhost, a unix socket) or a password. The name
-    is read as written: nothing is looked up, nothing is contacted."""
-    options = redis.connection.parse_url(url)
-    host = options.get("host")  # none for a unix socket
-    if host is None or options.get("password") or host.rstrip(".").lower() == "localhost":
-        return None
-    try:
-        return None if ipaddress.ip_address(host).is_loopback else host
-    except ValueError:  # a name
-        return host
-
-
-def check_redis_url(args: Args):
-    """--redis-url must be a Redis URL, and one of a server that only the run's own machines can write to:
-    on this machine or with a password, unless --allow-open-redis says an open one is meant (whoever reaches
-    it can push chunks and weights into the run). Checked before any connection is tried."""
-    if args.redis_url is None:
-        return
-    try:
-        host = open_redis_host(args.redis_url)
-    except ValueError as e:
-        fail(f"--redis-url {redact(args.redis_url)} is not a Redis URL ({e}); e.g. redis://:PASSWORD@HOST:6379/0")
-    if host is not None and not args.allow_open_redis:
-        fail(
-            f"--redis-url {redact(args.redis_url)}: the server on {host} has no password, so anyone who can reach "
-            "it could push chunks and weights into this run; give it one (redis-server --requirepass PASSWORD, "
-            "then redis://:PASSWORD@HOST:PORT/DB), or pass --allow-open-redis to use it as it is"
-        )
-
-
-def check_args(args: Args):
-    """Reject arguments that would crash or silently misbehave later. A learner's environment is made once to
-    check that it exists, can be made here and is one this file can train."""
-    check_redis_url(args)
-    if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
-        fail(f"--run-id {args.run_id!r}: use 1-64 letters, digits, '_', '.' or '-'")
-    if args.role == "sampler":
-        if args.redis_url is None or args.run_id is None:
-            fail("--role sampler needs --redis-url and --run-id (the learner prints the command)")
-        return
-    check_numbers(args)
-    for name in ("total_timesteps", "num_chunks", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
-        if getattr(args, name) <= 0:
-            fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.obs_clip <= 0 or args.reward_clip <= 0 or args.sampler_timeout <= 0:
-        fail("--obs-clip, --reward-clip and --sampler-timeout must be positive")
-    if args.checkpoint_every < 0 or args.torch_threads < 0 or args.num_samplers < 0:
-        fail("--checkpoint-every, --torch-threads and --num-samplers must not be negative")
-    if args.batch_size % args.num_minibatches != 0:
-        fail(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch size {args.batch_size} "
-            f"(--num-chunks {args.num_chunks} x --num-steps {args.num_steps})"
-        )
-    if args.batch_size // args.num_minibatches < 2:
-        fail(
-            f"--num-minibatches {args.num_minibatches} leaves minibatches of one sample (batch size "
-            f"{args.batch_size}); at least 2 are needed (advantages are normalised by their std)"
-        )
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs CUDA (no CUDA device here, or --no-cuda); --compile works on the CPU")
-    if args.num_iterations == 0 and args.resume is None:  # a resume: resume_args checks the total
-        fail(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-    if args.eval_every < 0:
-        fail(f"--eval-every must not be negative, got {args.eval_every}")
-    check_tracking(args)
-    if args.resume is None and args.evaluate is None:
-        check_runs_dir(args.runs_dir)
-    for name in ("resume", "evaluate"):
-        path = getattr(args, name)
-        if path is not None and not Path(path).is_file():
-            fail(f"--{name}: no such file: {path}")
-    if args.resume is None and args.evaluate is None:  # else the checkpoint's environment, made later
-        env_spaces(args)
-
-
-def env_spaces(args: Args) -> tuple[tuple, int]:
-    """The observation shape and the action dimension of the samplers' environment, from one made and closed
-    here (make_envs refuses in one line one that cannot be made here or trained by this file)."""
-    envs = make_envs(args, "", -1)  # index -1: no video
-    spaces = envs.single_observation_space.shape, envs.single_action_space.shape[0]
-    envs.close()
-    return spaces
-
-
-# THE RUN FOLDER, CHECKPOINTS AND RESUMING ---------------------------------------------------------
-
-
-def prepare_run(args: Args) -> tuple[Args, str, dict | None]:
-    """The run's arguments, folder and checkpoint: a new folder for a new run; for --resume the checkpoint's
-    folder, arguments (with the flags that may change, and the server of this command line: the saved URL has
-    its password redacted) and the checkpoint itself."""
-    if args.resume is not None:
-        checkpoint = load_checkpoint(args.resume)
-        saved = resume_args(args, checkpoint)
-        saved.redis_url, saved.allow_open_redis, saved.run_id = args.redis_url, args.allow_open_redis, args.run_id
-        return saved, str(Path(args.resume).parent), checkpoint
-    run_dir = f"{args.runs_dir}/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if os.path.exists(run_dir):
-        fail(
-            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-            "pass another --exp-name"
-        )
-    return args, run_dir, None
-
-
-def make_run_dir(run_dir: str):
-    """Creates the run folder, or ends in one line saying why it cannot."""
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot create the run folder {run_dir}: {e.strerror or e} (pass another --runs-dir)")
-
-
-# the layout of the dict save_checkpoint writes; read_checkpoint refuses others (1: before checkpoints
-# named their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and
-# converted by as_data)
-CHECKPOINT_FORMAT = 3
-
-
-def save_checkpoint(
-    path: str,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    args: Args,
-    iteration: int,
-    global_step: int,
-    *,
-    obs_normalizer: ObsNormalizer,
-    reward_scaler: RewardScaler,
-):
-    """Everything needed to continue or evaluate: weights, optimizer, normalisation statistics,
-    progress, RNG states, args.
-
-    Written by `write_checkpoint_file`, so a run killed while saving keeps its last checkpoint.
-    """
-    checkpoint = {
-        "model": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "obs_rms": obs_normalizer.rms.state_dict(),
-        "reward_rms": reward_scaler.rms.state_dict(),
-        "iteration": iteration,
-        "global_step": global_step,
-        "args": asdict(args),
-        "script": Path(__file__).name,  # read_checkpoint refuses the checkpoints of other scripts
-        "format": CHECKPOINT_FORMAT,
-        "rng": rng_state(next(agent.parameters()).device),
-    }
-    write_checkpoint_file(checkpoint, path)
-
-
-def checkpoint_if_due(
-    args: Args,
-    iteration: int,
-    global_step: int,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    run_dir: str,
-    **statistics,
-):
-    """--checkpoint-every N: `run_dir/checkpoint.pt` after every N-th iteration, with the statistics."""
-    if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-        save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, args, iteration, global_step, **statistics)
-
-
-def write_checkpoint_file(checkpoint: dict, path: str):
-    """Writes `checkpoint` so that a kill or a power loss at any moment leaves the previous file or the new
-    one, whole: written to `path.tmp` (replacing one a killed run left), flushed to the disk, renamed over
-    `path`, the rename flushed too (the folder's entry); then any other stale `*.pt.tmp` of the folder goes.
-    A write the file system refuses (disk full, file too large, read-only) removes `path.tmp` and raises
-    the OSError, naming `path`; the previous checkpoint stays as it was."""
-    data = io.BytesIO()
-    torch.save(checkpoint, data)  # in memory first: a failed write is then the file system's OSError
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror, path) from None
-    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-    for stale in Path(path).parent.glob("*.pt.tmp"):
-        stale.unlink(missing_ok=True)
-
-
-def as_data(value):
-    """`value` with NumPy arrays and numbers as tensors, inside dicts, lists and tuples: what a checkpoint may
-    hold (read_checkpoint reads nothing else)."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        return torch.tensor(value)  # a copy, with the same dtype
-    if isinstance(value, dict):
-        return {key: as_data(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(as_data(item) for item in value)
-    return value
-
-
-def rng_state(device: torch.device) -> dict:
-    """The random states a resumed run continues from, as data (NumPy's key as int64: uint32 tensors do not
-    pickle); CUDA's too when the run uses it."""
-    kind, key, *rest = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(key.astype(np.int64)), *rest),
-        "python": random.getstate(),
-    }
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device):
-    torch.set_rng_state(state["torch"])
-    kind, key, *rest = state["numpy"]
-    np.random.set_state((kind, key.numpy().astype(np.uint32), *rest))
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-# What a checkpoint of format 2 holds besides data: NumPy arrays and numbers (its NumPy RNG state, its
-# statistics). Reading one allows these NumPy types and nothing else; as_data then converts them
-FORMAT_2_NUMPY = [
-    np.ndarray,
-    np.dtype,
-    np._core.multiarray._reconstruct,
-    np._core.multiarray.scalar,
-    np.dtypes.UInt32DType,
-    np.dtypes.Float64DType,
-]
-
-
-def read_checkpoint(path: str) -> dict | str:
-    """Reads a checkpoint written by this script's `save_checkpoint`, as data only: torch.load with
-    weights_only=True rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so
-    opening a file never runs code from it. Returns the problem, in words, if the file is not a checkpoint
-    (empty or truncated, holding code or other objects, of another script, of another format)."""
-    head = b""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else
-            with torch.serialization.safe_globals(FORMAT_2_NUMPY):
-                checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        if head.startswith((b"PK", b"\x80")):  # a torch file or a pickle, holding more than data
-            return (
-                f"{path} holds code or objects that a checkpoint does not hold (a checkpoint is tensors, "
-                "numbers, strings, lists and dicts): refused, nothing in it was run"
-            )
-        return f"{path} is not a checkpoint (torch.load: UnpicklingError)"
-    except Exception as e:
-        if head == b"PK\x03\x04" or not head:  # torch.save writes a zip archive: this one has no end
-            return f"{path} is empty or truncated: not a complete checkpoint (was its run killed while writing it?)"
-        return f"{path} is not a checkpoint (torch.load: {type(e).__name__})"
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "args" not in checkpoint:
-        return f"{path} is not a checkpoint (a file saved by torch, without model and args)"
-    script = checkpoint.get("script")
-    if script is None:
-        return (
-            f"{path} is a checkpoint from before format 2 (older checkpoints do not say which script wrote "
-            "them); retrain, or read it with the version of the scripts that wrote it"
-        )
-    if script != Path(__file__).name:
-        return f"{path} was written by {script}, not {Path(__file__).name}: pass it to {script}"
-    if checkpoint.get("format") == 2:
-        checkpoint = {**as_data(checkpoint), "format": CHECKPOINT_FORMAT}
-    if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        return (
-            f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
-            f"{CHECKPOINT_FORMAT}"
-        )
-    return checkpoint
-
-
-def load_checkpoint(path: str) -> dict:
-    """`read_checkpoint`, with a one-line error if the file is not a checkpoint of this script."""
-    checkpoint = read_checkpoint(path)
-    if isinstance(checkpoint, str):
-        fail(checkpoint)
-    return checkpoint
-
-
-# the flags a --resume may change (where and how the run goes on); every other flag keeps the
-# checkpoint's value
-CHANGEABLE_ON_RESUME = (
-    "resume",
-    "total_timesteps",
-    "torch_threads",
-    "cuda",
-    "checkpoint_every",
-    "track",
-    "wandb_project_name",
-    "wandb_entity",
-    "capture_video",
-    "save_model",
-    "eval_episodes",
-    "eval_every",
-    "eval_deterministic",
-    "compile",
-    "cudagraphs",
-    "redis_url",
-    "allow_open_redis",
-    "run_id",
-    "num_samplers",
-    "sampler_timeout",
-)
-
-
-def resume_args(args: Args, checkpoint: dict) -> Args:
-    """`--resume`: the checkpoint's arguments, with the flags of this command line that may change
-    (CHANGEABLE_ON_RESUME: where and how the run goes on, and --total-timesteps to train longer or stop
-    sooner); a flag that differs from its default and from the saved value and cannot change is refused
-    in one line. (A flag given with its default value cannot be told from one not given.)"""
-    saved, defaults = Args(**checkpoint["args"]), Args()
-    for name in asdict(saved):
-        given, default = getattr(args, name), getattr(defaults, name)
-        if name in CHANGEABLE_ON_RESUME:
-            if given != default:
-                setattr(saved, name, given)
-        elif given != default and given != getattr(saved, name):
-            changeable = ", ".join(f"--{n.replace('_', '-')}" for n in CHANGEABLE_ON_RESUME[1:])
-            fail(
-                f"--{name.replace('_', '-')} {given}: cannot change on --resume (the run has {getattr(saved, name)}); "
-                f"only {changeable} can; start a new run to change it"
-            )
-    if saved.num_iterations * saved.batch_size <= checkpoint["global_step"]:
-        fail(
-            f"--total-timesteps {saved.total_timesteps}: the run is at step {checkpoint['global_step']} already; "
-            "pass a larger --total-timesteps to train longer"
-        )
-    return saved
-
-
-def restore(
-    checkpoint: dict | None,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    args: Args,
-    *,
-    obs_normalizer: ObsNormalizer,
-    reward_scaler: RewardScaler,
-) -> tuple[int, int]:
-    """--resume: the weights, the optimizer's state, the normalisation statistics and the random streams of
-    `checkpoint`; returns the first iteration to run and the global step (1 and 0 for a new run)."""
-    if checkpoint is None:
-        return 1, 0
-    learning_rate = optimizer.param_groups[0]["lr"]  # the tensor that annealing fills
-    agent.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    optimizer.param_groups[0]["lr"] = learning_rate  # loading put the saved float there
-    obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
-    reward_scaler.rms.load_state_dict(checkpoint["reward_rms"])
-    set_rng_state(checkpoint["rng"], next(agent.parameters()).device)
-    print(f"resumed from {args.resume} at iteration {checkpoint['iteration']}, global step {checkpoint['global_step']}")
-    return checkpoint["iteration"] + 1, checkpoint["global_step"]
-
-
-# EVALUATION --------------------------------------------------------------------------------------
-
-
-def evaluate(
-    agent: Agent,
-    args: Args,
-    episodes: int,
-    deterministic: bool,
-    seed: int,
-    device: torch.device,
-    *,
-    obs_normalizer: ObsNormalizer,
-    video_prefix: str | None = None,
-) -> list[float]:
-    """Plays `episodes` whole episodes of `args.env_id` with the given policy and returns their
-    undiscounted returns.
-
-    Observations are normalised with the training statistics, frozen. The action sampling uses its own
-    seeded RNG stream, so the same model and seed score the same right after training and later.
-    `video_prefix` (`--evaluate --capture-video`): records every episode with RecordVideo as
-    `<video_prefix>-episode-<k>.mp4`.
-    """
-    if video_prefix is None:
-        env = gym.make(args.env_id)
-    else:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
-        env = gym.make(args.env_id, render_mode="rgb_array")
-        env = gym.wrappers.RecordVideo(
-            env,
-            str(Path(video_prefix).parent),
-            name_prefix=Path(video_prefix).name,
-            episode_trigger=lambda episode: True,
-            disable_logger=True,
-        )
-    low, high = env.action_space.low, env.action_space.high
-    returns = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            done, episodic_return = False, 0.0
-            while not done:
-                x = torch.as_tensor(obs_normalizer(obs[None], update=False), device=device)
-                with torch.no_grad():
-                    action = agent.actor_mean(x) if deterministic else agent.get_action_and_value(x)[0]
-                obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].cpu().numpy(), low, high))
-                episodic_return += float(reward)
-                done = terminated or truncated
-            returns.append(episodic_return)
-    env.close()
-    return returns
-
-
-def evaluate_if_due(
-    args: Args,
-    iteration: int,
-    global_step: int,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    run_dir: str,
-    log: "RunLog",
-    **statistics,
-):
-    """--eval-every N: after every N-th iteration the policy as it is now plays --eval-episodes on a separate
-    environment with its own seeded RNG stream (the same episodes every time, those of the final evaluation),
-    with the training's observation statistics frozen; the best evaluation's model is kept as
-    `run_dir/best_model.pt`."""
-    if not args.eval_every or iteration % args.eval_every:
-        return
-    eval_start = time.perf_counter()
-    # a CPU copy: evaluate() forks the CPU generator only, so the training's random streams stay untouched
-    returns = evaluate(
-        copy.deepcopy(agent).cpu(),
-        args,
-        args.eval_episodes,
-        args.eval_deterministic,
-        args.seed + 100_000,
-        torch.device("cpu"),
-        obs_normalizer=statistics["obs_normalizer"],
-    )
-    log.evaluation(returns, global_step)
-    if np.mean(returns) > log.best_return:
-        log.best_return = float(np.mean(returns))
-        save_checkpoint(f"{run_dir}/best_model.pt", agent, optimizer, args, iteration, global_step, **statistics)
-    print(
-        f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
-        f"best_model.pt: {log.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
-        flush=True,
-    )
-
-
-def load_for_evaluation(path: str) -> tuple[Args, Agent, ObsNormalizer]:
-    """A saved model or checkpoint as the policy it was in training: weights and frozen statistics."""
-    checkpoint = load_checkpoint(path)
-    saved = Args(**checkpoint["args"])
-    env = gym.make(saved.env_id)
-    obs_shape, act_dim = env.observation_space.shape, int(np.prod(env.action_space.shape))
-    env.close()
-    agent = Agent(int(np.prod(obs_shape)), act_dim)
-    agent.load_state_dict(checkpoint["model"])
-    obs_normalizer = ObsNormalizer(obs_shape, saved.obs_clip)
-    obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
-    return saved, agent, obs_normalizer
-
-
-def run_evaluation(path: str, args: Args) -> list[float]:
-    """`--evaluate PATH`: scores a saved model or checkpoint with the environment it was trained on."""
-    saved, agent, obs_normalizer = load_for_evaluation(path)
-    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate(
-        agent,
-        saved,
-        args.eval_episodes,
-        args.eval_deterministic,
-        saved.seed + 100_000,  # the episodes
-        torch.device("cpu"),
-        obs_normalizer=obs_normalizer,
-        video_prefix=video_prefix,
-    )  # after training
-    print(
-        f"evaluation of {path} on {saved.env_id}: {len(returns)} episodes, "
-        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
-    )
-    if video_prefix is not None:
-        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
-        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
-    return returns
-
-
-# LOGGING AND THE END OF A RUN --------------------------------------------------------------------
-
-
-def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """1 - Var[y_true - y_pred] / Var[y_true]: 1 is a perfect critic, 0 no better than a constant."""
-    var_y = np.var(y_true)
-    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
-
-
-class ProgressLine:
-    """When to print the per-iteration line: at the first and the last iteration, and in between at most
-    once every `every` seconds, so that a fast run (CartPole) does not scroll faster than one can read
-    and a slow one (Procgen, Atari) still says where it is, with or without finished episodes. A line
-    counts the episodes that ended since the previous line and gives their mean return (nan if none)."""
-
-    def __init__(self, every: float = 5.0):
-        self.every = every
-        self.printed_at = None  # time.monotonic() of the last line
-        self.returns = []  # the returns of the episodes that ended since the last line
-
-    def due(self, episode_returns, last: bool) -> str | None:
-        """Adds an iteration's episode returns; returns "episodes=K mean_return=M" when a line is due."""
-        self.returns.extend(episode_returns)
-        now = time.monotonic()
-        if not last and self.printed_at is not None and now - self.printed_at < self.every:
-            return None
-        self.printed_at = now
-        mean = np.mean(self.returns) if self.returns else float("nan")
-        line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
-        return line
-
-
-class RunLog:
-    """What a run reports: the run folder and its TensorBoard scalars (charts/, losses/, debug/, perf/,
-    eval/), the per-iteration line, and Weights & Biases with --track. Creating it creates the run folder."""
-
-    def __init__(self, args: Args, run_dir: str, global_step: int):
-        make_run_dir(run_dir)
-        print(f"run folder: {run_dir}\nwatch it with: tensorboard --logdir {Path(run_dir).parent}", flush=True)
-        if args.track:
-            import wandb  # imported only when used
-
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=asdict(args),
-                name=Path(run_dir).name,
-                save_code=True,
-            )
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(run_dir)
-        self.writer.add_text(
-            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in asdict(args).items())
-        )
-        self.args, self.run_dir, self.progress = args, run_dir, ProgressLine()
-        self.start_time, self.start_step = time.time(), global_step
-        self.episode_returns = []  # of the episodes that ended in this iteration
-        self.best_return = float("-inf")  # the best evaluation's mean (--eval-every)
-
-    def episode(self, step: int, episodic_return: float, episodic_length: int):
-        self.writer.add_scalar("charts/episodic_return", episodic_return, step)
-        self.writer.add_scalar("charts/episodic_length", episodic_length, step)
-        self.episode_returns.append(episodic_return)
-
-    def iteration(
-        self,
-        iteration: int,
-        global_step: int,
-        stats: dict[str, torch.Tensor],
-        learning_rate: float,
-        values: torch.Tensor,
-        returns: torch.Tensor,
-        rollout_time: float,
-        update_time: float,
-        *,
-        received: "Received",
-        publish_time: float,
-        policy_bytes: int,
-    ):
-        """The iteration's scalars (the statistics copied from the device at once) with this file's: the
-        samplers' and the server's, and, when due, its line."""
-        stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-        first_ratio_deviation = stats.pop("ratio_deviation")
-        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        eta = timedelta(seconds=int((self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1)))
-        batch_size, writer = self.args.batch_size, self.writer
-        writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-        for name, value in stats.items():
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(values.numpy(), returns.numpy()), global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        # steps per second of the samplers while the learner waited, and of the learner's update
-        writer.add_scalar(
-            "charts/experience_SPS", batch_size / max(rollout_time + received.transfer_time, 1e-9), global_step
-        )
-        writer.add_scalar("charts/learner_SPS", batch_size / update_time, global_step)
-        # through Redis per step: the chunks popped, and the version each contributing sampler fetched
-        writer.add_scalar(
-            "charts/bytes_per_step", (received.nbytes + policy_bytes * received.samplers) / batch_size, global_step
-        )
-        writer.add_scalar("charts/samplers_per_update", received.samplers, global_step)
-        writer.add_scalar("debug/first_minibatch_ratio_deviation", first_ratio_deviation, global_step)
-        writer.add_scalar("debug/stale_chunks", received.stale, global_step)
-        writer.add_scalar("debug/malformed_chunks", received.malformed, global_step)
-        writer.add_scalar("perf/rollout_time", rollout_time, global_step)
-        writer.add_scalar("perf/transfer_time", received.transfer_time, global_step)
-        writer.add_scalar("perf/update_time", update_time, global_step)
-        writer.add_scalar("perf/publish_time", publish_time, global_step)
-        line = self.progress.due(self.episode_returns, last=iteration == self.args.num_iterations)
-        self.episode_returns = []
-        if line:
-            print(
-                f"iteration {iteration}/{self.args.num_iterations} global_step={global_step} {line} SPS={sps} "
-                f"ETA={eta} (rollout {rollout_time:.2f}s, update {update_time:.2f}s, transfer "
-                f"{received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers})",
-                flush=True,
-            )
-
-    def evaluation(self, returns: list[float], global_step: int):
-        """An evaluation's scalars at the global step it was made: every episode's return as
-        `eval/episodic_return` and their mean as `eval/mean_return`."""
-        for episodic_return in returns:
-            self.writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-        self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
-
-    def close(self):
-        self.writer.close()
-        if self.args.track:
-            finish_tracking(self.run_dir)
-
-
-def finish_tracking(run_dir: str):
-    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
-    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
-    they are written)."""
-    import wandb  # imported only when used
-
-    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
-        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
-    wandb.finish()
-
-
-def finish(
-    args: Args,
-    client: redis.Redis,
-    agent: Agent,
-    optimizer: torch.optim.Optimizer,
-    run_dir: str,
-    global_step: int,
-    log: RunLog,
-    **statistics,
-):
-    """The end of a run: the run ended on the server (the samplers go while the model is evaluated); with
-    --save-model the final model saved (with the statistics) and evaluated; the logs closed."""
-    end_run(client, args.run_id)
-    if args.save_model:
-        model_path = f"{run_dir}/model.pt"
-        save_checkpoint(model_path, agent, optimizer, args, args.num_iterations, global_step, **statistics)
-        print(f"model saved to {model_path}")
-        agent.cpu()
-        returns = evaluate(
-            agent,
-            args,
-            args.eval_episodes,
-            args.eval_deterministic,
-            args.seed + 100_000,
-            torch.device("cpu"),
-            obs_normalizer=statistics["obs_normalizer"],
-        )
-        log.evaluation(returns, global_step)
-        print(f"evaluation: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    log.close()
-
-
-# CTRL-C AND FULL DISKS ---------------------------------------------------------------------------
-
-
-def resume_hint(run_dir: str) -> str:
-    """Where a stopped run can go on from: its last checkpoint and the command that resumes it."""
-    checkpoint = Path(run_dir) / "checkpoint.pt"
-    if checkpoint.is_file():
-        return f"last checkpoint {checkpoint}; continue with: python {sys.argv[0]} --resume {checkpoint}"
-    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-
-
-def exit_on_ctrl_c(run_dir: str):
-    """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
-    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
-    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes)."""
-
-    def handler(signum, frame):
-        print(f"{Path(sys.argv[0]).name}: interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
-        # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(130)
-
-    signal.signal(signal.SIGINT, handler)
-
-
-# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
-# a read-only file system, a quota exceeded
-WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
-
-
-def quiet_write_errors(hook_args):
-    """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
-    error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
-    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
-        threading.__excepthook__(hook_args)
-
-
-@contextlib.contextmanager
-def exit_on_write_error(run_dir: str):
-    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
-    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
-    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
-    threading.excepthook = quiet_write_errors
-    try:
-        yield
-    except OSError as e:
-        if e.errno not in WRITE_ERRORS:
-            raise
-        file = e.filename or f"the TensorBoard events in {run_dir}"
-        print(
-            f"{Path(sys.argv[0]).name}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-            file=sys.stderr,
-            flush=True,
-        )
-        warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
-        raise SystemExit(1) from None
-
-
-# RUNNING STATISTICS (of ObsNormalizer and RewardScaler) ------------------------------------------
-
-
-class RunningMeanStd:
-    """Running mean and variance of a stream of batches (the parallel algorithm of Chan et al.)."""
-
-    def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = epsilon
-
-    def update(self, x: np.ndarray):
-        """Adds a batch x of shape (B,) + shape. It runs at every environment step, so it avoids
-        np.mean/np.var, whose Python-level overhead is most of the cost on a handful of numbers, and
-        skips the batch's own spread where the batch is one sample (one environment's step)."""
-        n = x.shape[0]
-        batch_mean = np.add.reduce(x, axis=0) / n
-        delta = batch_mean - self.mean
-        total = self.count + n
-        self.mean = self.mean + delta * (n / total)
-        # the summed squared deviations from the mean: the old ones, the batch's own, and the shift's
-        squares = self.var * self.count + np.square(delta) * (self.count * n / total)
-        if n > 1:
-            squares += np.add.reduce(np.square(x - batch_mean), axis=0)
-        self.var = squares / total
-        self.count = total
-
-    def state_dict(self) -> dict:
-        """The statistics as data (tensors and a number), as a checkpoint holds them."""
-        return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": self.count}  # copies
-
-    def load_state_dict(self, state: dict):
-        self.mean, self.var = state["mean"].numpy().copy(), state["var"].numpy().copy()
-        self.count = float(state["count"])
-
-
-# THE WIRE FORMAT ---------------------------------------------------------------------------------
-
-HEADER_LIMIT = 1 << 16  # bytes of JSON header a message may have
 HEARTBEAT_TTL = 5  # seconds a learner's heartbeat or a sampler's alive key lives unless refreshed
 BEAT_PERIOD = 0.5  # seconds between two refreshes (a refresh is one round trip)
 POP_TIMEOUT = 0.5  # seconds one blocking pop waits, so the waiting loops beat and check often
-
-
-class BadMessage(ValueError):
-    """A message from the network that fails a check: it is dropped and counted, never used."""
 
 
 def key(run_id: str, *parts) -> str:
@@ -1612,10 +765,317 @@ def key(run_id: str, *parts) -> str:
     return ":".join(["ppo", run_id, *map(str, parts)])
 
 
-def redact(url: str) -> str:
-    """The URL with its password hidden, for everything printed, logged, saved or published."""
-    parts = urlsplit(url)
-    return url if parts.password is None else url.replace(f":{parts.password}@", ":***@", 1)
+def abort(message: str):
+    """A run that cannot go on (no sampler, server gone): one line naming the problem, exit code 1.
+    Raised inside redis_lab, whose `finally` still stops the local samplers and server."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+class RunOver(Exception):
+    """The learner ended the run or is gone: a sampler's cue to exit."""
+
+
+class Heartbeat:
+    """Keeps a key alive (TTL HEARTBEAT_TTL) when called at least every second; one round trip per
+    BEAT_PERIOD at most, however often it is called. A sampler's (`run_id` given) reads the learner's
+    heartbeat and stop key in the same round trip and raises RunOver when the run is over."""
+
+    def __init__(self, client: redis.Redis, name: str, run_id: str | None = None):
+        self.client, self.name, self.run_id, self.last = client, name, run_id, -math.inf
+        self.value = f"{socket.gethostname()}:{os.getpid()}"  # who holds the key
+
+    def __call__(self):
+        now = time.monotonic()
+        if now - self.last < BEAT_PERIOD:
+            return
+        self.last = now
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.name, self.value, ex=HEARTBEAT_TTL)
+        if self.run_id is not None:
+            pipe.exists(key(self.run_id, "heartbeat"))
+            pipe.exists(key(self.run_id, "stop"))
+        watched = pipe.execute()[1:]
+        if watched and watched[1]:
+            raise RunOver("the learner ended the run")
+        if watched and not watched[0]:
+            raise RunOver("the learner is gone (its heartbeat expired)")
+
+
+def beating(beat: Heartbeat, fn, *args):
+    """`fn(*args)` while a thread keeps calling `beat`: with --compile the first call of the update step
+    compiles for a minute or more, far longer than a heartbeat lives (HEARTBEAT_TTL)."""
+    done = threading.Event()
+
+    def keep_beating():
+        while not done.wait(BEAT_PERIOD):
+            beat()
+
+    thread = threading.Thread(target=keep_beating)
+    thread.start()
+    try:
+        return fn(*args)
+    finally:
+        done.set()
+        thread.join()
+
+
+# THE LEARNER'S SIDE ------------------------------------------------------------------------------
+
+
+def publish_policy(
+    client: redis.Redis, run_id: str, version: int, agent: Agent, obs_normalizer: ObsNormalizer, num_chunks: int
+) -> tuple[int, float]:
+    """Publishes `version` (weights and observation statistics) with `num_chunks` tickets for it, in one
+    transaction that also drops the tickets left of the version before. Returns the message's size and the
+    seconds it took."""
+    start = time.perf_counter()
+    weights = nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
+    message = encode_message(
+        {"run_id": run_id, "version": version},
+        {"weights": weights, "obs_mean": obs_normalizer.rms.mean, "obs_var": obs_normalizer.rms.var},
+    )
+    pipe = client.pipeline(transaction=True)
+    pipe.set(key(run_id, "policy"), message)
+    pipe.delete(key(run_id, "tickets"))
+    pipe.rpush(key(run_id, "tickets"), *[version] * num_chunks)
+    pipe.execute()
+    return len(message), time.perf_counter() - start
+
+
+def requeue_lost_tickets(client: redis.Redis, run_id: str):
+    """Tickets held by a sampler whose alive key expired (killed, machine gone) go back to the queue, so
+    the chunks it never delivered are made by the samplers still running."""
+    for pending in client.scan_iter(match=key(run_id, "pending", "*")):
+        sampler_id = pending.decode().rsplit(":", 1)[1]
+        if client.exists(key(run_id, "alive", sampler_id)):
+            continue
+        pipe = client.pipeline(transaction=True)
+        pipe.lrange(pending, 0, -1)
+        pipe.delete(pending)
+        tickets = pipe.execute()[0]
+        if tickets:
+            client.rpush(key(run_id, "tickets"), *tickets)
+
+
+class Received(NamedTuple):
+    """What one update's collection brought: its chunks, in (sampler, seq) order, and the counts."""
+
+    chunks: list[dict]
+    samplers: int  # distinct samplers among the chunks
+    transfer_time: float  # seconds spent decoding and checking
+    nbytes: int  # bytes popped, dropped messages included
+    stale: int
+    malformed: int
+
+
+def receive_chunks(
+    client: redis.Redis, run_id: str, version: int, args: Args, schema: dict, beat: Heartbeat, sampler_hint: str
+) -> Received:
+    """Pops chunks (each exactly once) until `args.num_chunks` of `version` are in; drops and counts the
+    stale and malformed ones. Between pops it beats and gives lost samplers' tickets back; no chunk of
+    this version for `args.sampler_timeout` seconds ends the run (one line, exit 1)."""
+    chunks, stale, malformed, nbytes, transfer_time = {}, 0, 0, 0, 0.0
+    last_chunk = time.monotonic()
+    while len(chunks) < args.num_chunks:
+        beat()
+        popped = client.blpop([key(run_id, "chunks")], timeout=POP_TIMEOUT)
+        if popped is None:
+            if time.monotonic() - last_chunk > args.sampler_timeout:
+                abort(
+                    f"no chunk from any sampler for {args.sampler_timeout:g} s (run {run_id}, version {version}, "
+                    f"{len(chunks)}/{args.num_chunks} chunks); start samplers with: {sampler_hint}"
+                )
+            requeue_lost_tickets(client, run_id)
+            continue
+        decode_start, message = time.perf_counter(), popped[1]
+        nbytes += len(message)
+        try:
+            header, chunk = decode_chunk(message, run_id, schema)
+        except BadMessage:
+            header = None
+        transfer_time += time.perf_counter() - decode_start
+        name = None if header is None else (header["sampler"], header["seq"])
+        if header is None or header["version"] > version or name in chunks:
+            malformed += 1  # garbage, foreign, from a version not yet published, or a replay
+        elif header["version"] < version:
+            stale += 1
+            client.hincrby(key(run_id, "stale"), f"{header['version']}:{header['sampler']}", 1)
+        else:
+            chunks[name], last_chunk = chunk, time.monotonic()
+    names = sorted(chunks)  # one order whatever the arrival order: one sampler gives the same batch every time
+    pipe = client.pipeline(transaction=False)
+    for sampler, _ in names:
+        pipe.hincrby(key(run_id, "trained"), f"{version}:{sampler}", 1)
+    pipe.execute()
+    return Received([chunks[n] for n in names], len({s for s, _ in names}), transfer_time, nbytes, stale, malformed)
+
+
+def end_run(client: redis.Redis | None, run_id: str):
+    """Tells the samplers the run is over and clears the server: the stop key and the accounting
+    (chunks sent, trained and stale per version and sampler) stay an hour, the rest goes now. Chunks
+    still queued are counted as stale. Errors are ignored: the server may be what failed."""
+    if client is None:
+        return
+    try:
+        client.set(key(run_id, "stop"), 1, ex=3600)
+        client.delete(key(run_id, "heartbeat"), key(run_id, "tickets"), key(run_id, "policy"))
+        while (message := client.lpop(key(run_id, "chunks"))) is not None:
+            try:
+                header = read_header(message)[0]
+                client.hincrby(key(run_id, "stale"), f"{int(header['version'])}:{int(header['sampler'])}", 1)
+            except (BadMessage, KeyError, TypeError, ValueError):  # not a chunk: nothing to count
+                pass
+        for name in client.scan_iter(match=key(run_id, "*")):
+            if client.ttl(name) == -1:  # the keys that would stay for ever
+                client.expire(name, 3600)
+    except redis.RedisError:
+        pass
+
+
+# A SAMPLER'S PROCESS -----------------------------------------------------------------------------
+
+
+def wait_for_run(client: redis.Redis, run_id: str, timeout: float) -> dict:
+    """The run's published info (Args and run folder), waiting up to `timeout` seconds for its learner."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info, learner = client.get(key(run_id, "info")), client.exists(key(run_id, "heartbeat"))
+        if info is not None and learner:
+            return json.loads(info)
+        if time.monotonic() > deadline:
+            abort(f"no learner of run {run_id} on the server after {timeout:g} s")
+        time.sleep(0.2)
+
+
+def run_sampler(args: Args):
+    """`--role sampler`: steps one environment for the learner of `--run-id` until the run ends.
+
+    Loop: pop a ticket (moved atomically into this sampler's pending list, so the learner can give a
+    dead sampler's tickets to others), load its version if new, collect a chunk, push it and drop the
+    ticket in one transaction (with the count of chunks sent per version and sampler)."""
+    client, run_id, sampler_id = connect(args.redis_url), args.run_id, None
+    try:
+        info = wait_for_run(client, run_id, args.sampler_timeout)
+        run_args = Args(**info["args"])
+        if run_args.torch_threads > 0:
+            torch.set_num_threads(run_args.torch_threads)
+        sampler_id = client.incr(key(run_id, "next_sampler"))
+        beat, pending = Heartbeat(client, key(run_id, "alive", sampler_id), run_id), key(run_id, "pending", sampler_id)
+        beat()
+        sampler, seq = Sampler(run_args, sampler_id, info["run_dir"]), 0
+        print(f"sampler {sampler_id} joined run {run_id} ({run_args.env_id})", flush=True)
+        while True:
+            beat()
+            ticket = client.blmove(key(run_id, "tickets"), pending, POP_TIMEOUT, "LEFT", "RIGHT")
+            if ticket is None:
+                continue
+            version = int(ticket) if ticket.isdigit() else -1
+            if version != sampler.version and not sampler.load_policy(
+                client.get(key(run_id, "policy")), run_id, version
+            ):
+                client.lrem(pending, 1, ticket)  # a ticket of a version that is gone
+                continue
+            chunk = sampler.collect(beat)
+            seq += 1
+            message = encode_message({"run_id": run_id, "version": version, "sampler": sampler_id, "seq": seq}, chunk)
+            pipe = client.pipeline(transaction=True)
+            pipe.rpush(key(run_id, "chunks"), message)
+            pipe.lrem(pending, 1, ticket)
+            pipe.hincrby(key(run_id, "sent"), f"{version}:{sampler_id}", 1)
+            pipe.execute()
+    except RunOver as e:
+        print(f"sampler {sampler_id}: {e}; exiting", flush=True)
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        print(f"sampler {sampler_id}: lost the Redis server ({e}); exiting", file=sys.stderr)
+        raise SystemExit(1)
+    except KeyboardInterrupt:  # a sampler started by hand (local ones have their own session: no Ctrl-C)
+        print(
+            f"sampler {sampler_id}: interrupted; the learner gives its tickets to the other samplers", file=sys.stderr
+        )
+        raise SystemExit(130)
+    finally:  # leaving: the learner gives this sampler's tickets to others at once
+        if sampler_id is not None:
+            try:
+                client.delete(key(run_id, "alive", sampler_id))
+            except redis.RedisError:
+                pass
+
+
+# HOW SAMPLERS START AND STOP: THE LEARNER'S LAB --------------------------------------------------
+
+
+def sampler_command(url: str, run_id: str, python: str = "python", script: str = Path(__file__).name) -> list[str]:
+    """The command that starts a sampler for this run: printed for other machines, run for local ones (with
+    --allow-open-redis where the learner was given it for an open server)."""
+    allow = ["--allow-open-redis"] if open_redis_host(url) is not None else []
+    return [python, script, "--role", "sampler", "--redis-url", url, "--run-id", run_id, *allow]
+
+
+@dataclass
+class Lab:
+    """A learner's side of the server: the client, the URL the samplers connect to, the run's id, and the
+    local processes started for the run (the samplers, then the embedded server), which `redis_lab` stops."""
+
+    client: redis.Redis
+    url: str
+    run_id: str
+    processes: list = field(default_factory=list)
+
+    def start_samplers(self, count: int) -> str:
+        """Prints the command that starts a sampler of this run on another machine, runs it `count` times on
+        this one, and returns it (the learner repeats it when no chunk comes)."""
+        hint = shlex.join(sampler_command(self.url, self.run_id))
+        print(f"run {self.run_id} on {redact(self.url)}; samplers join with: {hint}", flush=True)
+        # before the server in the list: stop_processes stops them first
+        self.processes[:0] = [
+            subprocess.Popen(sampler_command(self.url, self.run_id, sys.executable, __file__), start_new_session=True)
+            for _ in range(count)
+        ]
+        return hint
+
+
+@contextlib.contextmanager
+def redis_lab(args: Args):
+    """The learner's server: the one of --redis-url, or a redis-server of its own; the run's id (--run-id or a
+    fresh one) checked free there and a dead learner's leftovers under it cleared. However the run ends, the
+    run is then ended on the server (samplers elsewhere exit by themselves) and the local samplers and server
+    are stopped; a server lost meanwhile ends the run in one line (exit 1)."""
+    run_id = args.run_id or uuid.uuid4().hex[:12]
+    lab, url = None, args.redis_url
+    processes = []
+    try:
+        if url is None:  # ppolab.redis_server's: on 127.0.0.1, a free port, no persistence
+            server, url = start_redis_server()
+            processes.append(server)
+        client = connect(url)
+        if client.exists(key(run_id, "heartbeat")):
+            ppolab.fail(f"run id {run_id} is in use on {redact(url)} (its learner is alive); pass another --run-id")
+        lab = Lab(client, url, run_id, processes)
+        leftovers = list(client.scan_iter(match=key(run_id, "*")))  # of a dead learner with this run id
+        if leftovers:
+            client.delete(*leftovers)
+        # what is saved, logged and published names the server without its password
+        args.run_id, args.redis_url = run_id, None if args.redis_url is None else redact(url)
+        yield lab
+    except ServerDidNotStart as e:
+        abort(str(e))
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        abort(f"lost the Redis server at {redact(url)} ({type(e).__name__}: {e})")
+    finally:
+        if lab is not None:
+            end_run(lab.client, run_id)
+        stop_processes(processes)
+
+
+# THE WIRE FORMAT ---------------------------------------------------------------------------------
+
+
+HEADER_LIMIT = 1 << 16  # bytes of JSON header a message may have
+
+
+class BadMessage(ValueError):
+    """A message from the network that fails a check: it is dropped and counted, never used."""
 
 
 def encode_message(header: dict, arrays: dict[str, np.ndarray]) -> bytes:
@@ -1741,370 +1201,76 @@ def decode_chunk(message: bytes, run_id: str, schema: dict) -> tuple[dict, dict]
     return header, chunk
 
 
-# THE SERVER AND THE PROCESSES --------------------------------------------------------------------
+# ==================================================================================================
+# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks (the Redis
+# flags among them), how its policy plays an evaluation, and the entry point. The rest of a run (the run
+# folder, checkpoints and resuming, logging, Ctrl-C and full disks, a redis-server of the run's own) is the
+# package ppolab's; none of it changes what PPO computes.
+# ==================================================================================================
 
 
-def connect(url: str) -> redis.Redis:
-    """A client of the server at `url`, checked with a PING: an unreachable server is bad input (exit 2)."""
-    # the socket timeout outlasts a blocking pop (POP_TIMEOUT); a server that stops answering ends the run
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
-    try:
-        client.ping()
-    except redis.RedisError as e:
-        fail(f"--redis-url {redact(url)}: cannot reach the Redis server ({type(e).__name__}: {e})")
-    return client
+RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it stands in key names and in the printed sampler command
 
 
-def die_with_parent():
-    """Run in a local child before it starts (Linux): SIGTERM when the learner dies, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-def start_redis_server() -> tuple[subprocess.Popen, str]:
-    """A `redis-server` on a free port of 127.0.0.1 without persistence, for this run alone; returns the
-    process and its URL. It dies with the learner even when the learner is killed (die_with_parent)."""
-    executable = shutil.which("redis-server")
-    if executable is None:
-        fail("redis-server not found (Debian package redis-server); install it or pass --redis-url")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            executable,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--loglevel",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
-    url, deadline = f"redis://127.0.0.1:{port}/0", time.monotonic() + 10
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-            return server, url
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    stop_processes([server])
-    abort(f"the embedded redis-server on port {port} did not start (exit code {server.returncode})")
-
-
-def stop_processes(processes: list[subprocess.Popen]):
-    """SIGTERM to every process, SIGKILL to those still there after five seconds, and wait: none is left."""
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    deadline = time.monotonic() + 5
-    for process in processes:
-        try:
-            process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def sampler_command(url: str, run_id: str, python: str = "python", script: str = Path(__file__).name) -> list[str]:
-    """The command that starts a sampler for this run: printed for other machines, run for local ones (with
-    --allow-open-redis where the learner was given it for an open server)."""
-    allow = ["--allow-open-redis"] if open_redis_host(url) is not None else []
-    return [python, script, "--role", "sampler", "--redis-url", url, "--run-id", run_id, *allow]
-
-
-class RunOver(Exception):
-    """The learner ended the run or is gone: a sampler's cue to exit."""
-
-
-class Heartbeat:
-    """Keeps a key alive (TTL HEARTBEAT_TTL) when called at least every second; one round trip per
-    BEAT_PERIOD at most, however often it is called. A sampler's (`run_id` given) reads the learner's
-    heartbeat and stop key in the same round trip and raises RunOver when the run is over."""
-
-    def __init__(self, client: redis.Redis, name: str, run_id: str | None = None):
-        self.client, self.name, self.run_id, self.last = client, name, run_id, -math.inf
-        self.value = f"{socket.gethostname()}:{os.getpid()}"  # who holds the key
-
-    def __call__(self):
-        now = time.monotonic()
-        if now - self.last < BEAT_PERIOD:
-            return
-        self.last = now
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.name, self.value, ex=HEARTBEAT_TTL)
-        if self.run_id is not None:
-            pipe.exists(key(self.run_id, "heartbeat"))
-            pipe.exists(key(self.run_id, "stop"))
-        watched = pipe.execute()[1:]
-        if watched and watched[1]:
-            raise RunOver("the learner ended the run")
-        if watched and not watched[0]:
-            raise RunOver("the learner is gone (its heartbeat expired)")
-
-
-def beating(beat: Heartbeat, fn, *args):
-    """`fn(*args)` while a thread keeps calling `beat`: with --compile the first call of the update step
-    compiles for a minute or more, far longer than a heartbeat lives (HEARTBEAT_TTL)."""
-    done = threading.Event()
-
-    def keep_beating():
-        while not done.wait(BEAT_PERIOD):
-            beat()
-
-    thread = threading.Thread(target=keep_beating)
-    thread.start()
-    try:
-        return fn(*args)
-    finally:
-        done.set()
-        thread.join()
-
-
-@dataclass
-class Lab:
-    """A learner's side of the server: the client, the URL the samplers connect to, the run's id, and the
-    local processes started for the run (the samplers, then the embedded server), which `redis_lab` stops."""
-
-    client: redis.Redis
-    url: str
-    run_id: str
-    processes: list = field(default_factory=list)
-
-    def start_samplers(self, count: int) -> str:
-        """Prints the command that starts a sampler of this run on another machine, runs it `count` times on
-        this one, and returns it (the learner repeats it when no chunk comes)."""
-        hint = shlex.join(sampler_command(self.url, self.run_id))
-        print(f"run {self.run_id} on {redact(self.url)}; samplers join with: {hint}", flush=True)
-        # before the server in the list: stop_processes stops them first
-        self.processes[:0] = [
-            subprocess.Popen(sampler_command(self.url, self.run_id, sys.executable, __file__), start_new_session=True)
-            for _ in range(count)
-        ]
-        return hint
-
-
-@contextlib.contextmanager
-def redis_lab(args: Args):
-    """The learner's server: the one of --redis-url, or a redis-server of its own; the run's id (--run-id or a
-    fresh one) checked free there and a dead learner's leftovers under it cleared. However the run ends, the
-    run is then ended on the server (samplers elsewhere exit by themselves) and the local samplers and server
-    are stopped; a server lost meanwhile ends the run in one line (exit 1)."""
-    run_id = args.run_id or uuid.uuid4().hex[:12]
-    lab, url = None, args.redis_url
-    processes = []
-    try:
-        if url is None:
-            server, url = start_redis_server()
-            processes.append(server)
-        client = connect(url)
-        if client.exists(key(run_id, "heartbeat")):
-            fail(f"run id {run_id} is in use on {redact(url)} (its learner is alive); pass another --run-id")
-        lab = Lab(client, url, run_id, processes)
-        leftovers = list(client.scan_iter(match=key(run_id, "*")))  # of a dead learner with this run id
-        if leftovers:
-            client.delete(*leftovers)
-        # what is saved, logged and published names the server without its password
-        args.run_id, args.redis_url = run_id, None if args.redis_url is None else redact(url)
-        yield lab
-    except (redis.ConnectionError, redis.TimeoutError) as e:
-        abort(f"lost the Redis server at {redact(url)} ({type(e).__name__}: {e})")
-    finally:
-        if lab is not None:
-            end_run(lab.client, run_id)
-        stop_processes(processes)
-
-
-# THE SAMPLER'S PROCESS ---------------------------------------------------------------------------
-
-
-def wait_for_run(client: redis.Redis, run_id: str, timeout: float) -> dict:
-    """The run's published info (Args and run folder), waiting up to `timeout` seconds for its learner."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info, learner = client.get(key(run_id, "info")), client.exists(key(run_id, "heartbeat"))
-        if info is not None and learner:
-            return json.loads(info)
-        if time.monotonic() > deadline:
-            abort(f"no learner of run {run_id} on the server after {timeout:g} s")
-        time.sleep(0.2)
-
-
-def run_sampler(args: Args):
-    """`--role sampler`: steps one environment for the learner of `--run-id` until the run ends.
-
-    Loop: pop a ticket (moved atomically into this sampler's pending list, so the learner can give a
-    dead sampler's tickets to others), load its version if new, collect a chunk, push it and drop the
-    ticket in one transaction (with the count of chunks sent per version and sampler)."""
-    client, run_id, sampler_id = connect(args.redis_url), args.run_id, None
-    try:
-        info = wait_for_run(client, run_id, args.sampler_timeout)
-        run_args = Args(**info["args"])
-        if run_args.torch_threads > 0:
-            torch.set_num_threads(run_args.torch_threads)
-        sampler_id = client.incr(key(run_id, "next_sampler"))
-        beat, pending = Heartbeat(client, key(run_id, "alive", sampler_id), run_id), key(run_id, "pending", sampler_id)
-        beat()
-        sampler, seq = Sampler(run_args, sampler_id, info["run_dir"]), 0
-        print(f"sampler {sampler_id} joined run {run_id} ({run_args.env_id})", flush=True)
-        while True:
-            beat()
-            ticket = client.blmove(key(run_id, "tickets"), pending, POP_TIMEOUT, "LEFT", "RIGHT")
-            if ticket is None:
-                continue
-            version = int(ticket) if ticket.isdigit() else -1
-            if version != sampler.version and not sampler.load_policy(
-                client.get(key(run_id, "policy")), run_id, version
-            ):
-                client.lrem(pending, 1, ticket)  # a ticket of a version that is gone
-                continue
-            chunk = sampler.collect(beat)
-            seq += 1
-            message = encode_message({"run_id": run_id, "version": version, "sampler": sampler_id, "seq": seq}, chunk)
-            pipe = client.pipeline(transaction=True)
-            pipe.rpush(key(run_id, "chunks"), message)
-            pipe.lrem(pending, 1, ticket)
-            pipe.hincrby(key(run_id, "sent"), f"{version}:{sampler_id}", 1)
-            pipe.execute()
-    except RunOver as e:
-        print(f"sampler {sampler_id}: {e}; exiting", flush=True)
-    except (redis.ConnectionError, redis.TimeoutError) as e:
-        print(f"sampler {sampler_id}: lost the Redis server ({e}); exiting", file=sys.stderr)
-        raise SystemExit(1)
-    except KeyboardInterrupt:  # a sampler started by hand (local ones have their own session: no Ctrl-C)
-        print(
-            f"sampler {sampler_id}: interrupted; the learner gives its tickets to the other samplers", file=sys.stderr
-        )
-        raise SystemExit(130)
-    finally:  # leaving: the learner gives this sampler's tickets to others at once
-        if sampler_id is not None:
-            try:
-                client.delete(key(run_id, "alive", sampler_id))
-            except redis.RedisError:
-                pass
-
-
-# THE LEARNER'S SIDE OF THE SERVER ----------------------------------------------------------------
-
-
-def publish_policy(
-    client: redis.Redis, run_id: str, version: int, agent: Agent, obs_normalizer: ObsNormalizer, num_chunks: int
-) -> tuple[int, float]:
-    """Publishes `version` (weights and observation statistics) with `num_chunks` tickets for it, in one
-    transaction that also drops the tickets left of the version before. Returns the message's size and the
-    seconds it took."""
-    start = time.perf_counter()
-    weights = nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
-    message = encode_message(
-        {"run_id": run_id, "version": version},
-        {"weights": weights, "obs_mean": obs_normalizer.rms.mean, "obs_var": obs_normalizer.rms.var},
-    )
-    pipe = client.pipeline(transaction=True)
-    pipe.set(key(run_id, "policy"), message)
-    pipe.delete(key(run_id, "tickets"))
-    pipe.rpush(key(run_id, "tickets"), *[version] * num_chunks)
-    pipe.execute()
-    return len(message), time.perf_counter() - start
-
-
-def requeue_lost_tickets(client: redis.Redis, run_id: str):
-    """Tickets held by a sampler whose alive key expired (killed, machine gone) go back to the queue, so
-    the chunks it never delivered are made by the samplers still running."""
-    for pending in client.scan_iter(match=key(run_id, "pending", "*")):
-        sampler_id = pending.decode().rsplit(":", 1)[1]
-        if client.exists(key(run_id, "alive", sampler_id)):
-            continue
-        pipe = client.pipeline(transaction=True)
-        pipe.lrange(pending, 0, -1)
-        pipe.delete(pending)
-        tickets = pipe.execute()[0]
-        if tickets:
-            client.rpush(key(run_id, "tickets"), *tickets)
-
-
-class Received(NamedTuple):
-    """What one update's collection brought: its chunks, in (sampler, seq) order, and the counts."""
-
-    chunks: list[dict]
-    samplers: int  # distinct samplers among the chunks
-    transfer_time: float  # seconds spent decoding and checking
-    nbytes: int  # bytes popped, dropped messages included
-    stale: int
-    malformed: int
-
-
-def receive_chunks(
-    client: redis.Redis, run_id: str, version: int, args: Args, schema: dict, beat: Heartbeat, sampler_hint: str
-) -> Received:
-    """Pops chunks (each exactly once) until `args.num_chunks` of `version` are in; drops and counts the
-    stale and malformed ones. Between pops it beats and gives lost samplers' tickets back; no chunk of
-    this version for `args.sampler_timeout` seconds ends the run (one line, exit 1)."""
-    chunks, stale, malformed, nbytes, transfer_time = {}, 0, 0, 0, 0.0
-    last_chunk = time.monotonic()
-    while len(chunks) < args.num_chunks:
-        beat()
-        popped = client.blpop([key(run_id, "chunks")], timeout=POP_TIMEOUT)
-        if popped is None:
-            if time.monotonic() - last_chunk > args.sampler_timeout:
-                abort(
-                    f"no chunk from any sampler for {args.sampler_timeout:g} s (run {run_id}, version {version}, "
-                    f"{len(chunks)}/{args.num_chunks} chunks); start samplers with: {sampler_hint}"
-                )
-            requeue_lost_tickets(client, run_id)
-            continue
-        decode_start, message = time.perf_counter(), popped[1]
-        nbytes += len(message)
-        try:
-            header, chunk = decode_chunk(message, run_id, schema)
-        except BadMessage:
-            header = None
-        transfer_time += time.perf_counter() - decode_start
-        name = None if header is None else (header["sampler"], header["seq"])
-        if header is None or header["version"] > version or name in chunks:
-            malformed += 1  # garbage, foreign, from a version not yet published, or a replay
-        elif header["version"] < version:
-            stale += 1
-            client.hincrby(key(run_id, "stale"), f"{header['version']}:{header['sampler']}", 1)
-        else:
-            chunks[name], last_chunk = chunk, time.monotonic()
-    names = sorted(chunks)  # one order whatever the arrival order: one sampler gives the same batch every time
-    pipe = client.pipeline(transaction=False)
-    for sampler, _ in names:
-        pipe.hincrby(key(run_id, "trained"), f"{version}:{sampler}", 1)
-    pipe.execute()
-    return Received([chunks[n] for n in names], len({s for s, _ in names}), transfer_time, nbytes, stale, malformed)
-
-
-def end_run(client: redis.Redis | None, run_id: str):
-    """Tells the samplers the run is over and clears the server: the stop key and the accounting
-    (chunks sent, trained and stale per version and sampler) stay an hour, the rest goes now. Chunks
-    still queued are counted as stale. Errors are ignored: the server may be what failed."""
-    if client is None:
+def check_args(args: Args):
+    """Bad input ends in one line before any work: the Redis flags (a sampler needs only these), then the checks
+    of every script (numbers, counts, the batch, files, folders) and this file's; a learner's environment is
+    made once to check that it exists, can be made here and is one this file can train."""
+    check_redis_url(args.redis_url, args.allow_open_redis)
+    if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
+        ppolab.fail(f"--run-id {args.run_id!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    if args.role == "sampler":
+        if args.redis_url is None or args.run_id is None:
+            ppolab.fail("--role sampler needs --redis-url and --run-id (the learner prints the command)")
         return
-    try:
-        client.set(key(run_id, "stop"), 1, ex=3600)
-        client.delete(key(run_id, "heartbeat"), key(run_id, "tickets"), key(run_id, "policy"))
-        while (message := client.lpop(key(run_id, "chunks"))) is not None:
-            try:
-                header = read_header(message)[0]
-                client.hincrby(key(run_id, "stale"), f"{int(header['version'])}:{int(header['sampler'])}", 1)
-            except (BadMessage, KeyError, TypeError, ValueError):  # not a chunk: nothing to count
-                pass
-        for name in client.scan_iter(match=key(run_id, "*")):
-            if client.ttl(name) == -1:  # the keys that would stay for ever
-                client.expire(name, 3600)
-    except redis.RedisError:
-        pass
+    batch = f"--num-chunks {args.num_chunks} x --num-steps {args.num_steps}"
+    ppolab.check_args(args, positive=("num_chunks",), non_negative=("num_samplers",), batch=batch)
+    if args.obs_clip <= 0 or args.reward_clip <= 0 or args.sampler_timeout <= 0:
+        ppolab.fail("--obs-clip, --reward-clip and --sampler-timeout must be positive")
+    if args.resume is None and args.evaluate is None:  # else the checkpoint's environment, made later
+        env_spaces(args)
 
 
-# THE ENTRY POINT ---------------------------------------------------------------------------------
+def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *, video_prefix: str | None = None):
+    """Plays `episodes` whole episodes with the policy of `checkpoint` (a saved model, or a snapshot of the
+    training) on the CPU and returns their undiscounted returns. Observations are normalised with the
+    checkpoint's statistics, frozen; actions are clipped to the bounds, as in training. The action sampling and
+    the episodes come from `seed`, so the same model scores the same whether evaluated during training, after it
+    or later from the saved file. `video_prefix` (`--evaluate --capture-video`): records every episode as
+    `<video_prefix>-episode-<k>.mp4`."""
+    args = Args(**checkpoint["args"])
+    if video_prefix is None:
+        env = gym.make(args.env_id)
+    else:
+        os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
+        env = gym.make(args.env_id, render_mode="rgb_array")
+        env = gym.wrappers.RecordVideo(
+            env,
+            str(Path(video_prefix).parent),
+            name_prefix=Path(video_prefix).name,
+            episode_trigger=lambda episode: True,
+            disable_logger=True,
+        )
+    obs_shape, low, high = env.observation_space.shape, env.action_space.low, env.action_space.high
+    agent = Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)))
+    agent.load_state_dict(checkpoint["model"])
+    obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
+    obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
+    torch.manual_seed(seed)
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, episodic_return = False, 0.0
+        while not done:
+            x = torch.as_tensor(obs_normalizer(obs[None], update=False))
+            with torch.no_grad():
+                action = agent.actor_mean(x) if deterministic else agent.get_action_and_value(x)[0]
+            obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
+            episodic_return += float(reward)
+            done = terminated or truncated
+        returns.append(episodic_return)
+    env.close()
+    return returns
 
 
 def main(args: Args) -> str | list[float] | None:
@@ -2113,15 +1279,16 @@ def main(args: Args) -> str | list[float] | None:
     check_args(args)
     if args.role == "sampler":
         return run_sampler(args)
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
+    ppolab.use_threads(args.torch_threads)
     if args.evaluate is not None:
-        return run_evaluation(args.evaluate, args)
-    args, run_dir, checkpoint = prepare_run(args)
-    exit_on_ctrl_c(run_dir)
-    with exit_on_write_error(run_dir), redis_lab(args) as lab:
-        return train(args, run_dir, checkpoint, lab)
+        return ppolab.evaluate_file(args, evaluate)
+    # the run folder (a resumed run's own), Ctrl-C and refused writes; then the server, the run's namespace on
+    # it and the local processes, stopped however the run ends
+    with ppolab.Run(args, evaluate) as run, redis_lab(run.args) as lab:
+        return train(run.args, run, lab)
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    # a --resume reads the run's arguments from its checkpoint, but the server and the run id from this command
+    # line only: the saved URL has its password redacted, and the run id is that of the learner before
+    main(ppolab.parse(Args, from_command_line=("redis_url", "allow_open_redis", "run_id")))

@@ -17,7 +17,10 @@ loop) and imports this package for what never changes what PPO computes and is t
 - vector_env.py, statistics.py: a same-step vector environment and running statistics;
 - distributed.py (imported by the torchrun script only): the plumbing of a job of processes (device, backend,
   joining and leaving, the messages between ranks, timing the collectives) and `DistributedRun`, the run of a
-  data-parallel job, which rank 0 writes for every rank.
+  data-parallel job, which rank 0 writes for every rank;
+- redis_server.py (imported by ppo_continuous_action_redis.py only): the Redis plumbing of that script that is
+  not its lesson (reading and checking a server's URL, connecting, a redis-server of the run's own, stopping
+  the run's local processes).
 
 A script copied elsewhere runs wherever this package is importable (`pip install -e .` in the repository,
 which `bash setup.sh` does).

@@ -35,18 +35,22 @@ from ppolab.stops import exit_on_ctrl_c, exit_on_write_error
 EVAL_SEED_OFFSET = 100_000
 
 
-def parse(Args):
+def parse(Args, *, from_command_line: tuple = ()):
     """The command line as `Args`. With --resume the command line is read again with the checkpoint's
     arguments as the defaults: a flag not given keeps the run's value, and one given means what it says, even
-    when it is the script's default (resume_args then refuses the flags that cannot change). A file that is
-    not a readable checkpoint is left to the run's checks, which say what is wrong with it in one line."""
+    when it is the script's default (resume_args then refuses the flags that cannot change). The flags named in
+    `from_command_line` are the exception: their defaults stay the script's, whatever the checkpoint saved (where
+    this process finds the machines it works with, e.g. the Redis script's server, whose saved URL has its
+    password redacted). A file that is not a readable checkpoint is left to the run's checks, which say what is
+    wrong with it in one line."""
     args = tyro.cli(Args)
     if args.resume is None or not Path(args.resume).is_file():
         return args
     checkpoint = read_checkpoint(args.resume, script_of(args))
     if isinstance(checkpoint, str):
         return args
-    return tyro.cli(Args, default=Args(**{**checkpoint["args"], "resume": args.resume}))
+    given = {name: getattr(args, name) for name in from_command_line}  # or the script's default
+    return tyro.cli(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
 
 
 def use_threads(torch_threads: int):
@@ -237,9 +241,11 @@ class Run:
         rollout_time: float,
         update_time: float,
         scalars: dict[str, float] | None = None,
+        line_extra: str = "",
     ):
         """The iteration's scalars (the update's statistics copied from the device at once, the critic's
-        explained variance of `returns` by `values`, the script's own `scalars` by tag) and, when due, its line."""
+        explained variance of `returns` by `values`, the script's own `scalars` by tag) and, when due, its line
+        (`line_extra` ends its parenthesis of times, e.g. ", comm 0.10s")."""
         explained = explained_variance(values.numpy(), returns.numpy())
         sps = self.log_iteration(global_step, stats, learning_rate, explained, rollout_time, update_time, scalars)
         self.line_if_due(
@@ -247,7 +253,7 @@ class Run:
             global_step,
             sps,
             iteration == self.args.num_iterations,
-            f"rollout {rollout_time:.2f}s, update {update_time:.2f}s",
+            f"rollout {rollout_time:.2f}s, update {update_time:.2f}s{line_extra}",
         )
 
     def log_iteration(

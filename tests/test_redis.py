@@ -17,30 +17,34 @@ import sys
 import time
 import types
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
-import torch
 
 from helpers import (
     LINE,
     METRICS,
     assert_evaluate_flag_matches_training,
     assert_progress_lines,
+    load,
     only_run_dir,
     process_table,
     read_scalars,
     run_script,
     script_command,
 )
+from ppolab.checkpoints import write_checkpoint_file
+from ppolab.redis_server import check_redis_url, open_redis_host, start_redis_server, stop_processes
 
 NAME = "ppo_continuous_action_redis"
 script = importlib.import_module(NAME)
 ENV = "tests.fake_envs:MixedEndsBox-v0"  # 2-d observations and actions, episodes of 5 steps
 T, K = 32, 4  # steps per chunk, chunks per update
 FAST = ["--env-id", ENV, "--num-steps", T, "--num-chunks", K, "--num-minibatches", 4, "--update-epochs", 2]
+FAST_ARGS = dict(env_id=ENV, num_steps=T, num_chunks=K, num_minibatches=4, update_epochs=2)  # FAST, as Args
 EXTRA_METRICS = [
     "charts/experience_SPS",
     "charts/learner_SPS",
@@ -56,9 +60,9 @@ EXTRA_METRICS = [
 @pytest.fixture(scope="module")
 def server():
     """A redis-server on a free loopback port for this file (the script's own way of starting one)."""
-    process, url = script.start_redis_server()
+    process, url = start_redis_server()
     yield url
-    script.stop_processes([process])
+    stop_processes([process])
     assert process.poll() is not None
 
 
@@ -238,6 +242,21 @@ def test_killed_samplers_lose_nothing_and_later_ones_join(tmp_path, server, clie
     assert any((v, 3) in trained and (v, 4) in trained for v in range(1, iterations + 1))
     samplers_per_update = [v for _, v in read_scalars(only_run_dir(tmp_path / "runs"))["charts/samplers_per_update"]]
     assert samplers_per_update == [len({s for version, s in trained if version == v}) for v in range(1, iterations + 1)]
+
+
+def test_a_resume_uses_the_server_and_run_id_of_its_own_command_line(tmp_path):
+    """`--resume` reads the run's arguments from the checkpoint, except the server and the run id: the saved URL
+    has its password redacted (redis://:***@...) and the run id is the old learner's. A resume that named
+    neither trains with its own server and a fresh run id."""
+    fields = dict(FAST_ARGS, total_timesteps=2 * T * K, checkpoint_every=1, num_samplers=1, cuda=False)
+    path = Path(script.main(script.Args(**fields, runs_dir=str(tmp_path / "runs")))) / "checkpoint.pt"
+    checkpoint = load(path)
+    checkpoint["args"].update(redis_url="redis://:***@lab.invalid:6379/0", run_id="the-old-learner")
+    write_checkpoint_file(checkpoint, str(path))
+    result = run_script(NAME, "--resume", path, "--total-timesteps", 3 * T * K, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "on redis://127.0.0.1:" in result.stdout and "the-old-learner" not in result.stdout
+    assert load(path)["global_step"] == 3 * T * K
 
 
 # THE LEARNER ALONE, KILLED, OR WITHOUT ITS SERVER -------------------------------------------------
@@ -428,8 +447,9 @@ def test_evaluation_records_every_episode_on_video(tmp_path):
     as ppo_continuous_action.py's does (tests/test_end_to_end.py runs that one from a saved model)."""
     args = script.Args(env_id="Hopper-v4")
     agent, normalizer = script.Agent(11, 3), script.ObsNormalizer((11,), args.obs_clip)
+    checkpoint = {"args": asdict(args), "model": agent.state_dict(), "obs_rms": normalizer.rms.state_dict()}
     prefix = tmp_path / "videos" / "model-eval"
-    script.evaluate(agent, args, 1, False, 0, torch.device("cpu"), obs_normalizer=normalizer, video_prefix=str(prefix))
+    script.evaluate(checkpoint, 1, False, 0, video_prefix=str(prefix))
     (video,) = (tmp_path / "videos").glob("model-eval-episode-*.mp4")
     assert video.name == "model-eval-episode-0.mp4" and video.stat().st_size > 1000
 
@@ -486,9 +506,9 @@ def outward_address() -> str | None:
 
 
 def test_the_embedded_server_listens_on_loopback_only_and_keeps_nothing(server, client):
-    """The redis-server a learner starts for itself (start_redis_server) listens on 127.0.0.1 and nowhere else,
-    so no other machine can push chunks or weights into the run, and it writes no files (no snapshots, no
-    append-only log: it inherits the learner's limits, a file-size limit included)."""
+    """The redis-server a learner starts for itself (ppolab.redis_server.start_redis_server) listens on 127.0.0.1
+    and nowhere else, so no other machine can push chunks or weights into the run, and it writes no files (no
+    snapshots, no append-only log: it inherits the learner's limits, a file-size limit included)."""
     port = int(server.rsplit(":", 1)[1].split("/")[0])
     assert client.ping()
     assert listening_addresses(port) == {"127.0.0.1"}
@@ -530,7 +550,7 @@ OPEN = "redis://lab.invalid:6379/0"  # .invalid never resolves (RFC 6761): no te
     ],
 )
 def test_a_server_is_open_on_another_machine_without_a_password(url, host):
-    assert script.open_redis_host(url) == host
+    assert open_redis_host(url) == host
     allow = ["--allow-open-redis"] if host else []  # the command printed for the samplers passes it on
     assert script.sampler_command(url, "r") == [
         "python",
@@ -586,8 +606,8 @@ def test_an_open_server_from_the_command_line(tmp_path, argv):
 
 
 def test_a_password_or_the_flag_lets_an_open_server_through_the_check():
-    script.check_redis_url(script.Args(redis_url="redis://:PASSWORD@lab.invalid:6379/0"))
-    script.check_redis_url(script.Args(redis_url=OPEN, allow_open_redis=True))
+    check_redis_url("redis://:PASSWORD@lab.invalid:6379/0", allow_open=False)
+    check_redis_url(OPEN, allow_open=True)
 
 
 # A FULL DISK ------------------------------------------------------------------------------------
