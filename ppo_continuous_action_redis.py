@@ -84,7 +84,7 @@ from torch.distributions.normal import Normal
 
 
 @dataclass
-class Args:
+class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --track, --resume, ...
     # PPO's hyperparameters (the defaults are the published ones)
     env_id: str = "Hopper-v4"
     """the id of the environment"""
@@ -126,51 +126,6 @@ class Args:
     """normalised observations are clipped to [-obs_clip, obs_clip]"""
     reward_clip: float = 10.0
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
-
-    # The run: where it goes, what it records, how it runs
-    exp_name: str = Path(__file__).stem
-    """the name of this experiment (part of the run folder's name)"""
-    seed: int = 1
-    """seed of the experiment (environments, PyTorch, NumPy, Python)"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True` and cuDNN's TF32 off (full float32)"""
-    cuda: bool = True
-    """if toggled, cuda is used when available (by the learner; samplers run on the CPU)"""
-    torch_threads: int = 1
-    """CPU threads for PyTorch; 1 is fastest for these small networks (benchmark/results/speed_cpu.md), 0 keeps
-    PyTorch's default"""
-    compile: bool = False
-    """torch.compile the learner's update step (the samplers act eagerly on the CPU); the same step as
-    ppo_continuous_action.py's, whose measurement (benchmark/results/speed_cpu.md) says it pays off only on
-    long runs"""
-    cudagraphs: bool = False
-    """capture the learner's compiled update step in CUDA graphs (CUDA only; implies --compile)"""
-    track: bool = False
-    """if toggled, the run is tracked with Weights & Biases"""
-    wandb_project_name: str = "ppo-lab"
-    """the Weights & Biases project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of the Weights & Biases project"""
-    capture_video: bool = False
-    """if toggled, videos of the first sampler's environment are saved to `runs/<run>/videos` on its machine"""
-    save_model: bool = False
-    """if toggled, the final model is saved to `runs/<run>/model.pt` and evaluated"""
-    checkpoint_every: int = 0
-    """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
-    resume: str | None = None
-    """path of a checkpoint to continue from; only --total-timesteps, machine and Redis flags may change"""
-    evaluate: str | None = None
-    """path of a checkpoint or model to evaluate; evaluates and exits without training"""
-    eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best
-    model as `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; the cost
-    of ppo_continuous_action.py's is in benchmark/results/evaluation.md)"""
-    eval_episodes: int = 10
-    """number of episodes of an evaluation"""
-    eval_deterministic: bool = False
-    """if toggled, evaluation takes the mean action instead of sampling"""
-    runs_dir: str = "runs"
-    """folder under which each run writes its own folder"""
 
     # The distribution: the learner, its samplers and the Redis server between them (this file)
     role: Literal["learner", "sampler"] = "learner"
