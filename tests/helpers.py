@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ppolab.run
+from ppolab.checkpoints import read_checkpoint
 import atari_fakes  # noqa: F401  (registers MixedEndsAtari-v0, which RUNS names)
 from benchmark.events import read_scalars  # noqa: F401  (re-exported for the tests)
 from benchmark.scripts import ENV_ID as REAL_ENV  # a script's real environment, beside the fake ones below
@@ -190,7 +191,8 @@ def assert_evaluate_flag_matches_training(name: str, e2e: dict, episodes: int):
 def resume_args(script, path, **changes):
     """The Args of `--resume path` with `changes`, as the command line gives them: the checkpoint's arguments
     (ppolab.parse reads them as the defaults), `resume` and the changed flags."""
-    return script.Args(**{**load(path)["args"], "resume": str(path), **changes})
+    checkpoint = read_checkpoint(str(path), f"{script.__name__}.py")  # a format-2 file's arguments too
+    return script.Args(**{**checkpoint["args"], "resume": str(path), **changes})
 
 
 def check_resume_after_interruption(

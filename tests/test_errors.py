@@ -187,7 +187,8 @@ def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, mo
 
 def saved_run(iteration: int = 2) -> dict:
     """What resume_args reads from a checkpoint: the saved arguments and how far the run got."""
-    args = ppo.Args(total_timesteps=ppo.Args().batch_size * 4, torch_threads=2, num_envs=2)
+    args = ppo.Args(torch_threads=2, num_envs=2)
+    args.total_timesteps = 4 * args.batch_size
     return {"args": asdict(args), "iteration": iteration, "global_step": iteration * args.batch_size}
 
 
