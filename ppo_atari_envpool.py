@@ -203,27 +203,6 @@ class EpisodeStatistics:
         return finished
 
 
-class VideoRecorder:
-    """`--capture-video` for envpool, which has no renderer: the last 84x84 frame of env 0's stacked
-    observation, saved as an mp4 per recorded game (games 0, 1, 8, 27, ... as Gymnasium records)."""
-
-    def __init__(self, folder: str, name: str = "game"):
-        self.folder, self.name, self.game, self.frames = folder, name, 0, []
-        os.makedirs(folder, exist_ok=True)
-
-    def add(self, obs: np.ndarray, game_over: bool):
-        if round(self.game ** (1 / 3)) ** 3 == self.game:
-            self.frames.append(np.repeat(obs[-1][:, :, None], 3, axis=2))
-        if game_over:
-            if self.frames:
-                from moviepy import ImageSequenceClip  # imported only when used
-
-                ImageSequenceClip(self.frames, fps=15).write_videofile(
-                    f"{self.folder}/{self.name}-{self.game}.mp4", logger=None
-                )
-            self.game, self.frames = self.game + 1, []
-
-
 # THE NETWORK -------------------------------------------------------------------------------------
 
 
@@ -463,17 +442,15 @@ def train(args: Args, run: ppolab.Run) -> str:
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
     saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint holds besides progress, RNG and args
     start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run
-    video = VideoRecorder(f"{run.dir}/videos") if args.capture_video else None
+    video = ppolab.VideoRecorder(f"{run.dir}/videos", name="game") if args.capture_video else None
 
     # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
     # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them)
     act, update = agent.act, partial(update_step, agent, optimizer, args)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
-        act, update = (
-            torch.compile(agent.act, mode=mode),
-            partial(torch.compile(update_step, mode=mode), agent, optimizer, args),
-        )
+        act = torch.compile(agent.act, mode=mode)
+        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args)
 
     # Rollout storage on the CPU, shared with NumPy. Observations are uint8 and channels-last: the buffer is
     # allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84), so writing a step transposes 8 small frames
@@ -521,7 +498,7 @@ def train(args: Args, run: ppolab.Run) -> str:
             dones_np[step] = next_done
             terminations_np[step] = terminated if args.bootstrap_truncation else next_done
             if video is not None:
-                video.add(next_obs[0], bool(info["terminated"][0] or truncated[0]))
+                video.add(next_obs[0][-1], bool(info["terminated"][0] or truncated[0]))  # the last of the 4 frames
             for i, episodic_return, episodic_length in episode_stats.step(truncated, info):
                 run.episode(global_step - N + i + 1, episodic_return, episodic_length)  # at the step it ended
 
@@ -628,7 +605,7 @@ def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *,
     video = (
         None
         if video_prefix is None
-        else VideoRecorder(str(Path(video_prefix).parent), name=f"{Path(video_prefix).name}-episode")
+        else ppolab.VideoRecorder(str(Path(video_prefix).parent), name=f"{Path(video_prefix).name}-episode")
     )
     while np.isnan(scores).any():
         with torch.no_grad():
@@ -636,7 +613,7 @@ def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *,
             action = logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
         obs, _, _, truncated, info = envs.step(action.numpy())
         if video is not None and np.isnan(scores[0]):  # environment 0's first game
-            video.add(obs[0], bool(info["terminated"][0] or truncated[0]))
+            video.add(obs[0][-1], bool(info["terminated"][0] or truncated[0]))
         for i, score, _ in episode_stats.step(truncated, info):
             if np.isnan(scores[i]):
                 scores[i] = score

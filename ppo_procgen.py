@@ -4,25 +4,23 @@ Run:
     python ppo_procgen.py --env-id starpilot      # or bossfight, bigfish, ... (16 games), easy distribution
     tensorboard --logdir runs
 
-What this file shows: PPO with the Procgen settings of "The 37 Implementation Details of PPO" (Huang
-et al. 2022): the easy distribution over unlimited levels, 64x64 RGB frames, the IMPALA CNN (Espeholt
-et al. 2018) shared by actor and critic, rewards scaled by a running standard deviation of the
-discounted return and clipped, the published hyperparameters. envpool ships the games (the `procgen`
-package has no wheels for current Python). PPO ends at the banner after `train`; below it are this
-script's input checks, its evaluation and the entry point (the rest of a run is the package ppolab's).
+What this file shows: PPO with the Procgen settings of "The 37 Implementation Details of PPO" (Huang et al.
+2022): the easy distribution over unlimited levels, 64x64 RGB frames, the IMPALA CNN (Espeholt et al. 2018) shared
+by actor and critic, rewards scaled by a running standard deviation of the discounted return and clipped, the
+published hyperparameters. envpool ships the games (the `procgen` package has no wheels for current Python). PPO
+ends at the banner after `train`; below it: the input checks, the evaluation, the entry point (the rest is ppolab's).
 
 What is special in this file (the places where envpool scripts usually go wrong):
-- envpool resets a finished episode on the *next* step, for Procgen as for Atari (checked with envpool
-  1.2.5): the step after an episode end ignores the action, returns reward 0 and a new level's first
-  observation. That "reset row" is not experience: it stays in the rollout (it computes the value of the
-  final observation) but is masked out of the advantages, the loss and the reward statistics.
+- envpool resets a finished episode on the *next* step, for Procgen as for Atari (checked with envpool 1.2.5):
+  the step after an episode end ignores the action, returns reward 0 and a new level's first observation. That
+  "reset row" is not experience: it stays in the rollout (it computes the value of the final observation) but is
+  masked out of the advantages, the loss and the reward statistics.
 - Procgen's time-out arrives as `truncated` and bootstraps the value of the final observation
-  (`--no-bootstrap-truncation`: a termination, as Procgen's own `done`); every finished episode is
-  logged at its own step with its raw score (the unscaled rewards summed).
+  (`--no-bootstrap-truncation`: a termination, as Procgen's own `done`); every finished episode is logged at its
+  own step with its raw score (the unscaled rewards summed).
 - Observations stay uint8 (192 MiB for the default rollout) in a channels-last buffer, as the CNN runs; the
   update's activations take more (benchmark/results/speed.md, Pixel scripts): more minibatches, less memory.
-- The reward statistics go into every checkpoint with the weights (`saved` in `train`), so a resumed run
-  scales its rewards as the run did.
+- The reward statistics are in every checkpoint (`saved` in `train`): a resumed run scales rewards as before.
 - envpool's Procgen needs the system Qt 5 runtime (`libqt5gui5`); without it the script says so in one line.
 """
 
@@ -149,23 +147,9 @@ class Args:
 
 
 GAMES = (
-    "bigfish",
-    "bossfight",
-    "caveflyer",
-    "chaser",
-    "climber",
-    "coinrun",
-    "dodgeball",
-    "fruitbot",
-    "heist",
-    "jumper",
-    "leaper",
-    "maze",
-    "miner",
-    "ninja",
-    "plunder",
-    "starpilot",
-)
+    "bigfish bossfight caveflyer chaser climber coinrun dodgeball fruitbot heist jumper leaper maze miner ninja "
+    "plunder starpilot"
+).split()  # the 16 games
 # envpool's Procgen ids: game and distribution, e.g. StarpilotEasy-v0, MazeMemory-v0
 PROCGEN_ID = re.compile(rf"({'|'.join(g.capitalize() for g in GAMES)})(Easy|Hard|Extreme|Memory|Exploration)-v0")
 
@@ -176,10 +160,8 @@ def procgen_id(env_id: str) -> str:
         return f"{env_id.lower().capitalize()}Easy-v0"
     if PROCGEN_ID.fullmatch(env_id) and env_id in envpool.list_all_envs():
         return env_id
-    ppolab.fail(
-        f"unknown Procgen game '{env_id}': valid names are {', '.join(GAMES)} "
-        "(or an envpool Procgen id such as StarpilotEasy-v0)"
-    )
+    names = f"valid names are {', '.join(GAMES)} (or an envpool Procgen id such as StarpilotEasy-v0)"
+    ppolab.fail(f"unknown Procgen game '{env_id}': {names}")
 
 
 def make_envs(args: Args, num_envs: int, seed: int):
@@ -224,8 +206,7 @@ class RewardScaler:
     Reset rows (`valid` False) are not experience and stay out of the statistics."""
 
     def __init__(self, num_envs: int, gamma: float, clip: float):
-        self.rms, self.gamma, self.clip = ppolab.RunningMeanStd(), gamma, clip
-        self.returns = np.zeros(num_envs)
+        self.rms, self.gamma, self.clip, self.returns = ppolab.RunningMeanStd(), gamma, clip, np.zeros(num_envs)
 
     def __call__(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> np.ndarray:
         self.returns = self.returns * self.gamma + reward
@@ -233,27 +214,6 @@ class RewardScaler:
             self.rms.update(self.returns[valid])
         self.returns[done] = 0.0
         return (reward / np.sqrt(self.rms.var + 1e-8)).clip(-self.clip, self.clip)
-
-
-class VideoRecorder:
-    """`--capture-video` for envpool, which has no renderer: env 0's 64x64 RGB observations, saved as an
-    mp4 per recorded episode (episodes 0, 1, 8, 27, ... as Gymnasium records)."""
-
-    def __init__(self, folder: str, name: str = "episode"):
-        self.folder, self.name, self.episode, self.frames = folder, name, 0, []
-        os.makedirs(folder, exist_ok=True)
-
-    def add(self, frame: np.ndarray, episode_over: bool):
-        if round(self.episode ** (1 / 3)) ** 3 == self.episode:
-            self.frames.append(frame.copy())
-        if episode_over:
-            if self.frames:
-                from moviepy import ImageSequenceClip  # imported only when used
-
-                ImageSequenceClip(self.frames, fps=15).write_videofile(
-                    f"{self.folder}/{self.name}-{self.episode}.mp4", logger=None
-                )
-            self.episode, self.frames = self.episode + 1, []
 
 
 # THE NETWORK -------------------------------------------------------------------------------------
@@ -507,20 +467,17 @@ def train(args: Args, run: ppolab.Run) -> str:
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)
-    # what a checkpoint holds besides progress, RNG and args: the reward statistics too
-    saved = {"model": agent, "optimizer": optimizer, "reward_rms": reward_scaler.rms}
+    saved = {"model": agent, "optimizer": optimizer, "reward_rms": reward_scaler.rms}  # a checkpoint's objects
     start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run
-    video = VideoRecorder(f"{run.dir}/videos") if args.capture_video else None
+    video = ppolab.VideoRecorder(f"{run.dir}/videos") if args.capture_video else None
 
     # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
     # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them)
     act, update = agent.act, partial(update_step, agent, optimizer, args)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
-        act, update = (
-            torch.compile(agent.act, mode=mode),
-            partial(torch.compile(update_step, mode=mode), agent, optimizer, args),
-        )
+        act = torch.compile(agent.act, mode=mode)
+        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args)
 
     # Rollout storage on the CPU, shared with NumPy. Observations: uint8 (T, N, 64, 64, 3) as envpool gives them,
     # viewed channels-last as (T, N, 3, 64, 64), the CNN's layout (pinned on CUDA: copied without a wait)
@@ -684,7 +641,7 @@ def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *,
     video = (
         None
         if video_prefix is None
-        else VideoRecorder(str(Path(video_prefix).parent), name=f"{Path(video_prefix).name}-episode")
+        else ppolab.VideoRecorder(str(Path(video_prefix).parent), name=f"{Path(video_prefix).name}-episode")
     )
     while np.isnan(scores).any():
         with torch.no_grad():
