@@ -15,6 +15,7 @@ loop) and imports this package for what never changes what PPO computes and is t
 - fast_path.py: the NumPy policy and update steps of the small-MLP scripts on the CPU, with the guard that
   runs them only where they compute exactly the script's code;
 - vector_env.py, statistics.py: a same-step vector environment and running statistics;
+- video.py: --capture-video where the environment cannot render (envpool's), from the observed frames;
 - distributed.py (imported by the torchrun script only): the plumbing of a job of processes (device, backend,
   joining and leaving, the messages between ranks, timing the collectives) and `DistributedRun`, the run of a
   data-parallel job, which rank 0 writes for every rank;
@@ -33,6 +34,7 @@ from ppolab.seeding import pick_device, seed_everything
 from ppolab.settings import RunSettings
 from ppolab.statistics import RunningMeanStd
 from ppolab.vector_env import SameStepVectorEnv
+from ppolab.video import VideoRecorder
 
 __all__ = [
     "NumpyPolicy",
@@ -40,6 +42,7 @@ __all__ = [
     "RunSettings",
     "RunningMeanStd",
     "SameStepVectorEnv",
+    "VideoRecorder",
     "check_args",
     "check_atari_game",
     "evaluate_file",

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from helpers import load, make_args, read_scalars
+from ppolab.checkpoints import set_rng_state
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -20,7 +21,7 @@ def test_a_few_iterations_on_cuda_keep_ratio_one_and_save_the_cuda_rng(contract,
     assert "cuda" in checkpoint["rng"]
     assert torch.backends.cudnn.conv.fp32_precision == "ieee" and torch.backends.cudnn.rnn.fp32_precision == "ieee"
     # resuming restores the CUDA generator: its next numbers are the ones the checkpoint saved
-    script.set_rng_state(checkpoint["rng"], torch.device("cuda"))
+    set_rng_state(checkpoint["rng"], torch.device("cuda"))  # the package's, as a resumed run restores it
     expected = torch.rand(4, device="cuda")
     torch.cuda.set_rng_state(checkpoint["rng"]["cuda"])
     torch.testing.assert_close(torch.rand(4, device="cuda"), expected)

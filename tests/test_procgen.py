@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ppo_procgen as script
+import ppolab
 from helpers import (
     LINE,
     METRICS,
@@ -20,6 +21,7 @@ from helpers import (
     load,
     only_run_dir,
     read_scalars,
+    resume_args,
     run_script,
 )
 
@@ -83,7 +85,7 @@ def test_reward_statistics_leave_out_the_reset_rows():
     scaler(np.array([2.0, 4.0]), done=np.array([False, True]), valid=np.array([True, True]))
     # env 1's next step is its reset row: only env 0's return (2 * 0.5 + 2 = 3) enters the statistics
     scaled = scaler(np.array([2.0, 0.0]), done=np.array([False, False]), valid=np.array([True, False]))
-    reference = script.RunningMeanStd()
+    reference = ppolab.RunningMeanStd()
     reference.update(np.array([2.0, 4.0]))
     reference.update(np.array([3.0]))
     assert scaler.rms.count == pytest.approx(reference.count)
@@ -206,7 +208,7 @@ def test_resume_continues_with_the_saved_reward_statistics(e2e, tmp_path):
     checkpoint = load(run_dir / "checkpoint.pt")
     checkpoint["args"].update(total_timesteps=(ITERATIONS + 1) * BATCH, save_model=False)  # one more iteration
     torch.save(checkpoint, run_dir / "checkpoint.pt")
-    script.main(script.Args(resume=str(run_dir / "checkpoint.pt")))
+    script.main(resume_args(script, run_dir / "checkpoint.pt"))
     resumed = load(run_dir / "checkpoint.pt")
     assert resumed["iteration"] == ITERATIONS + 1
     new_reset_rows = dict(read_scalars(run_dir)["debug/reset_rows"])[(ITERATIONS + 1) * BATCH]
@@ -227,7 +229,7 @@ def test_resume_reads_the_reward_statistics_of_a_format_2_checkpoint(e2e, tmp_pa
     )
     old["args"].update(total_timesteps=(ITERATIONS + 1) * BATCH, save_model=False)  # one more iteration
     torch.save(old, run_dir / "checkpoint.pt")
-    script.main(script.Args(resume=str(run_dir / "checkpoint.pt")))
+    script.main(script.Args(**{**old["args"], "resume": str(run_dir / "checkpoint.pt")}))  # NumPy in it: not load()
     resumed = load(run_dir / "checkpoint.pt")
     assert (resumed["format"], resumed["iteration"]) == (3, ITERATIONS + 1)
     new_reset_rows = dict(read_scalars(run_dir)["debug/reset_rows"])[(ITERATIONS + 1) * BATCH]
