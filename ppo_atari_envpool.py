@@ -288,14 +288,11 @@ def ppo_loss(
     *,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
-
-    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
-    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
-
-    `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
-    is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
-    """
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
+    used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
+    loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
+    minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
+    others."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()

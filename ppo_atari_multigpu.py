@@ -255,15 +255,12 @@ def make_envs(
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes (whole games) that ended at this vector step: (env index, episodic return, length
-    in agent steps).
-
-    RecordEpisodeStatistics sits below EpisodicLife, so it reports whole games, and their return is
-    the unclipped game score. With same-step autoreset the vector environment moves the info of a
-    step that ended an episode to `info["final_info"]` and returns the reset's info at the top level;
-    a game ends in the former at its last step, or, rarely, in the latter when it ended during a
-    reset's own steps (a truncation during the no-op after a lost life, see `step_in_reset`).
-    """
+    """The episodes that ended at this vector step: (env index, return, length in agent steps), where an
+    episode is a whole game and its return the game score: RecordEpisodeStatistics sits below EpisodicLife
+    and the reward clipping. With same-step autoreset the info of a step that ended an episode moves to
+    `info["final_info"]`, the reset's info stays at the top level: a game ends in the former at its last
+    step, or, rarely, in the latter during a reset's own steps (a truncation during the no-op after a lost
+    life, see `step_in_reset`)."""
     episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
@@ -346,29 +343,24 @@ def compute_gae(
     *,
     final_values: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
+    """Generalized Advantage Estimation over a rollout stored with same-step autoreset. Shapes are (T, N):
+    T steps of N environments; `last_value` is (N,).
 
-    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
-
-    | tensor         | meaning at step t                                                        |
-    |----------------|--------------------------------------------------------------------------|
-    | rewards[t]     | reward of the transition taken at step t                                  |
-    | values[t]      | V(obs[t]), the critic's value of the observation the action was taken in |
-    | dones[t]       | 1 if the episode ended at step t (terminated or truncated), else 0        |
-    | final_values[t]| where dones[t]: the value of the state the episode ended in: 0 after a    |
-    |                | termination, V(final observation) after a truncation (0 when truncation   |
-    |                | is treated as termination); ignored where not done                        |
-    | last_value     | V(observation after the last step), to bootstrap the unfinished episodes  |
+    | tensor          | meaning at step t                                                                    |
+    |-----------------|--------------------------------------------------------------------------------------|
+    | rewards[t]      | reward of the transition taken at step t                                             |
+    | values[t]       | V(obs[t]), the critic's value of the observation the action was taken in             |
+    | dones[t]        | 1 if the episode ended at step t (terminated or truncated), else 0                   |
+    | final_values[t] | where dones[t]: the value of the state the episode ended in: 0 after a termination,  |
+    |                 | V(final observation) after a truncation (0 when truncation counts as termination)    |
+    | last_value      | V(observation after the last step), to bootstrap the unfinished episodes             |
 
     With same-step autoreset obs[t+1] is the *next* episode's first observation where dones[t], so
     the next state's value is final_values[t] there and values[t+1] elsewhere:
-
         delta[t] = rewards[t] + gamma * next_value[t] - values[t]
         adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
-
     The trace is cut at every episode end; a truncated episode still sees the value of where it
-    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N).
-    """
+    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N)."""
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values)
     deltas = rewards + gamma * next_values - values
@@ -395,14 +387,11 @@ def ppo_loss(
     *,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
-
-    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
-    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
-
-    `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
-    is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
-    """
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
+    used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
+    loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
+    minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
+    others."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()

@@ -277,29 +277,24 @@ def compute_gae(
     *,
     final_values: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized Advantage Estimation over a rollout stored with same-step autoreset.
+    """Generalized Advantage Estimation over a rollout stored with same-step autoreset. Shapes are (T, N):
+    T steps of N environments; `last_value` is (N,).
 
-    Shapes are (T, N): T steps of N environments; `last_value` is (N,).
-
-    | tensor         | meaning at step t                                                        |
-    |----------------|--------------------------------------------------------------------------|
-    | rewards[t]     | reward of the transition taken at step t                                  |
-    | values[t]      | V(obs[t]), the critic's value of the observation the action was taken in |
-    | dones[t]       | 1 if the episode ended at step t (terminated or truncated), else 0        |
-    | final_values[t]| where dones[t]: the value of the state the episode ended in: 0 after a    |
-    |                | termination, V(final observation) after a truncation (0 when truncation   |
-    |                | is treated as termination); ignored where not done                        |
-    | last_value     | V(observation after the last step), to bootstrap the unfinished episodes  |
+    | tensor          | meaning at step t                                                                    |
+    |-----------------|--------------------------------------------------------------------------------------|
+    | rewards[t]      | reward of the transition taken at step t                                             |
+    | values[t]       | V(obs[t]), the critic's value of the observation the action was taken in             |
+    | dones[t]        | 1 if the episode ended at step t (terminated or truncated), else 0                   |
+    | final_values[t] | where dones[t]: the value of the state the episode ended in: 0 after a termination,  |
+    |                 | V(final observation) after a truncation (0 when truncation counts as termination)    |
+    | last_value      | V(observation after the last step), to bootstrap the unfinished episodes             |
 
     With same-step autoreset obs[t+1] is the *next* episode's first observation where dones[t], so
     the next state's value is final_values[t] there and values[t+1] elsewhere:
-
         delta[t] = rewards[t] + gamma * next_value[t] - values[t]
         adv[t]   = delta[t] + gamma * lambda * (1 - dones[t]) * adv[t+1]
-
     The trace is cut at every episode end; a truncated episode still sees the value of where it
-    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N).
-    """
+    stopped through delta. Returns (advantages, returns = advantages + values), both (T, N)."""
     next_values = torch.cat([values[1:], last_value.unsqueeze(0)])
     next_values = torch.where(dones.bool(), final_values, next_values)
     deltas = rewards + gamma * next_values - values
@@ -326,14 +321,11 @@ def ppo_loss(
     *,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy.
-
-    `advantages` are used as given (normalise them before the call if wanted). Returns the loss and
-    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction.
-
-    `mask` (0/1 per sample, optional) keeps fixed-shape minibatches exact: only the samples where it
-    is 1 count, every mean is over them, so the gradient is that of the minibatch without the others.
-    """
+    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
+    used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
+    loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
+    minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
+    others."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -386,10 +378,8 @@ def update_step(
 ) -> dict[str, torch.Tensor]:
     """One gradient step on one minibatch: forward, advantage normalisation, the PPO loss, backward,
     global gradient clipping, the optimizer step. Returns the detached statistics of `ppo_loss` and
-    `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update).
-
-    The whole step is one function so that `--compile` can hand it to torch.compile as it stands.
-    """
+    `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the first minibatch of an update). The whole
+    step is one function so that `--compile` can hand it to torch.compile as it stands."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

@@ -245,7 +245,7 @@ class Run:
     ):
         """The iteration's scalars (the update's statistics copied from the device at once, the critic's
         explained variance of `returns` by `values`, the script's own `scalars` by tag) and, when due, its line
-        (`line_extra` ends its parenthesis of times, e.g. ", comm 0.10s")."""
+        (`line_extra` ends its parenthesis of times, e.g. the Redis script's transfer and publish times)."""
         explained = explained_variance(values.numpy(), returns.numpy())
         sps = self.log_iteration(global_step, stats, learning_rate, explained, rollout_time, update_time, scalars)
         self.line_if_due(
