@@ -80,7 +80,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     bootstrap_truncation: bool = True
     """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
     max_episode_steps: int = 27_000
-    """agent steps after which a game is truncated: ALE stops it at 4x this many frames (27,000 = 108,000 frames, the usual limit)"""
+    """agent steps after which a game is truncated (ALE stops it at 4x this many frames: the usual 108,000)"""
 
     # This script's own run settings (those of every script: ppolab.RunSettings)
     torch_threads: int = 2

@@ -110,7 +110,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     bootstrap_truncation: bool = True
     """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
     max_episode_steps: int = 27_000
-    """agent steps after which a game is truncated: ALE stops it at 4x this many frames (27,000 = 108,000 frames, the usual limit)"""
+    """agent steps after which a game is truncated (ALE stops it at 4x this many frames: the usual 108,000)"""
     preempt_fraction: float | None = None
     """straggler preemption (DD-PPO): once this fraction of the ranks finished their rollouts, the others end theirs
     early; the run then takes more iterations to reach --total-timesteps (off by default)"""

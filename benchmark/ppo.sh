@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The published benchmark recipe: every script on its standard environments, SEEDS seeds each, run on
-# this machine by benchmark.run (a worker pool, OMP_NUM_THREADS=1 per job), then a table and
-# learning curves per block by benchmark.results.
+# this machine by benchmark.run_seeds (a worker pool, OMP_NUM_THREADS=1 per job), then a table and
+# learning curves per block by benchmark.scores.
 #
 #   bash benchmark/ppo.sh                           # every block at the full step budgets
 #   BLOCKS="classic mujoco" bash benchmark/ppo.sh   # some blocks (or: bash benchmark/ppo.sh classic mujoco)
@@ -69,7 +69,7 @@ echo "== runs and logs go to $RUNS_DIR/<block>/, tables and plots to $RESULTS_DI
 trap 'echo "ppo.sh: interrupted" >&2; exit 130' INT
 status=0
 
-# bench BLOCK SCRIPT STEPS QUICK_ARGS ENV_ID...: the script on every env id and seed, through benchmark.run
+# bench BLOCK SCRIPT STEPS QUICK_ARGS ENV_ID...: the script on every env id and seed, through benchmark.run_seeds
 # (STEPS: the step budget, then any flags the script needs there; QUICK_ARGS replaces both with QUICK=1)
 bench() {
     local block=$1 script=$2 steps=$3 quick_args=$4
@@ -89,14 +89,14 @@ bench() {
     fi
     echo "== $block: $script on $* (seeds $SEEDS) $args"
     local command="$launch $script $args --runs-dir $(printf %q "$RUNS_DIR/$block")"
-    "$PYTHON" -m benchmark.run --command "$command" --env-ids "$@" --seeds $SEEDS --workers "$workers" \
+    "$PYTHON" -m benchmark.run_seeds --command "$command" --env-ids "$@" --seeds $SEEDS --workers "$workers" \
         --logs "$RUNS_DIR/$block/logs/${script%.py}" || status=1
 }
 
 # results BLOCK: the block's table and learning curves, from every run under RUNS_DIR/BLOCK
 results() {
     [[ -d $RUNS_DIR/$1 ]] || return 0
-    "$PYTHON" -m benchmark.results "$RUNS_DIR/$1" --out "$RESULTS_DIR/$1.md" --plots "$RESULTS_DIR/$1" || status=1
+    "$PYTHON" -m benchmark.scores "$RUNS_DIR/$1" --out "$RESULTS_DIR/$1.md" --plots "$RESULTS_DIR/$1" || status=1
 }
 
 for block in $BLOCKS; do

@@ -1,4 +1,4 @@
-"""benchmark.peer without CleanRL's virtualenv: the command lines of both sides (same steps and
+"""benchmark.speed_vs_cleanrl without CleanRL's virtualenv: the command lines of both sides (same steps and
 hyperparameters, parsed back by our script's own parser), the check of CleanRL's flags, the table's
 medians, ranges and ratios from known timings, the resumable rounds, and the error when the
 virtualenv is missing."""
@@ -9,7 +9,7 @@ import sys
 import pytest
 import tyro
 
-from benchmark import peer
+from benchmark import speed_vs_cleanrl as peer
 
 
 @pytest.fixture
@@ -248,9 +248,9 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
         peer.main([*argv, "--peer-dir", str(tmp_path / "nothing"), "--log", str(tmp_path / "log.jsonl")])
     assert exit.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("benchmark.peer: error: ") and message in err
+    assert err.count("\n") == 1 and err.startswith("benchmark.speed_vs_cleanrl: error: ") and message in err
     if "missing" in message:
-        assert "python -m benchmark.peer --build" in err
+        assert "python -m benchmark.speed_vs_cleanrl --build" in err
 
 
 def test_what_our_script_sets_for_itself_does_not_reach_cleanrl(monkeypatch):
@@ -271,7 +271,7 @@ def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
         record("hopper", "ours", 1, 10.0) | {"load": 9.0},
     ]  # another pair: not in this table
     text = peer.describe(
-        "python -m benchmark.peer --pairs cartpole",
+        "python -m benchmark.speed_vs_cleanrl --pairs cartpole",
         tmp_path,
         ["cartpole"],
         ["plain", "busy"],
@@ -281,7 +281,7 @@ def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
     )
     assert "1-minute load average before each run 0.50-1.25." in text
     assert f"CleanRL: cleanrl 1.2.0, gym 0.23.1 (virtualenv {tmp_path})." in text
-    assert "`python -m benchmark.peer --pairs cartpole`" in text and "empty for each run (cold)" in text
+    assert "`python -m benchmark.speed_vs_cleanrl --pairs cartpole`" in text and "empty for each run (cold)" in text
     assert "busy: default threads, +1 process busy on one core" in text
     assert "cartpole: ppo.py (`--torch-threads` default 1, `--compile` default False)" in text
 

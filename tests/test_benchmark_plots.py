@@ -1,4 +1,4 @@
-"""benchmark.results' learning curves and reference column on event files written here with known
+"""benchmark.scores' learning curves and reference column on event files written here with known
 values and known wall times: the curve data, the plot files and the table cells follow from them."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from benchmark.results import REFERENCES, curves, load_references, plot, smooth, table
+from benchmark.scores import REFERENCES, curves, load_references, plot, smooth, table
 
 SEEDS = (1, 2, 3)
 

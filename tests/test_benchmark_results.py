@@ -1,4 +1,4 @@
-"""benchmark.results on event files written here with known values: the table follows from them."""
+"""benchmark.scores on event files written here with known values: the table follows from them."""
 
 import re
 import shutil
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmark.results import (
+from benchmark.scores import (
     aggregate_table,
     block_scores,
     iqm_with_ci,

@@ -1,4 +1,4 @@
-"""benchmark.run on a tiny job written here: every (env, seed) pair runs with one thread and its own
+"""benchmark.run_seeds on a tiny job written here: every (env, seed) pair runs with one thread and its own
 log, a failing job is reported and fails the run, jobs overlap up to --workers, Ctrl-C kills them."""
 
 import json
@@ -43,7 +43,7 @@ def runner_argv(command, env_ids, seeds, workers, logs):
     return [
         sys.executable,
         "-m",
-        "benchmark.run",
+        "benchmark.run_seeds",
         "--command",
         command,
         "--env-ids",

@@ -1,10 +1,10 @@
-"""benchmark.samplers (and benchmark.workers' time split) on event files written here with known values:
-medians over the iterations after the first, the last end-to-end SPS, the split of the time."""
+"""benchmark.redis_scaling (and benchmark.shared_memory_scaling's time split) on event files written here with
+known values: medians over the iterations after the first, the last end-to-end SPS, the split of the time."""
 
 from torch.utils.tensorboard import SummaryWriter
 
 from benchmark.events import read_scalars
-from benchmark.samplers import summarize
+from benchmark.redis_scaling import summarize
 
 
 def test_summary_leaves_out_the_first_iteration_and_splits_the_time(tmp_path):

@@ -375,7 +375,8 @@ def test_ctrl_c_and_a_full_disk_end_every_script_in_one_line_with_the_resume_com
     for name, (returncode, stderr) in results.items():
         (checkpoint,) = (tmp_path / name).glob("runs/*/checkpoint.pt")
         checkpoints[name] = checkpoint.relative_to(tmp_path / name)
-        hint = f"last checkpoint {checkpoints[name]}; continue with: python {script_command(name)[1]} --resume {checkpoints[name]}"
+        path = checkpoints[name]
+        hint = f"last checkpoint {path}; continue with: python {script_command(name)[1]} --resume {path}"
         assert returncode == 130, (name, stderr)
         assert stderr.splitlines() == [f"{name}.py: interrupted: {hint}"], (name, stderr)
 

@@ -1,7 +1,7 @@
 """Distributed scaling of ppo_atari_multigpu.py: SPS, speedup and efficiency against the world size.
 
-    python -m benchmark.scaling                                   # W = 1 2 4, both modes
-    python -m benchmark.scaling --world-sizes 1 2 --iterations 4  # a quicker look
+    python -m benchmark.multigpu_scaling                                   # W = 1 2 4, both modes
+    python -m benchmark.multigpu_scaling --world-sizes 1 2 --iterations 4  # a quicker look
 
 For each world size W, one torchrun job (`--standalone --nproc_per_node=W`, OMP_NUM_THREADS=1 and one
 PyTorch thread per rank) of `--iterations` iterations on Breakout, in two modes:
@@ -112,7 +112,7 @@ def scaling_table(results: dict[tuple[str, int], dict], cpus: int) -> list[dict]
 
 def markdown(rows: list[dict], args: argparse.Namespace, cpus: int) -> str:
     lines = [
-        f"`python -m benchmark.scaling {' '.join(args.argv)}` on {args.env_id}, {args.num_steps} steps per "
+        f"`python -m benchmark.multigpu_scaling {' '.join(args.argv)}` on {args.env_id}, {args.num_steps} steps per "
         f"rollout, one thread per rank, {cpus} CPUs, gloo.",
         "",
         "| mode | W | envs per rank | SPS | speedup S | efficiency E | rollout | learn | comm |",

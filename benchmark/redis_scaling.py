@@ -2,8 +2,8 @@
 ppo_continuous_action.py on the same environment and budget, and one multi-host run simulated on this
 machine, measured in one run.
 
-    python -m benchmark.samplers                                 # Hopper-v4, 1, 2, 4 samplers
-    python -m benchmark.samplers --out benchmark/results/redis_samplers.md \\
+    python -m benchmark.redis_scaling                                 # Hopper-v4, 1, 2, 4 samplers
+    python -m benchmark.redis_scaling --out benchmark/results/redis_samplers.md \\
         --plot benchmark/results/plots/redis_samplers.png
 
 Each setting is a fresh run (OMP_NUM_THREADS=1, the scripts' defaults otherwise: 8 chunks of 256 steps,
@@ -32,7 +32,7 @@ import numpy as np
 
 from benchmark.events import read_scalars
 from benchmark.scripts import ROOT, child_env
-from benchmark.workers import later, report, run, time_split
+from benchmark.shared_memory_scaling import later, report, run, time_split
 
 SCRIPT = "ppo_continuous_action_redis"
 BATCH = 2048

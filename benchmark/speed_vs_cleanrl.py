@@ -1,12 +1,12 @@
 """Side by side with CleanRL: the whole-process time of our scripts and of CleanRL 1.2.0's, same steps
 and hyperparameters, measured in one run.
 
-    python -m benchmark.peer --build     # once: CleanRL 1.2.0 and its own packages, in a virtualenv outside git
-    python -m benchmark.peer             # CartPole-v1 500k, Hopper-v4 1M, Breakout-v5 10M steps, 3 rounds
+    python -m benchmark.speed_vs_cleanrl --build   # once: CleanRL 1.2.0 and its packages, in a virtualenv outside git
+    python -m benchmark.speed_vs_cleanrl             # CartPole-v1 500k, Hopper-v4 1M, Breakout-v5 10M steps, 3 rounds
                                          # (on 2 cores a 10M Breakout run takes most of a day: give --steps)
-    python -m benchmark.peer --pairs cartpole,hopper --steps cartpole=50000,hopper=20480 --rounds 1 --busy
-    python -m benchmark.peer --pairs cartpole,hopper --baseline /tmp/before    # also an earlier commit's scripts
-    python -m benchmark.peer --pairs breakout --steps breakout=102400 --busy --torch-threads 1 \\
+    python -m benchmark.speed_vs_cleanrl --pairs cartpole,hopper --steps cartpole=50000,hopper=20480 --rounds 1 --busy
+    python -m benchmark.speed_vs_cleanrl --pairs cartpole,hopper --baseline /tmp/before  # and an older commit's
+    python -m benchmark.speed_vs_cleanrl --pairs breakout --steps breakout=102400 --busy --torch-threads 1 \\
         --log benchmark/results/speed_cpu_runs.jsonl --out /tmp/speed_breakout.md
 
 The pairs (ours against CleanRL's script of the same name):
@@ -127,7 +127,7 @@ BASELINE = "baseline"  # the label of the --baseline checkout's runs
 
 def fail(message: str):
     """One line on stderr and exit 2, as the training scripts do for bad input."""
-    print(f"benchmark.peer: error: {message}", file=sys.stderr)
+    print(f"benchmark.speed_vs_cleanrl: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -155,7 +155,7 @@ def check_peer(peer_dir: Path):
     if not peer_versions(peer_dir):
         fail(
             f"CleanRL {PEER_VERSION}'s virtualenv is missing ({peer_dir}): build it first with "
-            "`python -m benchmark.peer --build`"
+            "`python -m benchmark.speed_vs_cleanrl --build`"
         )
 
 
@@ -605,7 +605,9 @@ def parse_steps(text: str | None) -> dict[str, int]:
 
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(
-        prog="python -m benchmark.peer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmark.speed_vs_cleanrl",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--build", action="store_true", help="create the CleanRL virtualenv (then exit)")
     parser.add_argument(
@@ -693,7 +695,7 @@ def main(argv: list[str] | None = None):
         )
 
     records = read_log(args.log)
-    command = "python -m benchmark.peer " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmark.speed_vs_cleanrl " + shlex.join(argv if argv is not None else sys.argv[1:])
     text = (
         describe(command, args.peer_dir, pairs, settings, defaults, records, args.cold_compile, args.baseline)
         + "\n\n"

@@ -3,8 +3,8 @@ against gymnasium's pair (`SyncVectorEnv` with same-step autoreset, `copy=False`
 `RecordEpisodeStatistics`), at each script's default environment and number of environments:
 CartPole-v1 x4 and Hopper-v4 x1.
 
-    OMP_NUM_THREADS=1 python -m benchmark.vector_env step --rounds 5
-    OMP_NUM_THREADS=1 python -m benchmark.vector_env run --rounds 3
+    OMP_NUM_THREADS=1 python -m benchmark.vector_env_speed step --rounds 5
+    OMP_NUM_THREADS=1 python -m benchmark.vector_env_speed run --rounds 3
 
 `step`: one vector step, timed over `--steps` steps of random actions (the same sequence for every
 variant), as this thread's CPU time (which other processes on the machine disturb less) and wall time.
@@ -29,7 +29,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from benchmark.peer import machine, our_commit, our_versions
+from benchmark.speed_vs_cleanrl import machine, our_commit, our_versions
 from benchmark.throughput import ROOT, import_script
 
 BUDGETS = {"ppo": 500_000, "ppo_continuous_action": 200_000}  # whole-run steps per script
@@ -110,7 +110,7 @@ def run_time(path: Path, variant: str, flags: list[str]) -> float:
     """Wall seconds of one whole training process."""
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "benchmark.vector_env", "child", str(path), variant, *flags],
+        [sys.executable, "-m", "benchmark.vector_env_speed", "child", str(path), variant, *flags],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -222,7 +222,7 @@ def main():
     threads = os.environ.get("OMP_NUM_THREADS", "unset")
     print(
         f"{machine()}; commit {our_commit()}; {versions}; OMP_NUM_THREADS={threads}; "
-        f"command: python -m benchmark.vector_env {' '.join(sys.argv[1:])}"
+        f"command: python -m benchmark.vector_env_speed {' '.join(sys.argv[1:])}"
     )
     with tempfile.TemporaryDirectory() as folder:
         cases = {name: variants(name, options.baseline, folder) for name in options.scripts.split(",")}

@@ -3,8 +3,8 @@ ppolab's `NumpyPolicy` where the script's training runs it, compiled `act`) on o
 update step of one minibatch (eager and compiled `update_step`, ppolab's `NumpyUpdate` where the script's
 training runs it), and the time torch.compile takes for each.
 
-    OMP_NUM_THREADS=1 python benchmark/fast_path.py ppo --rounds 5
-    OMP_NUM_THREADS=1 python benchmark/fast_path.py ppo_continuous_action --rounds 5
+    OMP_NUM_THREADS=1 python benchmark/fast_path_speed.py ppo --rounds 5
+    OMP_NUM_THREADS=1 python benchmark/fast_path_speed.py ppo_continuous_action --rounds 5
 
 Sizes are the script's defaults (num_envs observations per policy step, minibatch_size samples per
 update step). The variants alternate within each round; the medians over rounds are printed as a

@@ -1,7 +1,7 @@
 """Result tables and learning curves from run folders.
 
-    python -m benchmark.results runs/                     # the table of every run folder below runs/
-    python -m benchmark.results runs/ --last 100 --out results.md --plots plots/
+    python -m benchmark.scores runs/                     # the table of every run folder below runs/
+    python -m benchmark.scores runs/ --last 100 --out results.md --plots plots/
 
 The table: per seed the mean return of the last `--last` episodes, then the mean and standard
 deviation over seeds, with steps, runtime and SPS, and the published reference beside ours where

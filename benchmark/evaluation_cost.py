@@ -2,8 +2,8 @@
 separate environment, as the training loop calls it) per script on its default environment, with an
 untrained agent, in this process, with one thread.
 
-    python -m benchmark.evaluation                 # 10 episodes, every script below
-    python -m benchmark.evaluation --episodes 3 --scripts ppo ppo_continuous_action
+    python -m benchmark.evaluation_cost                 # 10 episodes, every script below
+    python -m benchmark.evaluation_cost --episodes 3 --scripts ppo ppo_continuous_action
 
 An untrained agent's episodes are short (CartPole: about 20 steps, Breakout: one game of a random
 player); a trained agent's last longer, and an evaluation costs in proportion to the agent steps it

@@ -1,9 +1,9 @@
 """Scaling of ppo_shared_memory_lstm.py with the number of rollout workers, and its speed beside
 ppo_atari_lstm.py, measured in one run.
 
-    python -m benchmark.workers                                  # CartPole-v1, 1, 2, 4 workers
-    python -m benchmark.workers --atari-game Pong                # also the side-by-side on Pong
-    python -m benchmark.workers --out benchmark/results/shared_memory_workers.md \\
+    python -m benchmark.shared_memory_scaling                                  # CartPole-v1, 1, 2, 4 workers
+    python -m benchmark.shared_memory_scaling --atari-game Pong                # also the side-by-side on Pong
+    python -m benchmark.shared_memory_scaling --out benchmark/results/shared_memory_workers.md \\
         --plot benchmark/results/plots/shared_memory_workers.png
 
 Each setting is a fresh run of the script (OMP_NUM_THREADS=1, the learner on one thread, the script's

@@ -1,6 +1,6 @@
 """Run one command for every (environment, seed) pair, in parallel on this machine.
 
-    python -m benchmark.run --command "python ppo.py --total-timesteps 500000" \\
+    python -m benchmark.run_seeds --command "python ppo.py --total-timesteps 500000" \\
         --env-ids CartPole-v1 Acrobot-v1 --seeds 1 2 3 --workers 2 --logs benchmark/logs
 
 Each job runs `<command> --env-id ENV --seed SEED` (the command is split like a shell would split it,
