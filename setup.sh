@@ -110,7 +110,6 @@ fi
 prefix=$(cd -P .venv && pwd)
 if [ -L .venv ]; then where=".venv -> $prefix"; else where=.venv; fi
 echo "setup.sh: installing requirements.txt into $where (a few minutes the first time)"
-"$prefix/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
-# the package ppolab, editable (this folder's code), so that a script copied to any folder runs with this Python
-"$prefix/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
+# and the package ppolab, editable (this folder's code): a script copied to any folder runs with this Python
+"$prefix/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt -e .
 echo "setup.sh: done; run a script with .venv/bin/python, e.g. .venv/bin/python ppo.py"

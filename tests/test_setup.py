@@ -95,7 +95,7 @@ def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons
     return result, [line.replace(f"{tmp_path}/", "") for line in lines]
 
 
-PIP_ARGS = "-m pip install --quiet --disable-pip-version-check -r requirements.txt"
+PIP_ARGS = "-m pip install --quiet --disable-pip-version-check -r requirements.txt -e ."
 PIP = f"repo/.venv/bin/python {PIP_ARGS}"  # .venv's python by its path, without links
 ENV_PIP = f"env/bin/python {PIP_ARGS}"  # an activated environment's python by its own path, not through .venv
 PROBE = "bin/python3 -c"
@@ -458,6 +458,7 @@ def test_uv_run_trains_cartpole_with_the_pinned_packages(tmp_path):
     project.mkdir()
     for name in ("pyproject.toml", "requirements.txt", "ppo.py"):
         shutil.copy(REPO / name, project)
+    shutil.copytree(REPO / "ppolab", project / "ppolab", ignore=shutil.ignore_patterns("__pycache__"))
     index, torch_version = torch_index(tmp_path)
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("UV_", "VIRTUAL_ENV", "CONDA", "PYTHON"))
@@ -523,3 +524,18 @@ def test_ci_runs_the_readme_commands_with_the_system_python():
     system_path = "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     assert ci.index(system_path) < ci.index("bash setup.sh") < ci.index(tests) == len(ci) - 1
     assert "unset VIRTUAL_ENV CONDA_PREFIX CONDA_DEFAULT_ENV PYTHONHOME PYTHONPATH" in ci[: ci.index("bash setup.sh")]
+
+
+def test_a_script_copied_to_another_folder_runs_with_the_installed_package(tmp_path):
+    """setup.sh installs ppolab (`pip install -e .`), so a script copied out of the repository (to change it for
+    an experiment) runs from anywhere with the environment's Python; without the package it would fail to import
+    ppolab."""
+    shutil.copy(REPO / "ppo.py", tmp_path / "my_ppo.py")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = ["--total-timesteps", "256", "--num-steps", "32", "--no-cuda", "--runs-dir", str(tmp_path / "runs")]
+    result = subprocess.run(
+        [sys.executable, "my_ppo.py", *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("CartPole-v1__my_ppo__1__") and list(run_dir.glob("events.out.tfevents.*"))
