@@ -216,6 +216,11 @@ class Run:
         )
         self.start_time, self.start_step = time.time(), global_step
 
+    def start_clock(self):
+        """SPS and ETA count the time from here on, not from `start` (a script whose worker processes take a while
+        to start calls it once they are ready)."""
+        self.start_time = time.time()
+
     def hyperparameters(self) -> dict:
         """What the TensorBoard text `hyperparameters` lists: the arguments."""
         return asdict(self.args)
@@ -237,9 +242,11 @@ class Run:
         rollout_time: float,
         update_time: float,
         scalars: dict[str, float] | None = None,
+        line_extra: str = "",
     ):
         """The iteration's scalars (the update's statistics copied from the device at once, the critic's
-        explained variance of `returns` by `values`, the script's own `scalars` by tag) and, when due, its line."""
+        explained variance of `returns` by `values`, the script's own `scalars` by tag) and, when due, its line
+        (`line_extra` ends its parenthesis of times, e.g. ", publish 0.0001s")."""
         explained = explained_variance(values.numpy(), returns.numpy())
         sps = self.log_iteration(global_step, stats, learning_rate, explained, rollout_time, update_time, scalars)
         self.line_if_due(
@@ -247,7 +254,7 @@ class Run:
             global_step,
             sps,
             iteration == self.args.num_iterations,
-            f"rollout {rollout_time:.2f}s, update {update_time:.2f}s",
+            f"rollout {rollout_time:.2f}s, update {update_time:.2f}s{line_extra}",
         )
 
     def log_iteration(
