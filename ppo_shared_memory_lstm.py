@@ -858,8 +858,9 @@ def slice_checksum(buffer: dict[str, torch.Tensor], lo: int, hi: int) -> int:
 
 @torch.no_grad()
 def publish_weights(agent: Agent, weights: torch.Tensor):
-    """The learner copies its parameters into the shared weight vector (from the GPU if there: one copy)."""
-    weights.copy_(nn.utils.parameters_to_vector(agent.parameters()))
+    """The learner copies its parameters into the shared weight vector (from the GPU if there: one copy). Not
+    `nn.utils.parameters_to_vector`: it views each parameter flat, which the CNN's channels-last weights refuse."""
+    weights.copy_(torch.cat([param.reshape(-1) for param in agent.parameters()]))
 
 
 @torch.no_grad()
@@ -1208,11 +1209,11 @@ class FireReset(gym.Wrapper):
 
 
 # ==================================================================================================
-# PPO ENDS HERE, and so do the processes. What follows is what is particular to this script's run: its input
-# checks, how its policy plays an evaluation (in this process, carrying the recurrent state), and the entry
-# point. The rest of a run (the run folder, checkpoints and resuming, logging, Ctrl-C and full disks) and the
-# plumbing of the processes that is not their lesson are the package ppolab's; none of it changes what PPO
-# computes.
+# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its policy
+# plays an evaluation (in this process, carrying the recurrent state), and the entry point. The rest of a run
+# (the run folder, checkpoints and resuming, logging, Ctrl-C and full disks) and the processes' plumbing that is
+# not their lesson (ppolab/processes.py) are the package ppolab's. None of it changes what PPO computes; what
+# the processes compute and exchange is all above.
 # ==================================================================================================
 
 

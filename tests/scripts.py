@@ -32,7 +32,14 @@ NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
 
 # The scripts whose run machinery (checkpoints, resume, input checks, logging, Ctrl-C) is the package ppolab's:
 # they hold no copy of it
-ON_PPOLAB = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu"]
+ON_PPOLAB = [
+    "ppo",
+    "ppo_continuous_action",
+    "ppo_atari",
+    "ppo_atari_lstm",
+    "ppo_atari_multigpu",
+    "ppo_shared_memory_lstm",
+]
 OWN_MACHINERY = [s for s in SCRIPTS if s not in ON_PPOLAB]
 
 # Functions and classes that several scripts repeat on purpose. Within each group the copies must be

@@ -228,7 +228,7 @@ def test_episodes_of_every_worker_are_logged_at_their_own_steps(e2e):
 
 def test_saved_model_evaluates_as_after_training(e2e):
     logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
-    returns = script.run_evaluation(str(e2e["run_dir"] / "model.pt"), script.Args(eval_episodes=2))
+    returns = script.main(script.Args(evaluate=str(e2e["run_dir"] / "model.pt"), eval_episodes=2, cuda=False))
     assert returns == pytest.approx(logged, rel=1e-6)
 
 
