@@ -228,14 +228,9 @@ def make_env(
     """
     atari, env_id = is_atari(env_id), atari_id(env_id)
     settings = {}
-    if atari:
-        settings = dict(
-            obs_type="grayscale",
-            frameskip=1,
-            repeat_action_probability=0.0,
-            full_action_space=False,
-            max_num_frames_per_episode=4 * max_episode_steps,
-        )
+    if atari:  # grayscale from ALE, and the v4 NoFrameskip settings whatever the id
+        settings = dict(obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, full_action_space=False)
+        settings.update(max_num_frames_per_episode=4 * max_episode_steps)
 
     def thunk():
         if capture_video and idx == 0:
@@ -797,11 +792,8 @@ def allocate_shared_memory(args: Args, agent: Agent, observation_space: gym.Spac
     size = sum(p.numel() for p in agent.parameters())
     weights = share_memory({"weights": torch.zeros(size)}, "the weights")["weights"]
     publish_weights(agent, weights)
-    print(
-        f"shared memory: rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB; "
-        f"{args.num_workers} workers x {args.num_envs_per_worker} envs",
-        flush=True,
-    )
+    sizes = f"rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB"
+    print(f"shared memory: {sizes}; {args.num_workers} workers x {args.num_envs_per_worker} envs", flush=True)
     return buffer, weights
 
 
@@ -1055,12 +1047,8 @@ def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.
     try:
         for w in range(args.num_workers):
             conn, child_conn = context.Pipe()
-            process = context.Process(
-                target=rollout_worker,
-                name=f"rollout-worker-{w}",
-                daemon=True,
-                args=(w, args, buffer, weights, child_conn, os.getpid(), start_step, run_dir),
-            )
+            worker_args = (w, args, buffer, weights, child_conn, os.getpid(), start_step, run_dir)
+            process = context.Process(target=rollout_worker, name=f"rollout-worker-{w}", args=worker_args, daemon=True)
             process.start()
             child_conn.close()
             workers.append(process)
