@@ -15,7 +15,9 @@ loop) and imports this package for what never changes what PPO computes and is t
 - vector_env.py, statistics.py: a same-step vector environment and running statistics;
 - distributed.py (imported by the torchrun script only): the plumbing of a job of processes (device, backend,
   joining and leaving, the messages between ranks, timing the collectives) and `DistributedRun`, the run of a
-  data-parallel job, which rank 0 writes for every rank.
+  data-parallel job, which rank 0 writes for every rank;
+- processes.py (imported by the shared-memory script only): the plumbing of its worker processes that is not its
+  lesson (tensors into shared memory, messages that do not wait forever for a process that died, ending processes).
 
 A script copied elsewhere runs wherever this package is importable (`pip install -e .` in the repository,
 which `bash setup.sh` does).
