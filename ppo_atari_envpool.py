@@ -177,11 +177,9 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """The Nature CNN (Mnih et al. 2015) shared by a policy head (std 0.01) and a value head (std 1).
-
-    Input: uint8 frames (B, 4, 84, 84), scaled to [0, 1] here. Weights are kept channels-last; the
-    result is the same network, computed in the layout oneDNN's CPU convolutions prefer.
-    """
+    """The Nature CNN (Mnih et al. 2015) shared by a policy head (std 0.01) and a value head (std 1). Input:
+    uint8 frames (B, 4, 84, 84), scaled to [0, 1] here. Weights are kept channels-last: the same network,
+    computed in the layout oneDNN's CPU convolutions prefer."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -217,11 +215,8 @@ class Agent(nn.Module):
 
     @torch.no_grad()
     def act(self, x: torch.Tensor):
-        """The rollout's policy step: action, log-prob and value without autograd and entropy.
-
-        Gumbel-max sampling: argmax(log p + g) with g = -log(Exponential(1)) noise is a sample of the
-        categorical distribution p, as `Categorical(logits).sample()` would draw.
-        """
+        """The rollout's policy step, without autograd and entropy: action, log-prob, value. Gumbel-max sampling:
+        argmax(log p - log(Exponential(1) noise)) samples p, as `Categorical(logits).sample()` would."""
         hidden = self.features(x)
         logprobs = self.actor(hidden).log_softmax(-1)
         action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)

@@ -175,12 +175,11 @@ def make_envs(
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended at this vector step: (env index, return, length in agent steps), where an
-    episode is a whole game and its return the game score: RecordEpisodeStatistics sits below EpisodicLife
-    and the reward clipping. With same-step autoreset the info of a step that ended an episode moves to
-    `info["final_info"]`, the reset's info stays at the top level: a game ends in the former at its last
-    step, or, rarely, in the latter during a reset's own steps (a truncation during the no-op after a lost
-    life, see `step_in_reset`)."""
+    """The episodes that ended at this vector step: (env index, return, length in agent steps).
+    RecordEpisodeStatistics wraps each environment (for Atari below EpisodicLife, so it reports whole games
+    with the unclipped score). With same-step autoreset the vector environment moves the info of a step that
+    ended an episode to `info["final_info"]`; an Atari game can also end during a reset's own steps (see
+    `step_in_reset`), and then its statistics are in the top-level info."""
     episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
@@ -448,7 +447,7 @@ def update_step(
 
 
 def episode_cuts(starts: torch.Tensor) -> list[int]:
-    """The time steps after 0 where some environment starts an episode, from a CPU tensor (T, B) of
+    """The time steps after 0 where some sequence starts an episode, from a CPU tensor (T, B) of
     episode starts: where `Agent.run_lstm` cuts the sequence."""
     return (torch.nonzero(starts[1:].any(dim=1)).squeeze(1) + 1).tolist()
 
@@ -621,7 +620,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     return run.dir
 
 
-# THE ATARI WRAPPERS (make_env's, in the order it applies them) ------------------------------------
+# THE ATARI WRAPPERS (those of make_env, above) ---------------------------------------------------
 
 
 def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:

@@ -171,33 +171,12 @@ def make_env(
     video_prefix: str = "rl-video",
     video_trigger=None,
 ):
-    """A thunk that builds one Atari environment with the standard preprocessing (bottom to top):
-
-    | wrapper                   | whose      | does                                                    |
-    |---------------------------|------------|---------------------------------------------------------|
-    | RecordVideo (env 0)       | Gymnasium  | `--capture-video`: the unpreprocessed RGB frames         |
-    | NoopReset                 | ours       | 1 to 30 no-op frames after a reset                      |
-    | MaxAndSkip                | ours       | action repeated 4 frames, max of the last two frames    |
-    | RecordEpisodeStatistics   | Gymnasium  | the game score: unclipped reward over all lives, length |
-    |                           |            | in agent steps; `info["episode"]` at the game's end     |
-    | EpisodicLife              | ours       | lost life = terminated, the game goes on                |
-    | FireReset (if FIRE)       | ours       | FIRE after every reset                                  |
-    | TransformReward(np.sign)  | Gymnasium  | reward clipped to its sign, -1, 0 or 1                  |
-    | ResizeObservation(84, 84) | Gymnasium  | cv2.resize with INTER_AREA                              |
-    | FrameStackObservation(4)  | Gymnasium  | the last 4 frames, (4, 84, 84) uint8; a reset repeats   |
-    |                           |            | its first frame                                         |
-
-    Grayscale comes from ALE itself (`obs_type="grayscale"`: ALE's luminance palette, the same values
-    as OpenCV's RGB2GRAY of the RGB screen on all 110 colours we met in 11 games), so the max of the
-    last two frames is taken in grayscale, as envpool, ale-py's vector environment and Gymnasium's
-    AtariPreprocessing do (OpenAI Baselines' wrappers take it in RGB, then convert).
-
-    Every id is made with the v4 NoFrameskip settings: ale-py registers BreakoutNoFrameskip-v4 with
-    frameskip=1, repeat_action_probability=0, full_action_space=False and ALE/Breakout-v5 with
-    frameskip=4, repeat_action_probability=0.25; both with max_num_frames_per_episode=108,000 and no
-    TimeLimit. We pass all four settings explicitly (ALE truncates the game at 4 x `max_episode_steps`
-    frames), so `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment.
-    """
+    """A thunk that builds one Atari environment with the standard preprocessing, wrapper by wrapper from the bottom
+    up (Gymnasium's where one does exactly the same thing, ours otherwise). Grayscale comes from ALE
+    (`obs_type="grayscale"`: OpenCV's RGB2GRAY values on all 110 colours met in 11 games), so the max of two frames
+    is taken in grayscale, as envpool and Gymnasium's AtariPreprocessing do. Every id gets the v4 NoFrameskip
+    settings (frameskip=1, no sticky actions, minimal action set, truncation at 4 x `max_episode_steps` frames), so
+    `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment."""
 
     def thunk():
         settings = dict(
@@ -207,21 +186,23 @@ def make_env(
             full_action_space=False,
             max_num_frames_per_episode=4 * max_episode_steps,
         )
-        if capture_video and idx == 0:
+        if capture_video and idx == 0:  # --capture-video: the unpreprocessed RGB frames of environment 0
             env = gym.make(env_id, render_mode="rgb_array", **settings)
             env = gym.wrappers.RecordVideo(
                 env, f"{run_dir}/videos", name_prefix=video_prefix, episode_trigger=video_trigger, disable_logger=True
             )
         else:
             env = gym.make(env_id, **settings)
-        env = NoopReset(env, noop_max=30)
-        env = MaxAndSkip(env, skip=4)
+        env = NoopReset(env, noop_max=30)  # ours: 1 to 30 no-op frames after a reset
+        env = MaxAndSkip(env, skip=4)  # ours: the action repeated 4 frames, the max of the last two frames
+        # the game score (unclipped, over all lives) and length in agent steps, in info["episode"] at the game's end
         env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = EpisodicLife(env)
+        env = EpisodicLife(env)  # ours: a lost life is `terminated`, the game goes on
         if "FIRE" in env.unwrapped.get_action_meanings():
-            env = FireReset(env)
-        env = gym.wrappers.TransformReward(env, np.sign)
-        env = gym.wrappers.ResizeObservation(env, (84, 84))
+            env = FireReset(env)  # ours: FIRE after every reset
+        env = gym.wrappers.TransformReward(env, np.sign)  # the reward clipped to its sign, -1, 0 or 1
+        env = gym.wrappers.ResizeObservation(env, (84, 84))  # cv2.resize with INTER_AREA
+        # the last 4 frames, (4, 84, 84) uint8; a reset repeats its first frame
         return gym.wrappers.FrameStackObservation(env, 4)
 
     return thunk
@@ -255,12 +236,11 @@ def make_envs(
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended at this vector step: (env index, return, length in agent steps), where an
-    episode is a whole game and its return the game score: RecordEpisodeStatistics sits below EpisodicLife
-    and the reward clipping. With same-step autoreset the info of a step that ended an episode moves to
-    `info["final_info"]`, the reset's info stays at the top level: a game ends in the former at its last
-    step, or, rarely, in the latter during a reset's own steps (a truncation during the no-op after a lost
-    life, see `step_in_reset`)."""
+    """The episodes that ended at this vector step: (env index, return, length in agent steps).
+    RecordEpisodeStatistics wraps each environment (for Atari below EpisodicLife, so it reports whole games
+    with the unclipped score). With same-step autoreset the vector environment moves the info of a step that
+    ended an episode to `info["final_info"]`; an Atari game can also end during a reset's own steps (see
+    `step_in_reset`), and then its statistics are in the top-level info."""
     episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
@@ -279,11 +259,9 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """The Nature CNN (Mnih et al. 2015) shared by a policy head (std 0.01) and a value head (std 1).
-
-    Input: uint8 frames (B, 4, 84, 84), scaled to [0, 1] here. Weights are kept channels-last; the
-    result is the same network, computed in the layout oneDNN's CPU convolutions prefer.
-    """
+    """The Nature CNN (Mnih et al. 2015) shared by a policy head (std 0.01) and a value head (std 1). Input:
+    uint8 frames (B, 4, 84, 84), scaled to [0, 1] here. Weights are kept channels-last: the same network,
+    computed in the layout oneDNN's CPU convolutions prefer."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -319,11 +297,8 @@ class Agent(nn.Module):
 
     @torch.no_grad()
     def act(self, x: torch.Tensor):
-        """The rollout's policy step: action, log-prob and value without autograd and entropy.
-
-        Gumbel-max sampling: argmax(log p + g) with g = -log(Exponential(1)) noise is a sample of the
-        categorical distribution p, as `Categorical(logits).sample()` would draw.
-        """
+        """The rollout's policy step, without autograd and entropy: action, log-prob, value. Gumbel-max sampling:
+        argmax(log p - log(Exponential(1) noise)) samples p, as `Categorical(logits).sample()` would."""
         hidden = self.features(x)
         logprobs = self.actor(hidden).log_softmax(-1)
         action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
@@ -799,7 +774,7 @@ class Preemption:
         return self.min_steps <= steps < self.num_steps and self.finished_rollouts(iteration) >= self.after
 
 
-# THE ATARI WRAPPERS (make_env's, in the order it applies them) ------------------------------------
+# THE ATARI WRAPPERS (those of make_env, above) ---------------------------------------------------
 
 
 def step_in_reset(env: gym.Env, action: int, info: dict) -> tuple[np.ndarray, dict]:

@@ -21,7 +21,9 @@ loop) and imports this package for what never changes what PPO computes and is t
   data-parallel job, which rank 0 writes for every rank;
 - redis_server.py (imported by ppo_continuous_action_redis.py only): the Redis plumbing of that script that is
   not its lesson (reading and checking a server's URL, connecting, a redis-server of the run's own, stopping
-  the run's local processes).
+  the run's local processes);
+- processes.py (imported by the shared-memory script only): the plumbing of its worker processes that is not its
+  lesson (tensors into shared memory, messages that do not wait forever for a process that died, ending processes).
 
 A script copied elsewhere runs wherever this package is importable (`pip install -e .` in the repository,
 which `bash setup.sh` does).

@@ -220,6 +220,11 @@ class Run:
         )
         self.start_time, self.start_step = time.time(), global_step
 
+    def start_clock(self):
+        """SPS and ETA count the time from here on, not from `start` (a script whose worker processes take a while
+        to start calls it once they are ready)."""
+        self.start_time = time.time()
+
     def hyperparameters(self) -> dict:
         """What the TensorBoard text `hyperparameters` lists: the arguments."""
         return asdict(self.args)

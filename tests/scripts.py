@@ -30,53 +30,24 @@ SAME_STEP_GAE = [
 ]
 NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
 
-# The scripts whose run machinery (checkpoints, resume, input checks, logging, Ctrl-C) is the package ppolab's:
-# they hold no copy of it
-ON_PPOLAB = [s for s in SCRIPTS if s != "ppo_shared_memory_lstm"]
-OWN_MACHINERY = [s for s in SCRIPTS if s not in ON_PPOLAB]
-
-# Functions and classes that several scripts repeat on purpose. Within each group the copies must be
-# the same code (docstrings and comments may differ); a piece with more than one group names an
-# intended difference, and the comment says why it exists.
+# Functions and classes that several scripts repeat on purpose: every top-level definition that two or more
+# scripts hold as the same code. Within each group the copies are the same text (tests/test_copies.py); a piece
+# with more than one group names an intended difference, and the comment says why it exists.
+ATARI = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]  # ale-py's games
 IDENTICAL = {
-    "fail": [OWN_MACHINERY],
     "ppo_loss": [SCRIPTS],
     "layer_init": [SCRIPTS],
-    "rng_state": [OWN_MACHINERY],
-    "set_rng_state": [OWN_MACHINERY],
-    "explained_variance": [OWN_MACHINERY],
     "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
     # gymnasium's vector RecordEpisodeStatistics (classic control, MuJoCo) / a per-env one below the
     # Atari wrappers, whose info arrives in final_info with same-step autoreset
-    "finished_episodes": [
-        ["ppo", "ppo_continuous_action", "ppo_continuous_action_redis"],
-        ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"],
-    ],
-    "step_in_reset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
-    "NoopReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
-    "MaxAndSkip": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
-    "EpisodicLife": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
-    "FireReset": [["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]],
-    "ProgressLine": [OWN_MACHINERY],
-    "finish_tracking": [OWN_MACHINERY],
-    # bad input, checkpoint files, resuming and Ctrl-C: the same rules in every script
-    "check_numbers": [OWN_MACHINERY],
-    "check_tracking": [OWN_MACHINERY],
-    "check_runs_dir": [OWN_MACHINERY],
-    "write_checkpoint_file": [OWN_MACHINERY],
-    "CHECKPOINT_FORMAT": [OWN_MACHINERY],
-    "as_data": [OWN_MACHINERY],
-    "FORMAT_2_NUMPY": [OWN_MACHINERY],
-    "read_checkpoint": [OWN_MACHINERY],
-    "load_checkpoint": [OWN_MACHINERY],
-    "resume_args": [OWN_MACHINERY],
-    "make_run_dir": [OWN_MACHINERY],
-    "resume_hint": [OWN_MACHINERY],
-    "exit_on_ctrl_c": [OWN_MACHINERY],
-    # a refused write (disk full) ends the run in one line, as Ctrl-C does
-    "WRITE_ERRORS": [OWN_MACHINERY],
-    "quiet_write_errors": [OWN_MACHINERY],
-    "exit_on_write_error": [OWN_MACHINERY],
+    "finished_episodes": [["ppo", "ppo_continuous_action", "ppo_continuous_action_redis"], ATARI],
+    "atari_id": [ATARI],
+    "step_in_reset": [ATARI],
+    "NoopReset": [ATARI],
+    "MaxAndSkip": [ATARI],
+    "EpisodicLife": [ATARI],
+    "FireReset": [ATARI],
+    "ObsNormalizer": [["ppo_continuous_action", "ppo_continuous_action_redis"]],
     # one minibatch's gradient step: the plain form / with the all-reduce of the gradients / with the
     # 0/1 mask of fixed-shape minibatches (reset rows kept, not counted) / with the recurrent state
     "update_step": [
@@ -84,7 +55,63 @@ IDENTICAL = {
         ["ppo_atari_multigpu"],
         ["ppo_atari_envpool", "ppo_procgen"],
         ["ppo_atari_lstm"],
+        ["ppo_shared_memory_lstm"],  # the same code, over the workers' chunks
+    ],
+    "minibatch_indices": [["ppo_atari_envpool", "ppo_procgen"]],  # envpool's fixed-shape minibatches
+    "episode_cuts": [["ppo_atari_lstm", "ppo_shared_memory_lstm"]],  # where the LSTM's sequence is cut
+    # the Nature CNN over frame stacks / the categorical MLP / the Gaussian MLP / the CNN + LSTM / the IMPALA CNN
+    # / the LSTM over classic control or Atari / the Gaussian MLP of the Redis learner
+    "Agent": [
+        ["ppo_atari", "ppo_atari_envpool", "ppo_atari_multigpu"],
+        ["ppo"],
+        ["ppo_continuous_action"],
+        ["ppo_atari_lstm"],
+        ["ppo_procgen"],
         ["ppo_shared_memory_lstm"],
+        ["ppo_continuous_action_redis"],
+    ],
+    # a finished episode on its way to the log: from a rank to rank 0 / from a worker to the learner
+    "Episode": [["ppo_atari_multigpu"], ["ppo_shared_memory_lstm"]],
+    # one environment: gymnasium's ids (classic control; MuJoCo, the same for the Redis samplers) / ale-py's games
+    # with their wrappers (frame stack; one frame for the LSTM; the workers' classic control or Atari)
+    "make_env": [
+        ["ppo"],
+        ["ppo_continuous_action", "ppo_continuous_action_redis"],
+        ["ppo_atari", "ppo_atari_multigpu"],
+        ["ppo_atari_lstm"],
+        ["ppo_shared_memory_lstm"],
+    ],
+    # the vector environment: the same in the two single-process ale-py scripts, else each script's own
+    "make_envs": [
+        ["ppo_atari", "ppo_atari_lstm"],
+        ["ppo"],
+        ["ppo_continuous_action"],
+        ["ppo_atari_envpool"],
+        ["ppo_procgen"],
+        ["ppo_atari_multigpu"],
+        ["ppo_shared_memory_lstm"],
+        ["ppo_continuous_action_redis"],
+    ],
+    # how a saved policy plays: with frozen observation statistics (MuJoCo), else each script's own
+    "evaluate": [
+        ["ppo_continuous_action", "ppo_continuous_action_redis"],
+        ["ppo"],
+        ["ppo_atari"],
+        ["ppo_atari_lstm"],
+        ["ppo_atari_envpool"],
+        ["ppo_procgen"],
+        ["ppo_atari_multigpu"],
+        ["ppo_shared_memory_lstm"],
+    ],
+    # the entry point: the same in the two plain single-process scripts and in the two ale-py ones, else its own
+    "main": [
+        ["ppo", "ppo_continuous_action"],
+        ["ppo_atari", "ppo_atari_lstm"],
+        ["ppo_atari_envpool"],
+        ["ppo_procgen"],
+        ["ppo_atari_multigpu"],
+        ["ppo_shared_memory_lstm"],
+        ["ppo_continuous_action_redis"],
     ],
 }
 

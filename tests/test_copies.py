@@ -58,13 +58,18 @@ def text_of(name: str, piece: str) -> str:
     return "\n".join(lines[first : node.end_lineno])
 
 
-SECTION = re.compile(r"^# ([A-Z][A-Z ,'()-]+?) -+$")
+SECTION = re.compile(r"^# ([A-Z].*?) -{5,}$")
 
 
 def section_of(name: str, piece: str) -> str:
-    """The title of the section (`# THE NETWORK ------`) a top-level definition stands in."""
+    """The title of the section (`# THE NETWORK ------`) a top-level definition stands in; below the banner, the
+    banner's."""
     lines = SOURCES[name].splitlines()[: DEFINITIONS[name][piece].lineno]
-    titles = [m[1] for m in map(SECTION.match, lines) if m]
+    titles = [
+        BANNER if line.startswith(BANNER) else m[1]
+        for line in lines
+        if (m := SECTION.match(line)) or line.startswith(BANNER)
+    ]
     return titles[-1] if titles else ""
 
 

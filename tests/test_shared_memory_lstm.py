@@ -228,7 +228,7 @@ def test_episodes_of_every_worker_are_logged_at_their_own_steps(e2e):
 
 def test_saved_model_evaluates_as_after_training(e2e):
     logged = [value for _, value in e2e["scalars"]["eval/episodic_return"]]
-    returns = script.run_evaluation(str(e2e["run_dir"] / "model.pt"), script.Args(eval_episodes=2))
+    returns = script.main(script.Args(evaluate=str(e2e["run_dir"] / "model.pt"), eval_episodes=2, cuda=False))
     assert returns == pytest.approx(logged, rel=1e-6)
 
 
@@ -332,7 +332,7 @@ def test_chunks_replayed_from_their_saved_states_give_the_rollout(worker_rollout
 def test_state_is_reset_where_an_episode_starts_inside_a_chunk(worker_rollout):
     """Chunk 1 (steps 4-7) has an episode start at step 6: from there on the outputs do not depend on the
     state the chunk starts with; before it they do."""
-    args, agent, buffer = worker_rollout["args"], worker_rollout["agent"], worker_rollout["buffer"]
+    agent, buffer = worker_rollout["agent"], worker_rollout["buffer"]
     own = {name: x[:, 3:] for name, x in buffer.items()}
     obs, starts = script.to_chunks(own["obs"], 4)[:, 3:6], script.to_chunks(own["starts"], 4)[:, 3:6]
     with torch.no_grad():
