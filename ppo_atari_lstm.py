@@ -14,7 +14,7 @@ it are the input checks, the evaluation and the entry point (the rest of a run i
 What is special in this file:
 - `Agent.run_lstm` runs every stretch of steps without an episode start in one `nn.LSTM` call, where the usual
   implementation steps the LSTM one time step at a time in a Python loop (slowest in every minibatch of the
-  update): the same numbers (tests/test_atari_lstm.py), many fewer calls (benchmark/throughput.py).
+  update): the same numbers (tests/test_ppo_atari_lstm.py), many fewer calls (benchmark/throughput.py).
 - Same-step autoreset (every stored transition real), episodic life with the game score over all lives,
   truncation bootstrapped with the value of the final observation *and the LSTM state it was reached with*.
 - Observations stay uint8 (one 84x84 frame per step); a resumed run starts new games from a zero state.
@@ -262,7 +262,7 @@ class Agent(nn.Module):
         `starts`: finding them here, in a tensor on the GPU, would wait for the GPU at every call.
         Without `cuts` every step is its own call: the rollout's single step, and the update under
         `--compile`, whose graph must not depend on where episodes start. The numbers are the same as
-        a step-by-step loop (tests/test_atari_lstm.py).
+        a step-by-step loop (tests/test_ppo_atari_lstm.py).
         """
         T = hidden.shape[0]
         bounds = list(range(T + 1)) if cuts is None else [0, *cuts, T]

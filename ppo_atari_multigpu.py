@@ -13,7 +13,7 @@ with the current weights, computes the gradient of its share of every minibatch,
 per minibatch sums the gradients, weighted by sample counts, into the gradient of the whole
 minibatch. Every rank then takes the same optimizer step and keeps the same weights. With the same
 global batch (`--num-envs` is the global count) the update is the single-process update: W processes
-buy speed, not a different algorithm (tests/test_multigpu.py checks the gradient).
+buy speed, not a different algorithm (tests/test_ppo_atari_multigpu.py checks the gradient).
 
 To learn data-parallel PPO, read `train` (its distributed steps are marked DISTRIBUTED), `update_step`,
 `all_reduce_gradients`, `global_advantage_stats`, and after `train` the process layout: `broadcast_weights`,

@@ -1,4 +1,4 @@
-"""The step-by-step LSTM loop: the reference that tests/test_atari_lstm.py holds an agent's `run_lstm` to,
+"""The step-by-step LSTM loop: the reference that tests/test_ppo_atari_lstm.py holds an agent's `run_lstm` to,
 and what benchmark/throughput.py's `--straightforward` runs in the recurrent scripts in place of `run_lstm`."""
 
 import torch

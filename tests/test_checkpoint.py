@@ -1,14 +1,13 @@
 """Checkpoints of ppo.py and ppo_continuous_action.py: round trip of everything saved (normalisation
-statistics included), resume after SIGKILL. Every script's checkpoint and resume: test_contract.py."""
+statistics included), through the package. A run killed by SIGKILL and resumed: test_ppo.py; every script's
+checkpoint and resume: test_contract.py."""
 
 import random
-import signal
-import time
 
 import numpy as np
 import torch
 
-from helpers import REAL_ENV, load, only_run_dir, run_script, start_script, tiny_args
+from helpers import tiny_args
 from ppolab.checkpoints import checkpoint_data, load_checkpoint, restore, write_checkpoint_file
 
 
@@ -62,39 +61,3 @@ def test_checkpoint_round_trip(script, tmp_path):
         objects_["optimizer"].step()
     for (name, p), q in zip(saved["model"].state_dict().items(), restored["model"].state_dict().values()):
         assert torch.equal(p, q), name
-
-
-def test_resume_after_sigkill(tmp_path):
-    total, batch = 3000, 4 * 32
-    proc = start_script(
-        "ppo",
-        "--env-id",
-        REAL_ENV["ppo"],
-        "--total-timesteps",
-        total,
-        "--num-steps",
-        32,
-        "--checkpoint-every",
-        1,
-        "--save-model",
-        "--eval-episodes",
-        1,
-        "--runs-dir",
-        tmp_path,
-        cwd=tmp_path,
-    )
-    deadline = time.time() + 120
-    while not list(tmp_path.glob("*/checkpoint.pt")) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    run_dir = only_run_dir(tmp_path)
-    assert not (run_dir / "model.pt").exists()
-    killed_at = load(run_dir / "checkpoint.pt")["global_step"]
-    assert killed_at < total // batch * batch
-
-    result = run_script("ppo", "--resume", run_dir / "checkpoint.pt", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "resumed from" in result.stdout
-    assert load(run_dir / "model.pt")["global_step"] == total // batch * batch

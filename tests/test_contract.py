@@ -123,7 +123,7 @@ def test_evaluation_every_iteration_keeps_the_best_model(runs):
     assert (best_model["iteration"], best_model["global_step"]) == (best + 1, steps[best])
     assert f"evaluation at global_step={steps[-1]}: mean return" in results["b"]["stdout"]
     # --evaluate reads it, and plays the episodes it was chosen on (ppo_procgen's builds an agent for
-    # Procgen's 15 actions, which the fake envpool's 4-action weights do not fit: test_procgen.py has it)
+    # Procgen's 15 actions, which the fake envpool's 4-action weights do not fit: test_ppo_procgen.py has it)
     if script.__name__ == "ppo_procgen":
         return
     returns = script.main(script.Args(evaluate=f"{results['b']['run_dir']}/best_model.pt", eval_episodes=1, cuda=False))

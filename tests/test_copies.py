@@ -1,4 +1,4 @@
-"""The shape every script keeps (DESIGN.md, "The anatomy of a script"), read from the scripts' source so that
+"""The shape every script keeps (the README's "The scripts" describes it), read from the scripts' source so that
 nothing has to run:
 
 - the deliberately repeated pieces (ppo_loss, compute_gae, the Atari wrappers, ...) are one contract: every
@@ -185,7 +185,7 @@ BANNER = "# PPO ENDS HERE."
 # what a reader meets before the banner (PPO), and what stands after it (what is particular to the run)
 ALGORITHM = ["Args", "Agent", "compute_gae", "ppo_loss", "update_step", "train"]
 MACHINERY = ["check_args", "evaluate", "main"]
-# DESIGN.md's budgets: the whole file, and the line by which the training loop starts
+# the budgets: the whole file, and the line by which the training loop starts
 LINE_BUDGET = {name: 1300 if name in MULTI_PROCESS else 700 if name == "ppo" else 800 for name in SCRIPTS}
 LOOP_BUDGET = {name: 750 if name in MULTI_PROCESS else 500 for name in SCRIPTS}
 
@@ -213,7 +213,7 @@ def banner_line(name: str) -> int:
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_ppo_comes_first_and_the_file_keeps_its_budgets(name):
-    """The reading order of DESIGN.md: the training loop (`for iteration in range(...)` in `train`) starts by
+    """The reading order: the training loop (`for iteration in range(...)` in `train`) starts by
     line 500 (750 in the multi-process scripts) in a function of at most 200 lines; one banner says where PPO
     ends, after the algorithm's pieces and before what is particular to the run; the file is at most 700
     lines (ppo.py), 800 (the other single-process scripts) or 1,300 (the multi-process ones)."""

@@ -1,4 +1,4 @@
-"""Both scripts run as a user runs them, for a few iterations: files, metrics, stdout, the
+"""ppo.py and ppo_continuous_action.py run as a user runs them, for a few iterations: files, metrics, stdout, the
 first-minibatch ratio, and evaluation of the saved model."""
 
 import importlib
@@ -116,14 +116,6 @@ def test_evaluate_flag_prints_the_training_evaluation(e2e):
     assert result.returncode == 0, result.stderr
     evaluated = re.search(r"^evaluation of .*model\.pt on \S+: 3 episodes, mean return (-?[\d.]+)", result.stdout, re.M)
     assert trained and evaluated and evaluated[1] == trained[1]
-
-
-def test_capture_video(tmp_path):
-    result = run_script(
-        "ppo", "--env-id", "CartPole-v1", "--total-timesteps", 128, "--num-steps", 32, "--capture-video", cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    assert list((only_run_dir(tmp_path / "runs") / "videos").glob("*.mp4"))
 
 
 def test_evaluate_capture_video_records_every_episode(e2e, capsys):

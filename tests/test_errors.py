@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import ppo
-from helpers import default_ctrl_c, load, read_scalars, resume_args, script_command
+from helpers import default_ctrl_c, load, resume_args, script_command
 from ppolab.checkpoints import checkpoint_data, load_checkpoint, write_checkpoint_file
 from ppolab.checkpoints import resume_args as resume_args_of
 from ppolab.checks import check_tracking
@@ -234,18 +234,6 @@ def test_the_command_line_of_a_resume_reads_the_saved_arguments_as_defaults(tmp_
         resume_args_of(parse(ppo.Args), saved_run())
     assert exit_info.value.code == 2
     assert "--num-envs 4: cannot change on --resume (the run has 2)" in capsys.readouterr().err
-
-
-def test_resume_with_a_larger_total_trains_on_with_the_learning_rate_of_the_new_total(tmp_path):
-    """ppo.py trained 2 iterations, resumed with --total-timesteps for 4: 2 more, annealed over 4."""
-    fields = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, cuda=False)
-    run_dir = ppo.main(ppo.Args(runs_dir=str(tmp_path), total_timesteps=2 * 32, checkpoint_every=1, **fields))
-    ppo.main(resume_args(ppo, f"{run_dir}/checkpoint.pt", total_timesteps=4 * 32, cuda=False))
-    assert load(f"{run_dir}/checkpoint.pt")["global_step"] == 4 * 32
-    rates = read_scalars(run_dir)["charts/learning_rate"]
-    lr = ppo.Args().learning_rate
-    assert [step for step, _ in rates] == [32, 64, 96, 128]
-    assert [rate for _, rate in rates] == pytest.approx([lr, lr / 2, lr / 2, lr / 4], rel=1e-6)
 
 
 # WEIGHTS & BIASES --------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def test_entropy_and_value_coefficients_enter_the_total_loss(every_script):
 
 
 def test_explained_variance():
-    """The package's, every single-process script's (multigpu's sums: test_multigpu.py)."""
+    """The package's, every single-process script's (multigpu's sums: test_ppo_atari_multigpu.py)."""
     y = np.array([1.0, 2.0, 4.0, 7.0])
     assert explained_variance(y, y) == pytest.approx(1.0)
     assert explained_variance(np.full(4, y.mean()), y) == pytest.approx(0.0)

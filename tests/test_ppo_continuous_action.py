@@ -1,4 +1,6 @@
-"""Observation normalisation and reward scaling of ppo_continuous_action.py (on ppolab's running statistics)."""
+"""ppo_continuous_action.py's own tests (besides the topic tests that run on every script, and
+test_end_to_end.py): observation normalisation and reward scaling (on ppolab's running statistics), and its
+evaluation with the checkpoint's statistics, frozen."""
 
 from dataclasses import asdict
 
