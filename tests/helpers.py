@@ -169,6 +169,13 @@ def only_run_dir(runs_dir) -> Path:
     return runs[0]
 
 
+def finished_run(result: subprocess.CompletedProcess, cwd: Path) -> dict:
+    """A script's run from the command line in `cwd`, as the end-to-end tests share it: the process's result, its
+    run folder and its scalars (None for both when it failed)."""
+    run_dir = only_run_dir(cwd / "runs") if result.returncode == 0 else None
+    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir) if run_dir else None)
+
+
 def load(path) -> dict:
     """A checkpoint, read as data only (what every script's read_checkpoint does): a checkpoint that needs more
     fails here."""

@@ -36,6 +36,12 @@ def reference_gae(rewards, values, terminated, truncated, final_obs_values, last
     return adv
 
 
+def reference_of(r: dict) -> torch.Tensor:
+    """reference_gae of a rollout of random_rollout, at GAMMA and LAMBDA."""
+    keys = ("rewards", "values", "terminated", "truncated", "final_obs_values", "last_value")
+    return reference_gae(*(r[key] for key in keys), GAMMA, LAMBDA)
+
+
 def random_rollout(seed, T=23, N=4):
     """Random rollout with terminations and truncations (never both), episodes across the end."""
     g = torch.Generator().manual_seed(seed)
@@ -76,16 +82,7 @@ def test_gae_matches_reference_with_truncation_bootstrap(same_step, seed):
     final_values = torch.where(r["truncated"], r["final_obs_values"], r["garbage"])
     final_values = torch.where(r["terminated"], torch.zeros_like(final_values), final_values)
     advantages, returns = script_gae(same_step, r, final_values)
-    expected = reference_gae(
-        r["rewards"],
-        r["values"],
-        r["terminated"],
-        r["truncated"],
-        r["final_obs_values"],
-        r["last_value"],
-        GAMMA,
-        LAMBDA,
-    )
+    expected = reference_of(r)
     torch.testing.assert_close(advantages, expected, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(returns, expected + r["values"], rtol=1e-10, atol=1e-10)
 
@@ -95,28 +92,10 @@ def test_gae_zero_final_values_is_truncation_as_termination(same_step):
     final_values = torch.where(r["terminated"] | r["truncated"], torch.zeros_like(r["garbage"]), r["garbage"])
     advantages, _ = script_gae(same_step, r, final_values)
     no_truncation = torch.zeros_like(r["truncated"])
-    expected = reference_gae(
-        r["rewards"],
-        r["values"],
-        r["terminated"] | r["truncated"],
-        no_truncation,
-        r["final_obs_values"],
-        r["last_value"],
-        GAMMA,
-        LAMBDA,
-    )
+    expected = reference_of(dict(r, terminated=r["terminated"] | r["truncated"], truncated=no_truncation))
     torch.testing.assert_close(advantages, expected, rtol=1e-10, atol=1e-10)
     # and it differs from the bootstrapped version where a truncation happened
-    bootstrapped = reference_gae(
-        r["rewards"],
-        r["values"],
-        r["terminated"],
-        r["truncated"],
-        r["final_obs_values"],
-        r["last_value"],
-        GAMMA,
-        LAMBDA,
-    )
+    bootstrapped = reference_of(r)
     assert not torch.allclose(advantages, bootstrapped)
 
 
@@ -146,16 +125,7 @@ def test_next_step_reset_gae_matches_reference_on_real_rows(name, seed):
     advantages, returns = script.compute_gae(
         r["rewards"], r["values"], dones, r["last_value"], GAMMA, LAMBDA, terminations=r["terminated"].double()
     )
-    expected = reference_gae(
-        r["rewards"],
-        r["values"],
-        r["terminated"],
-        r["truncated"],
-        r["final_obs_values"],
-        r["last_value"],
-        GAMMA,
-        LAMBDA,
-    )
+    expected = reference_of(r)
     real = ~r["reset_row"]
     torch.testing.assert_close(advantages[real], expected[real], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(returns[real], (expected + r["values"])[real], rtol=1e-10, atol=1e-10)

@@ -10,14 +10,13 @@ import pytest
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari as script
 from helpers import (
+    finished_run,
     LINE,
     METRICS,
     assert_evaluate_flag_matches_training,
     assert_evaluation_videos,
     assert_progress_lines,
     load,
-    only_run_dir,
-    read_scalars,
     run_script,
 )
 
@@ -52,8 +51,7 @@ def e2e(tmp_path_factory):
         1,
         cwd=cwd,
     )
-    run_dir = only_run_dir(cwd / "runs") if result.returncode == 0 else None
-    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir) if run_dir else None)
+    return finished_run(result, cwd)
 
 
 def test_run_exits_cleanly_and_writes_its_files(e2e):

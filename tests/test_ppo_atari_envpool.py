@@ -9,14 +9,13 @@ import torch
 
 import ppo_atari_envpool as script
 from helpers import (
+    finished_run,
     LINE,
     METRICS,
     assert_evaluate_flag_matches_training,
     assert_evaluation_videos,
     assert_progress_lines,
     load,
-    only_run_dir,
-    read_scalars,
     run_script,
 )
 
@@ -112,8 +111,7 @@ def e2e(tmp_path_factory):
         cwd=cwd,
     )
     assert result.returncode == 0, result.stderr
-    run_dir = only_run_dir(cwd / "runs")
-    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
+    return finished_run(result, cwd)
 
 
 def test_run_writes_its_files_and_metrics(e2e):

@@ -9,14 +9,13 @@ import torch
 import atari_fakes  # noqa: F401  (registers the FakeAtari games)
 import ppo_atari_lstm as script
 from helpers import (
+    finished_run,
     LINE,
     METRICS,
     assert_evaluate_flag_matches_training,
     assert_evaluation_videos,
     assert_progress_lines,
     load,
-    only_run_dir,
-    read_scalars,
     run_script,
 )
 from lstm_reference import lstm_step_by_step
@@ -190,8 +189,7 @@ def e2e(tmp_path_factory):
         cwd=cwd,
     )
     assert result.returncode == 0, result.stderr
-    run_dir = only_run_dir(cwd / "runs")
-    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
+    return finished_run(result, cwd)
 
 
 def test_first_minibatch_replays_the_rollout(e2e):

@@ -31,6 +31,7 @@ import ppo_atari_multigpu as script
 from ppolab.distributed import explained_variance_of
 from ppolab.stops import resume_hint
 from helpers import (
+    finished_run,
     LINE,
     METRICS,
     REPO,
@@ -130,8 +131,7 @@ def e2e(tmp_path_factory):
         0.0001,
         cwd=cwd,
     )
-    run_dir = only_run_dir(cwd / "runs") if result.returncode == 0 else None
-    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir) if run_dir else None)
+    return finished_run(result, cwd)
 
 
 def test_two_ranks_train_one_model_with_identical_weights(e2e):

@@ -14,12 +14,12 @@ import torch
 import ppo_procgen as script
 import ppolab
 from helpers import (
+    finished_run,
     LINE,
     METRICS,
     assert_evaluation_videos,
     assert_progress_lines,
     load,
-    only_run_dir,
     read_scalars,
     resume_args,
     run_script,
@@ -155,8 +155,7 @@ def e2e(tmp_path_factory):
         cwd=cwd,
     )
     assert result.returncode == 0, result.stderr
-    run_dir = only_run_dir(cwd / "runs")
-    return dict(cwd=cwd, result=result, run_dir=run_dir, scalars=read_scalars(run_dir))
+    return finished_run(result, cwd)
 
 
 def test_run_writes_its_files_and_metrics(e2e):
