@@ -3,6 +3,7 @@ import signal
 
 import pytest
 import torch
+from threadpoolctl import threadpool_limits
 
 from fake_envs import MixedEndsEnvPool  # importing fake_envs registers the fake environments
 from scripts import MODULES, SCRIPTS
@@ -19,6 +20,15 @@ def on_the_cpu(request, monkeypatch):
     marked `gpu` (tests/test_gpu.py)."""
     if request.node.get_closest_marker("gpu") is None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_again():
+    """A script run in-process sets its --torch-threads (2 in the pixel scripts) for PyTorch and NumPy's BLAS: the
+    next test starts with the suite's one thread again, so its numbers do not depend on which tests ran before."""
+    yield
+    torch.set_num_threads(1)
+    threadpool_limits(1, user_api="blas")
 
 
 @pytest.fixture(autouse=True)
