@@ -8,6 +8,7 @@ script saves (`model`, `optimizer`, and a script's own, such as `obs_rms`), `ite
 
 import inspect
 import io
+import math
 import os
 import pickle
 import random
@@ -51,6 +52,21 @@ def checkpoint_data(saved: dict, args, iteration: int, global_step: int, **extra
         **extras,
     )
     return checkpoint
+
+
+def non_finite(value, name: str = "") -> str | None:
+    """Where `value` (a checkpoint, or any part of one: dicts, lists, tensors, numbers) holds a NaN or an infinity:
+    the first such entry's name (`model.critic.0.weight`), or None when every number is finite."""
+    if isinstance(value, torch.Tensor):
+        return name if value.is_floating_point() and not bool(torch.isfinite(value).all()) else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else name
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = non_finite(item, f"{name}.{key}" if name else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def write_checkpoint_file(checkpoint: dict, path: str):

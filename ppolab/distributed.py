@@ -259,7 +259,7 @@ class DistributedRun(Run):
         args, checkpoint, run_dir, problem = from_rank0(sent)
         if problem:
             fail(problem)  # on every rank: each says why the job ends
-        super().__init__(args, evaluate, env_name, checkpoint=checkpoint, run_dir=run_dir)
+        super().__init__(args, evaluate, env_name, checkpoint=checkpoint, run_dir=run_dir, writes=self.rank == 0)
 
     def start(self, saved: dict, *, rng: bool = True) -> tuple[int, int]:
         """Every rank restores `saved` from --resume's checkpoint and, with `rng`, its own random streams where
@@ -303,7 +303,9 @@ class DistributedRun(Run):
             "perf/comm_time": comm_time,  # what it measures: see CommTimer
         }
         explained = explained_variance_of([report.value_sums for report in reports])
-        sps = self.log_iteration(global_step, stats, learning_rate, explained, rollout_time, update_time, scalars)
+        sps = self.log_iteration(
+            iteration, global_step, stats, learning_rate, explained, rollout_time, update_time, scalars
+        )
         planned = "" if getattr(self.args, "preempt_fraction", None) is not None else f"/{self.args.num_iterations}"
         self.line_if_due(
             f"iteration {iteration}{planned}",

@@ -7,7 +7,10 @@ then in the loop `run.episode(...)`, `run.iteration(...)`, `run.evaluate_if_due(
 """
 
 import contextlib
+import fcntl
+import itertools
 import os
+import sys
 import time
 from dataclasses import asdict
 from datetime import timedelta
@@ -21,14 +24,15 @@ import tyro
 from ppolab.checkpoints import (
     checkpoint_data,
     load_checkpoint,
+    non_finite,
     read_checkpoint,
     restore,
     resume_args,
     script_of,
     write_checkpoint_file,
 )
-from ppolab.checks import fail
-from ppolab.stops import exit_on_ctrl_c, exit_on_write_error
+from ppolab.checks import fail, program
+from ppolab.stops import exit_on_ctrl_c, exit_on_write_error, is_write_error, resume_hint
 
 # An evaluation plays the episodes of the seed `args.seed + EVAL_SEED_OFFSET`, its own seeded stream: the same
 # episodes for every evaluation of a run, whether during training, at its end or later from the saved file
@@ -111,8 +115,20 @@ def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str
     With --capture-video every episode is recorded into `videos/` beside the file."""
     path = args.evaluate
     checkpoint = load_checkpoint(path, script_of(args))
+    problem = non_finite(checkpoint["model"])
+    if problem is not None:
+        fail(f"{path} holds weights that are not finite (model.{problem}): its run diverged; evaluate an earlier one")
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    returns = evaluate_saved(checkpoint, evaluate, args.eval_episodes, args.eval_deterministic, video_prefix)
+    try:
+        returns = evaluate_saved(checkpoint, evaluate, args.eval_episodes, args.eval_deterministic, video_prefix)
+    except OSError as e:
+        if video_prefix is None or not is_write_error(e, str(Path(video_prefix).parent)):
+            raise
+        print(
+            f"{program()}: error: cannot write the videos into {Path(video_prefix).parent}: {e.strerror}",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
     print(
         f"evaluation of {path} on {env_name(checkpoint['args']['env_id'])}: {len(returns)} episodes, "
         f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
@@ -124,16 +140,40 @@ def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str
 
 
 def new_run_dir(args, env_name: Callable[[str], str] = str) -> tuple[str, str | None]:
-    """A new run's folder, `<--runs-dir>/<env>__<--exp-name>__<--seed>__<the time in seconds>`, and the problem
-    with it in words (None: none)."""
-    name = f"{env_name(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}".replace("/", "-")
-    run_dir = f"{args.runs_dir}/{name}"
-    if os.path.exists(run_dir):
-        return run_dir, (
-            f"run folder {run_dir} exists already (same env, name and seed started in the same second); "
-            "pass another --exp-name"
+    """Makes a new run's folder, `<--runs-dir>/<env>__<--exp-name>__<--seed>__<the time in seconds>`, and returns
+    it with the problem in words (None: none). The folder is claimed by creating it, which only one process can:
+    a run that started in the same second with the same name gets the next free `-2`, `-3`, ... instead of
+    sharing it."""
+    name = f"{env_name(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    base = f"{args.runs_dir}/{name.replace('/', '-').replace(':', '-')}"
+    try:
+        os.makedirs(args.runs_dir, exist_ok=True)
+        for k in itertools.count(1):
+            run_dir = base if k == 1 else f"{base}-{k}"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(run_dir)
+                return run_dir, None
+    except OSError as e:
+        return base, f"cannot create the run folder {base}: {e.strerror or e} (pass another --runs-dir)"
+
+
+def lock_run_dir(run_dir: str) -> tuple[int | None, str | None]:
+    """Takes the run folder's lock, which the process holds while it runs (the operating system lets it go when
+    the process ends, however it ends): (the lock's file descriptor, None), or (None, the problem in words) when
+    another process holds it, i.e. the run is still going on."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError as e:
+        return None, f"cannot open the run folder {run_dir}: {e.strerror or e}"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None, (
+            f"the run in {run_dir} is still going on (another process holds its folder): stop it first, or "
+            "resume from a copy of its folder"
         )
-    return run_dir, None
+    return fd, None
 
 
 class Run:
@@ -153,19 +193,30 @@ class Run:
         *,
         checkpoint: dict | None = None,
         run_dir: str | None = None,
+        writes: bool = True,
     ):
-        """`checkpoint` (--resume's, read) and `run_dir` (a new run's folder, named by new_run_dir) where another
-        process read and named them (under torchrun, rank 0); by default the run reads and names them itself."""
+        """`checkpoint` (--resume's, read) and `run_dir` (a new run's folder, made by new_run_dir) where another
+        process read and made them (under torchrun, rank 0); by default the run reads and makes them itself.
+        The process that `writes` the run's files holds the run folder's lock while it runs (under torchrun,
+        rank 0): a --resume of a run that is still going on is refused in one line."""
         self.script, self.evaluate, self.env_name = script_of(args), evaluate, env_name
+        self.new = args.resume is None
         if args.resume is not None:
             self.checkpoint = checkpoint if checkpoint is not None else load_checkpoint(args.resume, self.script)
             self.args, self.dir = resume_args(args, self.checkpoint), str(Path(args.resume).parent)
+            if writes and not os.access(self.dir, os.W_OK | os.X_OK):
+                fail(f"--resume: cannot write into the run folder {self.dir}: resume from a copy of it elsewhere")
         else:
             self.checkpoint, self.args, self.dir = None, args, run_dir
             if run_dir is None:
                 self.dir, problem = new_run_dir(args, env_name)
                 if problem:
                     fail(problem)
+        self.lock = None  # the run folder's lock, held while the run goes on (lock_run_dir)
+        if writes:
+            self.lock, problem = lock_run_dir(self.dir)
+            if problem:
+                fail(problem)
         self.writer, self.progress, self.best_return = None, ProgressLine(), float("-inf")
         self.episode_returns = []  # of the episodes that ended in this iteration
         self.exits = contextlib.ExitStack()
@@ -176,7 +227,31 @@ class Run:
         return self
 
     def __exit__(self, *exception):
+        if exception[0] is not None and self.new and self.lock is not None:
+            with contextlib.suppress(OSError):  # a new run that ended before it wrote anything leaves no folder
+                os.rmdir(self.dir)
         return self.exits.__exit__(*exception)
+
+    def diverged(self, iteration: int, what: str):
+        """Ends the run in one line, exit code 1, when a number it computed is no longer finite: nothing
+        non-finite is saved, and the last checkpoint, finite, can be resumed (after a change: the same seed
+        diverges again)."""
+        print(
+            f"{program()}: error: iteration {iteration}: {what} is not finite: the training diverged (the usual "
+            "sources: NaN or infinite observations or rewards from the environment, rewards too large for float32, "
+            f"a learning rate too large); nothing non-finite was saved; {resume_hint(self.dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(1)
+
+    def write(self, checkpoint: dict, name: str, iteration: int):
+        """Writes `checkpoint` as `name` in the run folder (write_checkpoint_file), unless a number in it is not
+        finite: then the run ends (`diverged`) and the file on the disk, if any, stays as it was."""
+        problem = non_finite(checkpoint)
+        if problem is not None:
+            self.diverged(iteration, f"{problem}, which {name} would hold,")
+        write_checkpoint_file(checkpoint, f"{self.dir}/{name}")
 
     def start(self, saved: dict, *, rng: bool = True) -> tuple[int, int]:
         """Before the loop: restores `saved` (name -> object with state_dict(): `model`, `optimizer`, ...: what
@@ -252,7 +327,9 @@ class Run:
         explained variance of `returns` by `values`, the script's own `scalars` by tag) and, when due, its line
         (`line_extra` ends its parenthesis of times, e.g. the Redis script's transfer and publish times)."""
         explained = explained_variance(values.numpy(), returns.numpy())
-        sps = self.log_iteration(global_step, stats, learning_rate, explained, rollout_time, update_time, scalars)
+        sps = self.log_iteration(
+            iteration, global_step, stats, learning_rate, explained, rollout_time, update_time, scalars
+        )
         self.line_if_due(
             f"iteration {iteration}/{self.args.num_iterations}",
             global_step,
@@ -263,6 +340,7 @@ class Run:
 
     def log_iteration(
         self,
+        iteration: int,
         global_step: int,
         stats: dict[str, torch.Tensor],
         learning_rate: float,
@@ -272,7 +350,8 @@ class Run:
         scalars: dict[str, float] | None = None,
     ) -> int:
         """An iteration's scalars at `global_step` (`explained`: the critic's explained variance); returns the
-        run's steps per second so far."""
+        run's steps per second so far. The update's statistics, copied from the device here anyway, must be finite:
+        else the run ends (`diverged`) after logging them."""
         writer = self.writer
         stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
         first_ratio_deviation = stats.pop("ratio_deviation")
@@ -287,6 +366,9 @@ class Run:
         writer.add_scalar("perf/update_time", update_time, global_step)
         for tag, value in (scalars or {}).items():
             writer.add_scalar(tag, value, global_step)
+        problem = non_finite({f"losses/{name}": value for name, value in stats.items()})
+        if problem is not None:
+            self.diverged(iteration, f"{problem} ({stats[problem.removeprefix('losses/')]})")
         return sps
 
     def line_if_due(self, head: str, global_step: int, sps: int, last: bool, times: str):
@@ -309,8 +391,7 @@ class Run:
         """--checkpoint-every N: `checkpoint.pt` in the run folder after every N-th iteration, holding `saved`."""
         args = self.args
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            checkpoint = checkpoint_data(saved, args, iteration, global_step, **extras)
-            write_checkpoint_file(checkpoint, f"{self.dir}/checkpoint.pt")
+            self.write(checkpoint_data(saved, args, iteration, global_step, **extras), "checkpoint.pt", iteration)
 
     def evaluate_if_due(self, iteration: int, global_step: int, saved: dict, **extras):
         """--eval-every N: after every N-th iteration the policy as it is now (`saved`, as a checkpoint would
@@ -322,11 +403,14 @@ class Run:
             return
         eval_start = time.perf_counter()
         snapshot = checkpoint_data(saved, args, iteration, global_step, **extras)
+        problem = non_finite(snapshot)
+        if problem is not None:
+            self.diverged(iteration, problem)
         returns = evaluate_saved(snapshot, self.evaluate, args.eval_episodes, args.eval_deterministic)
         self.log_evaluation(returns, global_step)
         if np.mean(returns) > self.best_return:
             self.best_return = float(np.mean(returns))
-            write_checkpoint_file(snapshot, f"{self.dir}/best_model.pt")
+            self.write(snapshot, "best_model.pt", iteration)
         print(
             f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
             f"best_model.pt: {self.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
@@ -341,7 +425,7 @@ class Run:
         if args.save_model:
             iteration = args.num_iterations if iteration is None else iteration
             model = checkpoint_data(saved, args, iteration, global_step, **extras)
-            write_checkpoint_file(model, f"{self.dir}/model.pt")
+            self.write(model, "model.pt", iteration)
             print(f"model saved to {self.dir}/model.pt")
             returns = evaluate_saved(model, self.evaluate, args.eval_episodes, args.eval_deterministic)
             self.log_evaluation(returns, global_step)

@@ -32,43 +32,64 @@ def resume_hint(run_dir: str) -> str:
 
 def exit_on_ctrl_c(run_dir: str):
     """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
-    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback.
+    how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback; SIGTERM,
+    what schedulers (Slurm, Kubernetes) send first, does the same with exit code 143 (128 + SIGTERM).
     It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes). Under
     torchrun each rank gets the signal and prints its line, naming its rank."""
     rank, _, world_size = launch_info()
 
     def handler(signum, frame):
         who = "" if world_size == 1 else f"rank {rank}: "
-        print(f"{program()}: {who}interrupted: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+        what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+        print(f"{program()}: {who}{what}: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
         # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
         warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(130)
+        raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
 
 
-# what a file system answers a write it refuses: no space left, a file larger than allowed (ulimit -f),
-# a read-only file system, a quota exceeded
+# what a file system answers a write it refuses wherever the file is: no space left, a file larger than allowed
+# (ulimit -f), a read-only file system, a quota exceeded
 WRITE_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EDQUOT)
+# and what it answers a write into a run folder that was deleted or made unwritable while the run went on
+FOLDER_ERRORS = (errno.ENOENT, errno.EACCES, errno.EPERM)
 
 
-def quiet_write_errors(hook_args):
+def is_write_error(error: BaseException, run_dir: str) -> bool:
+    """Whether `error` is a write the file system refused: one of WRITE_ERRORS anywhere, or one of FOLDER_ERRORS
+    on a file of the run folder (or on no named file: the TensorBoard writer's thread)."""
+    if not isinstance(error, OSError):
+        return False
+    if error.errno in WRITE_ERRORS:
+        return True
+    inside = error.filename is None or Path(str(error.filename)).absolute().is_relative_to(Path(run_dir).absolute())
+    return error.errno in FOLDER_ERRORS and inside
+
+
+def quiet_write_errors(run_dir: str):
     """TensorBoard writes its events from a thread of its own; the main thread meets that thread's write
     error at its next write and reports it (exit_on_write_error), so the thread's traceback is left out."""
-    if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in WRITE_ERRORS):
-        threading.__excepthook__(hook_args)
+
+    def hook(hook_args):
+        if not is_write_error(hook_args.exc_value, run_dir):
+            threading.__excepthook__(hook_args)
+
+    return hook
 
 
 @contextlib.contextmanager
 def exit_on_write_error(run_dir: str):
-    """A checkpoint or the TensorBoard events that cannot be written (disk full, file too large, read-only)
-    end the run as Ctrl-C does: one line on stderr naming the file, the error and the last good checkpoint
-    with the command that resumes it, and exit code 1 (write_checkpoint_file leaves no partial file)."""
-    threading.excepthook = quiet_write_errors
+    """A checkpoint, the model or the TensorBoard events that cannot be written (disk full, file too large,
+    read-only, the run folder deleted or made unwritable) end the run as Ctrl-C does: one line on stderr naming
+    the file, the error and the last good checkpoint with the command that resumes it, and exit code 1
+    (write_checkpoint_file leaves no partial file)."""
+    threading.excepthook = quiet_write_errors(run_dir)
     try:
         yield
     except OSError as e:
-        if e.errno not in WRITE_ERRORS:
+        if not is_write_error(e, run_dir):
             raise
         file = e.filename or f"the TensorBoard events in {run_dir}"
         print(
