@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import itertools
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -147,7 +148,7 @@ def new_run_dir(args, env_name: Callable[[str], str] = str) -> tuple[str, str | 
     name = f"{env_name(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
     base = f"{args.runs_dir}/{name.replace('/', '-').replace(':', '-')}"
     try:
-        os.makedirs(args.runs_dir, exist_ok=True)
+        Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         for k in itertools.count(1):
             run_dir = base if k == 1 else f"{base}-{k}"
             with contextlib.suppress(FileExistsError):
@@ -200,7 +201,7 @@ class Run:
         The process that `writes` the run's files holds the run folder's lock while it runs (under torchrun,
         rank 0): a --resume of a run that is still going on is refused in one line."""
         self.script, self.evaluate, self.env_name = script_of(args), evaluate, env_name
-        self.new = args.resume is None
+        self.new, self.runs_dir_existed = args.resume is None, os.path.isdir(args.runs_dir)
         if args.resume is not None:
             self.checkpoint = checkpoint if checkpoint is not None else load_checkpoint(args.resume, self.script)
             self.args, self.dir = resume_args(args, self.checkpoint), str(Path(args.resume).parent)
@@ -224,12 +225,20 @@ class Run:
     def __enter__(self):
         exit_on_ctrl_c(self.dir)
         self.exits.enter_context(exit_on_write_error(self.dir))
+        # no warning from NumPy at each NaN or overflow of a diverging run: the run says so itself, in one line
+        self.exits.enter_context(np.errstate(all="ignore"))
         return self
 
     def __exit__(self, *exception):
-        if exception[0] is not None and self.new and self.lock is not None:
-            with contextlib.suppress(OSError):  # a new run that ended before it wrote anything leaves no folder
-                os.rmdir(self.dir)
+        if self.lock is not None:
+            os.close(self.lock)  # the lock goes with it (also for a resume in this same process)
+            if exception[0] is not None and self.new:
+                # a new run that ended before it wrote anything leaves no folder: its own, and --runs-dir if it
+                # made it and it is empty
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.dir)
+                    if not self.runs_dir_existed:
+                        os.rmdir(self.args.runs_dir)
         return self.exits.__exit__(*exception)
 
     def diverged(self, iteration: int, what: str):
@@ -276,16 +285,7 @@ class Run:
             fail(f"cannot create the run folder {self.dir}: {e.strerror or e} (pass another --runs-dir)")
         print(f"run folder: {self.dir}\nwatch it with: tensorboard --logdir {Path(self.dir).parent}", flush=True)
         if args.track:
-            import wandb  # imported only when used
-
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=asdict(args),
-                name=Path(self.dir).name,
-                save_code=True,
-            )
+            start_tracking(args, self.dir)
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(self.dir)
@@ -433,6 +433,41 @@ class Run:
         self.writer.close()
         if args.track:
             finish_tracking(self.dir)
+
+
+# how long `--track` waits for Weights & Biases to start a run before it gives up (WANDB_INIT_TIMEOUT overrides it)
+TRACKING_TIMEOUT = 30.0
+
+
+def start_tracking(args, run_dir: str):
+    """`--track`: starts the Weights & Biases run, its files in the run folder (`wandb/`, unless WANDB_DIR says
+    elsewhere), not in the working directory. Without a network it waits TRACKING_TIMEOUT seconds at most, then
+    the run ends in one line (exit 1) and leaves no files behind."""
+    import wandb  # imported only when used
+
+    folder = os.environ.get("WANDB_DIR") or run_dir
+    timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", TRACKING_TIMEOUT))
+    try:
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=asdict(args),
+            name=Path(run_dir).name,
+            save_code=True,
+            dir=folder,
+            settings=wandb.Settings(init_timeout=timeout),
+        )
+    except Exception as e:  # wandb's errors have no common class
+        if folder == run_dir:
+            shutil.rmtree(Path(run_dir, "wandb"), ignore_errors=True)
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        print(
+            f"{program()}: error: --track: Weights & Biases did not start a run in {timeout:g}s ({reason}); "
+            "train without --track, or offline with WANDB_MODE=offline (then `wandb sync` the run later)",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
 
 
 def finish_tracking(run_dir: str):

@@ -64,7 +64,8 @@ def is_write_error(error: BaseException, run_dir: str) -> bool:
         return False
     if error.errno in WRITE_ERRORS:
         return True
-    inside = error.filename is None or Path(str(error.filename)).absolute().is_relative_to(Path(run_dir).absolute())
+    filename = error.filename and os.fsdecode(error.filename)  # TensorBoard's writer names its file in bytes
+    inside = filename is None or Path(filename).absolute().is_relative_to(Path(run_dir).absolute())
     return error.errno in FOLDER_ERRORS and inside
 
 
