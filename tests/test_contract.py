@@ -30,7 +30,7 @@ from helpers import (
     make_args,
     read_scalars,
 )
-from ppolab.checkpoints import rng_state, set_rng_state
+from ppolab.checkpoints import non_finite, rng_state, set_rng_state
 from scripts import NEXT_STEP_GAE, SCRIPTS
 
 
@@ -182,3 +182,27 @@ def test_clipfrac_is_the_mean_over_the_updates_minibatches(contract, tmp_path, m
     per_update = len(numbers) // ITERATIONS
     assert per_update > 1 and len(numbers) == ITERATIONS * per_update
     assert logged == pytest.approx([np.mean(numbers[k * per_update : (k + 1) * per_update]) for k in range(ITERATIONS)])
+
+
+def test_a_run_that_diverges_ends_in_one_line_and_keeps_its_last_finite_checkpoint(
+    contract, tmp_path, monkeypatch, capsys
+):
+    """From the third update on the advantages are NaN (as a NaN reward or observation would make them): the run
+    ends at iteration 3 with exit 1 and one line, and the checkpoint of iteration 2, finite, is the last one."""
+    script, _ = contract
+    spy, calls = script.compute_gae, []
+
+    def nan_from_the_third_update(**kwargs):
+        calls.append(1)
+        advantages, returns = spy(**kwargs)
+        return (advantages * float("nan"), returns) if len(calls) >= 3 else (advantages, returns)
+
+    monkeypatch.setattr(script, "compute_gae", nan_from_the_third_update)
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(make_args(script, tmp_path, seed=3))
+    assert exit_info.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "iteration 3: losses/" in errors[0] and "the training diverged" in errors[0], errors
+    (checkpoint,) = tmp_path.glob("*/checkpoint.pt")
+    assert load(checkpoint)["iteration"] == 2 and non_finite(load(checkpoint)) is None
+    assert not (checkpoint.parent / "model.pt").exists()
