@@ -99,7 +99,7 @@ def check_video(env_id: str, whose: str = ""):
         frame = env.render()
         env.close()
     except Exception as e:  # whatever the renderer raised
-        fail(f"--capture-video: {whose}{env_id} cannot render here ({described(e)})")
+        fail(f"--capture-video: {whose}{env_id} cannot render here: {described(e)}")
     if not isinstance(frame, np.ndarray) or frame.ndim != 3:
         fail(f"--capture-video: {whose}{env_id} renders {type(frame).__name__}, not an RGB frame")
 

@@ -112,7 +112,7 @@ class NoDisplayEnv(FixedLengthEnv):
     """FixedLengthEnv that says it renders RGB frames but cannot here, as MuJoCo without EGL cannot: its render
     raises."""
 
-    metadata = {"render_modes": ["rgb_array"]}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
     def __init__(self, render_mode: str | None = None, continuous: bool = False):
         super().__init__(FIXED_LENGTH, continuous)
