@@ -31,7 +31,6 @@ import os
 import time
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -141,6 +140,7 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.VectorEnv:
             f"{args.env_id} has action space {envs.single_action_space}; ppo.py supports Discrete actions "
             "only (use ppo_continuous_action.py for Box actions)"
         )
+    ppolab.check_observations(args.env_id, envs.single_observation_space, envs)
     return envs
 
 
@@ -500,32 +500,31 @@ def train(args: Args, run: ppolab.Run) -> str:
 
 def check_args(args: Args):
     """Bad input ends in one line before any work: the checks of every script (numbers, counts, the batch,
-    files, folders), then the environment id."""
+    files, folders), then the environment id (`module:Name-v0` too) and with --capture-video its rendering.
+    make_envs refuses in one line the spaces this file cannot train."""
     ppolab.check_args(args)
-    try:
-        gym.spec(args.env_id)
-    except gym.error.Error:
-        ppolab.fail(f"unknown environment id '{args.env_id}' (gymnasium.pprint_registry() lists the valid ids)")
+    ppolab.env_spec(args.env_id)
+    if args.capture_video and args.evaluate is None:
+        ppolab.check_video(args.env_id)
 
 
-def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *, video_prefix: str | None = None):
+def evaluate(
+    checkpoint: dict,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    *,
+    video_prefix: str | None = None,
+    max_steps: int | None = None,
+):
     """Plays `episodes` whole episodes with the policy of `checkpoint` (a saved model, or a snapshot of the
     training) on the CPU and returns their undiscounted returns. The action sampling and the episodes come from
     `seed`, so the same model scores the same whether evaluated during training, after it or later from the
     saved file. `video_prefix` (`--evaluate --capture-video`): records every episode as
-    `<video_prefix>-episode-<k>.mp4`."""
+    `<video_prefix>-episode-<k>.mp4`. An episode of an environment without a time limit of its own is cut after
+    `max_steps` steps (by default the checkpoint's --eval-max-steps)."""
     args = Args(**checkpoint["args"])
-    if video_prefix is None:
-        env = gym.make(args.env_id)
-    else:
-        env = gym.make(args.env_id, render_mode="rgb_array")
-        env = gym.wrappers.RecordVideo(
-            env,
-            str(Path(video_prefix).parent),
-            name_prefix=Path(video_prefix).name,
-            episode_trigger=lambda episode: True,
-            disable_logger=True,
-        )
+    env = ppolab.make_eval_env(args.env_id, video_prefix, args.eval_max_steps if max_steps is None else max_steps)
     agent = Agent(int(np.prod(env.observation_space.shape)), int(env.action_space.n))
     agent.load_state_dict(checkpoint["model"])
     torch.manual_seed(seed)
@@ -550,8 +549,8 @@ def main(args: Args) -> str | list[float]:
     episodes' returns)."""
     check_args(args)
     ppolab.use_threads(args.torch_threads)
-    if args.evaluate is not None:
-        return ppolab.evaluate_file(args, evaluate)
+    if args.evaluate is not None:  # with this command line's --eval-max-steps
+        return ppolab.evaluate_file(args, partial(evaluate, max_steps=args.eval_max_steps))
     with ppolab.Run(args, evaluate) as run:  # the run folder (a resumed run's own), Ctrl-C, refused writes
         return train(run.args, run)
 

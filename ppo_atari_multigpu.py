@@ -922,15 +922,17 @@ def evaluate(
     (`--evaluate --capture-video`): records the game of environment 0 (the first) with RecordVideo, the
     unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
     args = Args(**checkpoint["args"])
-    # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
-    envs = make_envs(
-        args,
-        episodes,
-        str(Path(video_prefix or ".").parent.parent),
-        video_prefix is not None,
-        video_prefix=Path(video_prefix or "rl-video").name,
-        video_trigger=lambda episode: episode == 0,
-    )
+    # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix;
+    # a game that cannot be made here (a checkpoint from elsewhere) ends in one line
+    with ppolab.making(atari_id(args.env_id), "the checkpoint's environment "):
+        envs = make_envs(
+            args,
+            episodes,
+            str(Path(video_prefix or ".").parent.parent),
+            video_prefix is not None,
+            video_prefix=Path(video_prefix or "rl-video").name,
+            video_trigger=lambda episode: episode == 0,
+        )
     agent = Agent(int(envs.single_action_space.n))
     agent.load_state_dict(checkpoint["model"])
     torch.manual_seed(seed)

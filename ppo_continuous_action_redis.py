@@ -186,6 +186,7 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
     episode is logged. An unknown environment, one that cannot be made here, or one this file cannot
     train (not a one-dimensional Box of actions and observations) is refused in one line.
     """
+    ppolab.env_module(args.env_id)  # `module:Name-v0`: a module that cannot be imported, named in one line
     try:
         envs = gym.vector.SyncVectorEnv(
             [make_env(args.env_id, idx, args.capture_video, run_dir)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -203,9 +204,7 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
             f"{args.env_id} has action space {action_space}; {Path(__file__).name} supports one-dimensional Box "
             "actions only (use ppo.py for Discrete actions)"
         )
-    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        envs.close()
-        ppolab.fail(f"{args.env_id} has observation space {observation_space}; a one-dimensional Box is needed")
+    ppolab.check_observations(args.env_id, observation_space, envs)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
@@ -1174,28 +1173,28 @@ def check_args(args: Args):
         ppolab.fail("--obs-clip, --reward-clip and --sampler-timeout must be positive")
     if args.resume is None and args.evaluate is None:  # else the checkpoint's environment, made later
         env_spaces(args)
+        if args.capture_video:
+            ppolab.check_video(args.env_id)
 
 
-def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *, video_prefix: str | None = None):
+def evaluate(
+    checkpoint: dict,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    *,
+    video_prefix: str | None = None,
+    max_steps: int | None = None,
+):
     """Plays `episodes` whole episodes with the policy of `checkpoint` (a saved model, or a snapshot of the
     training) on the CPU and returns their undiscounted returns. Observations are normalised with the
     checkpoint's statistics, frozen; actions are clipped to the bounds, as in training. The action sampling and
     the episodes come from `seed`, so the same model scores the same whether evaluated during training, after it
     or later from the saved file. `video_prefix` (`--evaluate --capture-video`): records every episode as
-    `<video_prefix>-episode-<k>.mp4`."""
+    `<video_prefix>-episode-<k>.mp4`. An episode of an environment without a time limit of its own is cut after
+    `max_steps` steps (by default the checkpoint's --eval-max-steps)."""
     args = Args(**checkpoint["args"])
-    if video_prefix is None:
-        env = gym.make(args.env_id)
-    else:
-        os.environ.setdefault("MUJOCO_GL", "egl")  # off-screen rendering, no display needed
-        env = gym.make(args.env_id, render_mode="rgb_array")
-        env = gym.wrappers.RecordVideo(
-            env,
-            str(Path(video_prefix).parent),
-            name_prefix=Path(video_prefix).name,
-            episode_trigger=lambda episode: True,
-            disable_logger=True,
-        )
+    env = ppolab.make_eval_env(args.env_id, video_prefix, args.eval_max_steps if max_steps is None else max_steps)
     obs_shape, low, high = env.observation_space.shape, env.action_space.low, env.action_space.high
     agent = Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)))
     agent.load_state_dict(checkpoint["model"])
@@ -1225,8 +1224,8 @@ def main(args: Args) -> str | list[float] | None:
     if args.role == "sampler":
         return run_sampler(args)
     ppolab.use_threads(args.torch_threads)
-    if args.evaluate is not None:
-        return ppolab.evaluate_file(args, evaluate)
+    if args.evaluate is not None:  # with this command line's --eval-max-steps
+        return ppolab.evaluate_file(args, partial(evaluate, max_steps=args.eval_max_steps))
     # the run folder (a resumed run's own), Ctrl-C and refused writes; then the server, the run's namespace on
     # it and the local processes, stopped however the run ends
     with ppolab.Run(args, evaluate) as run, redis_lab(run.args) as lab:

@@ -45,6 +45,7 @@ import time
 import traceback
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -158,11 +159,9 @@ def atari_id(env_id: str) -> str:
 
 def is_atari(env_id: str) -> bool:
     """Whether the id names an ale-py game (else it is a vector-observation environment). Ids of the
-    form `module:Name-v0` import `module` first, as `gym.make` does, so it can register the id."""
-    if ":" in env_id:
-        module, env_id = env_id.split(":", 1)
-        __import__(module)
-    return str(gym.spec(atari_id(env_id)).entry_point).startswith("ale_py")
+    form `module:Name-v0` import `module` first, as `gym.make` does, so it can register the id (a module that
+    cannot be imported ends in one line naming it)."""
+    return str(gym.spec(atari_id(ppolab.env_module(env_id))).entry_point).startswith("ale_py")
 
 
 def make_env(
@@ -175,12 +174,14 @@ def make_env(
     max_episode_steps: int = 27_000,
     video_prefix: str = "rl-video",
     video_trigger=None,
+    eval_max_steps: int | None = None,
 ):
     """A thunk that builds environment `idx` of a vector environment; with `capture_video`, environment 0
     records videos to `run_dir/videos` (of a game, the unpreprocessed RGB frames).
 
     Classic control gets RecordEpisodeStatistics (return and length) and, with `hide_velocity`, HideVelocity
-    below it. An Atari game gets ppo_atari_lstm.py's preprocessing, wrapper by wrapper from the bottom up (ours
+    below it; an evaluation's (`eval_max_steps`) episodes are cut after that many steps where the environment has
+    no time limit of its own. An Atari game gets ppo_atari_lstm.py's preprocessing, wrapper by wrapper from the bottom up (ours
     are written out under THE ATARI WRAPPERS), with grayscale from ALE itself and the v4 NoFrameskip settings
     passed explicitly, so `Pong`, `PongNoFrameskip-v4` and `ALE/Pong-v5` are the same environment.
     """
@@ -204,6 +205,7 @@ def make_env(
         else:
             env = gym.make(env_id, **settings)
         if not atari:
+            env = ppolab.capped(env, env_id, eval_max_steps)  # none: training, or a time limit of its own
             return gym.wrappers.RecordEpisodeStatistics(HideVelocity(env) if hide_velocity else env)
         env = NoopReset(env, noop_max=30)  # ours: 1 to 30 no-op frames after a reset
         env = MaxAndSkip(env, skip=4)  # ours: the action repeated 4 frames, the max of the last two frames
@@ -226,12 +228,13 @@ def make_envs(
     capture_video: bool = False,
     video_prefix: str = "rl-video",
     video_trigger=None,
+    eval_max_steps: int | None = None,
 ) -> gym.vector.VectorEnv:
     """One worker's vector environment, stepped in the worker's own process, with same-step autoreset:
     the step that ends an episode returns the next episode's first observation (the last one of the
     old episode is in `info["final_obs"]`), so every stored transition is real experience."""
     extras = dict(hide_velocity=args.hide_velocity, max_episode_steps=args.max_episode_steps)
-    extras.update(video_prefix=video_prefix, video_trigger=video_trigger)
+    extras.update(video_prefix=video_prefix, video_trigger=video_trigger, eval_max_steps=eval_max_steps)
     thunks = [make_env(args.env_id, i, capture_video, run_dir, **extras) for i in range(num_envs)]
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
@@ -1157,7 +1160,8 @@ class FireReset(gym.Wrapper):
 def check_args(args: Args):
     """Bad input ends in one line before any work: how the rollout is cut into chunks and the chunks into
     minibatches (after the counts that takes), the checks of every script (numbers, counts, files, folders),
-    then the environment: its id, --hide-velocity, its action space."""
+    then the environment: its id, --hide-velocity, its action space, and where it is not a game its observation
+    space (vectors) and, with --capture-video, its rendering."""
     for name in ("num_workers", "num_envs_per_worker", "num_steps", "seq_len", "num_minibatches"):
         if getattr(args, name) <= 0:
             ppolab.fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -1181,24 +1185,42 @@ def check_args(args: Args):
         )
     if args.hide_velocity and (atari or "CartPole" not in args.env_id):
         ppolab.fail(f"--hide-velocity is for CartPole only, not {args.env_id}")
-    action_space = env_spaces(args)[1]
+    observation_space, action_space = env_spaces(args)
     if not isinstance(action_space, gym.spaces.Discrete):
         ppolab.fail(
             f"{args.env_id} has action space {action_space}; this script supports Discrete actions only "
             "(ppo_continuous_action.py trains Box actions)"
         )
+    if not atari:  # a game's frames go to the CNN
+        ppolab.check_observations(args.env_id, observation_space)
+        if args.capture_video and args.evaluate is None:
+            ppolab.check_video(args.env_id)
 
 
-def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *, video_prefix: str | None = None):
+def evaluate(
+    checkpoint: dict,
+    episodes: int,
+    deterministic: bool,
+    seed: int,
+    *,
+    video_prefix: str | None = None,
+    max_steps: int | None = None,
+):
     """Plays `episodes` whole episodes (Atari: games, all lives), one per environment, in this process with the
     training preprocessing and the policy of `checkpoint` (a saved model, or a snapshot of the training) on the
     CPU, and returns their returns (unclipped scores). The episodes and the action sampling come from `seed`, so
     the same model scores the same during training, after it or later from the saved file. `video_prefix`
-    (`--evaluate --capture-video`): records environment 0's episode as `<video_prefix>-episode-0.mp4`."""
+    (`--evaluate --capture-video`): records environment 0's episode as `<video_prefix>-episode-0.mp4`. An episode
+    of an environment without a time limit of its own is cut after `max_steps` steps (by default the
+    checkpoint's --eval-max-steps); an environment that cannot be made here ends in one line."""
     args = Args(**checkpoint["args"])
+    max_steps, whose = args.eval_max_steps if max_steps is None else max_steps, "the checkpoint's environment "
     # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
     run_dir, name = str(Path(video_prefix or ".").parent.parent), Path(video_prefix or "rl-video").name
-    envs = make_envs(args, episodes, run_dir, video_prefix is not None, name, lambda episode: episode == 0)
+    with ppolab.making(args.env_id, whose):
+        if video_prefix is not None and not is_atari(args.env_id):
+            ppolab.check_video(args.env_id, whose)
+        envs = make_envs(args, episodes, run_dir, video_prefix is not None, name, lambda e: e == 0, max_steps)
     agent = Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
     agent.load_state_dict(checkpoint["model"])
     torch.manual_seed(seed)
@@ -1225,8 +1247,8 @@ def main(args: Args) -> str | list[float]:
     episodes' returns)."""
     check_args(args)
     ppolab.use_threads(args.torch_threads)
-    if args.evaluate is not None:
-        return ppolab.evaluate_file(args, evaluate, atari_id)
+    if args.evaluate is not None:  # with this command line's --eval-max-steps
+        return ppolab.evaluate_file(args, partial(evaluate, max_steps=args.eval_max_steps), atari_id)
     # the run folder (a resumed run's own; the full id in its name), Ctrl-C, refused writes
     with ppolab.Run(args, evaluate, lambda env_id: atari_id(env_id).replace(":", "-")) as run:
         return train(run.args, run)

@@ -6,6 +6,7 @@ loop) and imports this package for what never changes what PPO computes and is t
 - settings.py: the settings every run takes besides PPO's hyperparameters (`RunSettings`, which a script's Args
   inherits: --seed, --cuda, --track, --save-model, --checkpoint-every, --resume, --evaluate, ...);
 - checks.py: bad input ends in one line (`fail`, `check_args`);
+- environments.py: Gymnasium's environments checked (ids, spaces, rendering) and made, evaluation's with an end;
 - run.py: the command line (`parse`, --resume reads the saved arguments as defaults), the run folder, what
   a run reports (TensorBoard, the per-iteration line, Weights & Biases), checkpoints and evaluations on
   their schedule (`Run`), --evaluate of a saved model (`evaluate_file`);
@@ -30,6 +31,7 @@ which `bash setup.sh` does).
 """
 
 from ppolab.checks import check_args, check_atari_game, fail
+from ppolab.environments import capped, check_observations, check_video, env_module, env_spec, make_eval_env, making
 from ppolab.fast_path import NumpyPolicy, numpy_fast_path
 from ppolab.run import Run, evaluate_file, explained_variance, parse, use_threads
 from ppolab.seeding import pick_device, seed_everything
@@ -45,11 +47,18 @@ __all__ = [
     "RunningMeanStd",
     "SameStepVectorEnv",
     "VideoRecorder",
+    "capped",
     "check_args",
     "check_atari_game",
+    "check_observations",
+    "check_video",
+    "env_module",
+    "env_spec",
     "evaluate_file",
     "explained_variance",
     "fail",
+    "make_eval_env",
+    "making",
     "numpy_fast_path",
     "parse",
     "pick_device",

@@ -76,7 +76,15 @@ def check_numbers(args):
 
 
 # the counts every script has that must be positive (the scripts name their own besides)
-POSITIVE = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes")
+POSITIVE = (
+    "total_timesteps",
+    "num_envs",
+    "num_steps",
+    "num_minibatches",
+    "update_epochs",
+    "eval_episodes",
+    "eval_max_steps",
+)
 
 
 def check_args(
@@ -168,9 +176,10 @@ def check_atari_game(args, env_id: str):
     import gymnasium as gym
 
     from ppolab.checkpoints import script_of
+    from ppolab.environments import env_module
 
     try:
-        gym.spec(env_id)
+        gym.spec(env_module(env_id))  # `module:Name-v0`: the module imported first, as gym.make does
     except gym.error.Error:
         fail(
             f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "

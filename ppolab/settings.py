@@ -52,6 +52,11 @@ class RunSettings:
     """number of episodes of an evaluation (Atari: whole games, all lives)"""
     eval_deterministic: bool = False
     """if toggled, evaluation takes the most probable action (the mean action, continuous) instead of sampling"""
+    eval_max_steps: int = 27_000
+    """the most steps of an evaluation episode where the environment has no time limit of its own (an episode that
+    never ends would stall the run): it is cut there, and a line says so. The default is the Atari scripts' limit of
+    a game (their --max-episode-steps; the Atari and Procgen games end by themselves), far above the time limits that
+    classic control and MuJoCo register (200 to 1,000 steps), so that only an episode that would not end is cut"""
     runs_dir: str = "runs"
     """folder under which each run writes its own folder"""
 

@@ -86,14 +86,67 @@ class MixedEndsEnv(gym.Env):
         return self._obs(), reward, terminated, False, {}
 
 
+class SpaceEnv(gym.Env):
+    """An environment whose observations live in the space it is given (a Dict, a Tuple, a Discrete, an
+    image): a space that a script may not support. Episodes of FIXED_LENGTH steps of reward 1; observations
+    are samples of the space."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, observation_space: gym.Space, continuous: bool = False):
+        self.observation_space, self.action_space = observation_space, _action_space(continuous)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), 1.0, self.t >= FIXED_LENGTH, False, {}
+
+
+class NoDisplayEnv(FixedLengthEnv):
+    """FixedLengthEnv that says it renders RGB frames but cannot here, as MuJoCo without EGL cannot: its render
+    raises."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, render_mode: str | None = None, continuous: bool = False):
+        super().__init__(FIXED_LENGTH, continuous)
+        self.render_mode = render_mode
+
+    def render(self):
+        raise RuntimeError("cannot open a display (a renderer that cannot start here)")
+
+
+# the observation spaces of SpaceEnv's ids: `<name>Obs-v0` (Discrete actions), `<name>ObsBox-v0` (Box actions)
+ODD_SPACES = {
+    "Dict": gym.spaces.Dict({"position": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "flag": gym.spaces.Discrete(2)}),
+    "Tuple": gym.spaces.Tuple((gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Discrete(3))),
+    "Discrete": gym.spaces.Discrete(5),
+    "Image": gym.spaces.Box(0, 255, (16, 16, 3), np.uint8),
+}
+
+
 def register_fake_envs():
     """Registers the environments above (idempotent). Importing this module as `tests.fake_envs`
-    registers them too, so an id like `tests.fake_envs:MixedEnds-v0` works in spawned processes."""
+    registers them too, so an id like `tests.fake_envs:MixedEnds-v0` works in spawned processes.
+    `Endless*-v0` is ConstantEnv without a time limit: its episodes never end. `NoDisplay*-v0` cannot render here,
+    `FixedLength*-v0` cannot render at all."""
     for suffix, continuous in (("", False), ("Box", True)):
         for env_id, entry_point, kwargs, limit in (
             (f"FixedLength{suffix}-v0", FixedLengthEnv, dict(length=FIXED_LENGTH, continuous=continuous), None),
             (f"Constant{suffix}-v0", ConstantEnv, dict(continuous=continuous), TIME_LIMIT),
             (f"MixedEnds{suffix}-v0", MixedEndsEnv, dict(continuous=continuous), MIXED_LIMIT),
+            (f"Endless{suffix}-v0", ConstantEnv, dict(continuous=continuous), None),
+            (f"NoDisplay{suffix}-v0", NoDisplayEnv, dict(continuous=continuous), None),
+            *[
+                (f"{name}Obs{suffix}-v0", SpaceEnv, dict(observation_space=space, continuous=continuous), None)
+                for name, space in ODD_SPACES.items()
+            ],
         ):
             if env_id not in gym.registry:
                 gym.register(env_id, entry_point=entry_point, kwargs=kwargs, max_episode_steps=limit)

@@ -1,0 +1,153 @@
+"""Gymnasium's environments as the scripts take them: an environment id checked (Gymnasium's `module:Name-v0` ids
+too), an environment that cannot be made here, a space a script does not support and --capture-video with an
+environment that cannot render each refused in one line before any work, and the one environment an evaluation
+plays on (`make_eval_env`), whose episodes always end."""
+
+import contextlib
+import importlib
+import os
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from ppolab.checks import fail
+
+IDS = "gymnasium.pprint_registry() lists the valid ids"  # where to look for an id (env_spec's `ids`)
+
+
+def described(error: BaseException) -> str:
+    """An exception in a few words: its type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def env_module(env_id: str, whose: str = "") -> str:
+    """Gymnasium's way to name an environment that a module registers is `module:Name-v0`
+    (`my_pkg.my_envs:MyEnv-v0`): gym.make imports the module, then makes `Name-v0`. This imports the module the
+    same way (a module that cannot be imported, whatever it raised, ends in one line naming it) and returns the id
+    without it; any other id as it is. `whose` starts the line (e.g. "the checkpoint's environment ")."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # ImportError or whatever the module raised while it ran
+            fail(f"cannot import the module {module} of {whose or 'the environment '}{env_id}: {described(e)}")
+    return name
+
+
+def env_spec(env_id: str, ids: str = IDS) -> gym.envs.registration.EnvSpec:
+    """The registered spec of an environment id, `module:Name-v0` ids included (`env_module`), as gym.spec gives
+    it (an id without its version is not one); an unknown id ends in one line (`ids`: where to find the known
+    ones)."""
+    name = env_module(env_id)
+    try:
+        return gym.spec(name)
+    except gym.error.Error:
+        fail(f"unknown environment id '{env_id}' ({ids})")
+
+
+@contextlib.contextmanager
+def making(env_id: str, whose: str = ""):
+    """Around the code that makes the environment `env_id`: one that cannot be made here (an unknown id, its
+    module, its own package or a dependency missing: Gymnasium's errors and ImportError) ends in one line naming
+    it, `whose` first (e.g. "the checkpoint's environment ": `--evaluate` of a model trained elsewhere)."""
+    env_module(env_id, whose)
+    try:
+        yield
+    except (gym.error.Error, ImportError) as e:
+        fail(f"cannot make {whose}{env_id} here: {described(e)}")
+
+
+def check_observations(env_id: str, space: gym.Space, envs: gym.vector.VectorEnv | None = None):
+    """The MLP scripts (and the shared-memory script's classic-control path) observe vectors: a one-dimensional Box.
+    Another space (a Dict, a Tuple, a Discrete, an image) ends in one line, `envs` closed first, as an action space
+    that a script does not support does; the script would end in a traceback of its network."""
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        if envs is not None:
+            envs.close()
+        fail(
+            f"{env_id} has observation space {space}; this script supports one-dimensional Box observations "
+            "only (gymnasium.wrappers.FlattenObservation makes one of a Dict, Tuple or Discrete space; images: the "
+            "Atari scripts)"
+        )
+
+
+def offscreen():
+    """Rendering without a display: classic control draws with pygame, whose SDL gets its dummy drivers (no display,
+    no sound card: without them SDL complains on a machine without a desktop session); MuJoCo renders with EGL. A
+    choice already made in the environment stays."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def check_video(env_id: str, whose: str = ""):
+    """--capture-video: the environment renders RGB frames here. Checked before any work on one environment made,
+    reset, rendered and closed: one that has no `rgb_array` render mode, or whose rendering fails here (pygame or
+    EGL missing, ...), ends in one line, not in a library's traceback once the run is under way."""
+    offscreen()
+    with making(env_id, whose):
+        env = gym.make(env_id)
+    modes = env.metadata.get("render_modes") or []
+    env.close()
+    if "rgb_array" not in modes:
+        fail(f"--capture-video: {whose}{env_id} cannot render frames to record (its render modes: {modes or 'none'})")
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+        env.reset(seed=0)
+        frame = env.render()
+        env.close()
+    except Exception as e:  # whatever the renderer raised
+        fail(f"--capture-video: {whose}{env_id} cannot render here: {described(e)}")
+    if not isinstance(frame, np.ndarray) or frame.ndim != 3:
+        fail(f"--capture-video: {whose}{env_id} renders {type(frame).__name__}, not an RGB frame")
+
+
+class EvaluationCap(gym.wrappers.TimeLimit):
+    """gymnasium's TimeLimit on an evaluation's environment that has no time limit of its own: an episode is cut
+    (truncated) after `max_steps` steps, and a line says so, so that an evaluation always ends."""
+
+    def __init__(self, env: gym.Env, max_steps: int, env_id: str):
+        super().__init__(env, max_steps)
+        self.env_id = env_id
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if truncated and not terminated and self._elapsed_steps >= self._max_episode_steps:
+            print(
+                f"evaluation: an episode cut after {self._max_episode_steps} steps (--eval-max-steps): {self.env_id} "
+                "has no time limit of its own",
+                flush=True,
+            )
+        return obs, reward, terminated, truncated, info
+
+
+def capped(env: gym.Env, env_id: str, max_steps: int | None) -> gym.Env:
+    """`env` with its episodes cut after `max_steps` steps (EvaluationCap) where it has no time limit of its own
+    (gym.make puts gymnasium's TimeLimit on an environment registered with max_episode_steps); as it is otherwise,
+    or where `max_steps` is None."""
+    if max_steps is None or (env.spec is not None and env.spec.max_episode_steps is not None):
+        return env
+    return EvaluationCap(env, max_steps, env_id)
+
+
+def make_eval_env(env_id: str, video_prefix: str | None, max_steps: int) -> gym.Env:
+    """The one environment of an evaluation of a policy trained on `env_id` (the scripts with a single evaluation
+    environment of Gymnasium's). Its episodes always end: `max_steps` (--eval-max-steps) cuts them where it has
+    no time limit of its own (capped). `video_prefix` (`--evaluate --capture-video`): every episode is
+    recorded as `<video_prefix>-episode-<k>.mp4`, the rendering checked first (check_video). An environment that
+    cannot be made here ends in one line naming it (`making`)."""
+    whose = "the checkpoint's environment "
+    if video_prefix is None:
+        with making(env_id, whose):
+            return capped(gym.make(env_id), env_id, max_steps)
+    check_video(env_id, whose)
+    env = capped(gym.make(env_id, render_mode="rgb_array"), env_id, max_steps)
+    return gym.wrappers.RecordVideo(
+        env,
+        str(Path(video_prefix).parent),
+        name_prefix=Path(video_prefix).name,
+        episode_trigger=lambda episode: True,
+        disable_logger=True,
+    )

@@ -1,0 +1,192 @@
+"""The environments a run is given, as Gymnasium names and makes them (ppolab/environments.py): ids of the form
+`module:Name-v0` on every script that takes Gymnasium's ids, and one line (exit code 2, before any work) for a
+module that cannot be imported, an observation space a script does not support, --capture-video with an environment
+that cannot render, and --evaluate of a checkpoint whose environment cannot be made here. And evaluations end where
+the environment never does: --eval-max-steps cuts an episode of an environment without a time limit of its own,
+with a line that says so, and leaves alone one that has its own."""
+
+import importlib
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from helpers import read_scalars
+from scripts import SCRIPTS
+
+# the scripts that take any of Gymnasium's ids, and those that take ale-py's games through Gymnasium
+GYMNASIUM = ["ppo", "ppo_continuous_action", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
+ALE = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu"]
+CONTINUOUS = ["ppo_continuous_action", "ppo_continuous_action_redis"]
+
+
+def test_the_lists_name_every_script_of_gymnasium():
+    """The scripts not listed make their environments with envpool, whose ids are not Gymnasium's."""
+    assert sorted(set(SCRIPTS) - set(GYMNASIUM) - set(ALE)) == ["ppo_atari_envpool", "ppo_procgen"]
+
+
+def fake(name: str, env: str) -> str:
+    """The id of one of tests/fake_envs.py's environments, with the actions of script `name` (`EnvBox-v0` for the
+    continuous scripts), named with its module, as the other processes of the multi-process scripts need it."""
+    return f"tests.fake_envs:{env}{'Box' if name in CONTINUOUS else ''}-v0"
+
+
+def refusal(name: str, capsys, tmp_path, **fields) -> str:
+    """`main(Args(**fields))` of script `name` ends with exit code 2 and one line on stderr, which is returned,
+    and leaves no run folder."""
+    script = importlib.import_module(name)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(script.Args(runs_dir=str(tmp_path / "runs"), cuda=False, **fields))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0], lines
+    assert not (tmp_path / "runs").exists()
+    return lines[0]
+
+
+# ENVIRONMENT IDS ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ppo", "ppo_continuous_action"])
+def test_a_module_id_trains(name, tmp_path):
+    """`--env-id tests.fake_envs:MixedEnds-v0`: the module is imported, which registers the id, and the run trains
+    on it (the multi-process scripts' own tests train on such ids)."""
+    script = importlib.import_module(name)
+    args = script.Args(
+        env_id=fake(name, "MixedEnds"),
+        runs_dir=str(tmp_path),
+        cuda=False,
+        num_envs=2,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=1,
+        total_timesteps=64,
+    )
+    run_dir = script.main(args)
+    assert "tests.fake_envs-MixedEnds" in run_dir
+    assert len(read_scalars(run_dir)["charts/episodic_return"]) >= 6  # episodes of 5 steps
+
+
+@pytest.mark.parametrize("name", ALE)
+def test_a_module_id_names_an_atari_game(name):
+    """The Atari scripts' check of the game imports the module of `module:Name-v0` too."""
+    script = importlib.import_module(name)
+    args = script.Args(env_id="tests.atari_fakes:MixedEndsAtari-v0", cuda=False)
+    if name == "ppo_atari_multigpu":
+        script.check_args(args, 0, 1)
+    else:
+        script.check_args(args)
+
+
+@pytest.mark.parametrize("module", ["no_such_module", "tests.broken_envs"])
+@pytest.mark.parametrize("name", GYMNASIUM + ALE)
+def test_a_module_that_cannot_be_imported_is_named_in_one_line(name, module, capsys, tmp_path):
+    """A module that does not exist, or that raises while it is imported (tests/broken_envs.py), is named."""
+    line = refusal(name, capsys, tmp_path, env_id=f"{module}:Pong-v0")
+    assert f"cannot import the module {module} of the environment {module}:Pong-v0: " in line
+    assert ("ModuleNotFoundError" if module == "no_such_module" else "RuntimeError: this module fails") in line
+
+
+# OBSERVATION SPACES ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("space", ["Dict", "Tuple", "Discrete", "Image"])
+@pytest.mark.parametrize("name", GYMNASIUM)
+def test_an_observation_space_the_script_cannot_train_is_refused_in_one_line(name, space, capsys, tmp_path):
+    """The MLP scripts (and the shared-memory script where the environment is not a game) take vectors; another
+    space would end in a traceback of the network (a TypeError, a matmul of the wrong shapes)."""
+    env_id = fake(name, f"{space}Obs")
+    line = refusal(name, capsys, tmp_path, env_id=env_id)
+    assert f"{env_id} has observation space " in line and "supports one-dimensional Box observations only" in line
+
+
+# --CAPTURE-VIDEO ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env", ["FixedLength", "NoDisplay"])
+@pytest.mark.parametrize("name", GYMNASIUM)
+def test_capture_video_of_an_environment_that_cannot_render_is_refused_before_any_work(name, env, capsys, tmp_path):
+    """An environment without an `rgb_array` render mode (FixedLength), or whose rendering fails here (NoDisplay,
+    as MuJoCo without EGL): one line before the run starts, not a traceback of gymnasium or of a worker once it
+    runs; and the same for `--evaluate --capture-video` of a model of such an environment."""
+    env_id = fake(name, env)
+    line = refusal(name, capsys, tmp_path, env_id=env_id, capture_video=True)
+    if env == "FixedLength":
+        assert line.endswith(
+            f": error: --capture-video: {env_id} cannot render frames to record (its render modes: none)"
+        )
+    else:
+        assert f": error: --capture-video: {env_id} cannot render here: RuntimeError: cannot open a display" in line
+    script = importlib.import_module(name)
+    with pytest.raises(SystemExit) as exit_info:
+        script.evaluate(fresh_checkpoint(name, env), 1, False, 0, video_prefix=str(tmp_path / "videos" / "model-eval"))
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"--capture-video: the checkpoint's environment {env_id} cannot render" in line
+
+
+# --EVALUATE OF A CHECKPOINT WHOSE ENVIRONMENT CANNOT BE MADE HERE ---------------------------------
+
+
+@pytest.mark.parametrize("env_id", ["NoSuchEnv-v9", "no_such_module:Foo-v0"])
+@pytest.mark.parametrize("name", GYMNASIUM + ALE)
+def test_evaluate_of_a_checkpoint_whose_environment_cannot_be_made_here_is_one_line(name, env_id, capsys, tmp_path):
+    """A model trained elsewhere, on an environment this machine does not have: one line naming it, not gymnasium's
+    traceback. The environment is made before the weights are read: a checkpoint without weights does."""
+    script, path = importlib.import_module(name), tmp_path / "model.pt"
+    torch.save({"model": {}, "args": asdict(script.Args(env_id=env_id)), "script": f"{name}.py", "format": 3}, path)
+    line = refusal(name, capsys, tmp_path, evaluate=str(path))
+    if ":" in env_id:
+        assert f"cannot import the module no_such_module of the checkpoint's environment {env_id}: " in line
+    else:
+        assert f"cannot make the checkpoint's environment {env_id} here: NameNotFound" in line
+
+
+# EVALUATIONS END ---------------------------------------------------------------------------------
+
+CUT = "evaluation: an episode cut after {} steps (--eval-max-steps): {} has no time limit of its own"
+
+
+def fresh_checkpoint(name: str, env: str, **fields) -> dict:
+    """What script `name`'s evaluate reads of a checkpoint: an untrained policy for one of the fake environments
+    (2-d observations, 2 actions), its arguments (`fields` among them) and, in the continuous scripts, observation
+    statistics."""
+    script = importlib.import_module(name)
+    args = script.Args(env_id=fake(name, env), **fields)
+    agent = script.Agent((2,), 2) if name == "ppo_shared_memory_lstm" else script.Agent(2, 2)
+    checkpoint = {"args": asdict(args), "model": agent.state_dict()}
+    if name in CONTINUOUS:
+        checkpoint["obs_rms"] = script.ObsNormalizer((2,), args.obs_clip).rms.state_dict()
+    return checkpoint
+
+
+@pytest.mark.parametrize("name", GYMNASIUM)
+def test_an_episode_that_never_ends_is_cut_where_the_environment_has_no_time_limit(name, capsys):
+    """Endless never ends an episode (reward 1 per step): its evaluation episodes are cut after the checkpoint's
+    --eval-max-steps, or the `max_steps` given (--evaluate's command line), one line each; Constant, the same
+    environment with a time limit of 10 steps, ends its own episodes there, whatever the cap, without a line."""
+    script = importlib.import_module(name)
+    capsys.readouterr()
+    assert script.evaluate(fresh_checkpoint(name, "Endless", eval_max_steps=12), 2, False, 5) == [12.0, 12.0]
+    assert capsys.readouterr().out.splitlines() == [CUT.format(12, fake(name, "Endless"))] * 2
+    assert script.evaluate(fresh_checkpoint(name, "Endless", eval_max_steps=12), 1, True, 5, max_steps=4) == [4.0]
+    assert capsys.readouterr().out.splitlines() == [CUT.format(4, fake(name, "Endless"))]
+    assert script.evaluate(fresh_checkpoint(name, "Constant", eval_max_steps=3), 2, False, 5) == [10.0, 10.0]
+    assert "cut" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["ppo", "ppo_continuous_action"])
+def test_a_run_on_an_environment_that_never_ends_ends_with_the_line(name, tmp_path, capsys):
+    """A run whose environment never ends an episode: its evaluations (--eval-every, the final one of --save-model)
+    end, each of their episodes cut with a line; --evaluate of the model cuts them at its own --eval-max-steps."""
+    script = importlib.import_module(name)
+    fields = dict(env_id=fake(name, "Endless"), cuda=False, num_envs=2, num_steps=16, num_minibatches=2)
+    fields.update(update_epochs=1, total_timesteps=64, eval_episodes=2, eval_max_steps=25)
+    run_dir = script.main(script.Args(**fields, runs_dir=str(tmp_path), eval_every=1, save_model=True))
+    out = capsys.readouterr().out
+    assert out.count(CUT.format(25, fields["env_id"])) == 2 * 3  # 2 episodes in each of 3 evaluations
+    assert f"model saved to {run_dir}/model.pt\n{CUT.format(25, fields['env_id'])}\n" in out
+    assert [value for _, value in read_scalars(run_dir)["eval/episodic_return"]] == [25.0] * 6
+    returns = script.main(script.Args(evaluate=f"{run_dir}/model.pt", eval_episodes=2, eval_max_steps=7, cuda=False))
+    assert returns == [7.0, 7.0] and capsys.readouterr().out.count(CUT.format(7, fields["env_id"])) == 2
