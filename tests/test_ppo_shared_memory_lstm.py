@@ -530,13 +530,16 @@ def test_a_slice_that_is_not_what_its_worker_wrote_stops_the_run(tmp_path, monke
     assert not [pid for pid, _ in descendants(os.getpid()) if is_worker(pid)]
 
 
-def test_ctrl_c_stops_the_learner_and_every_worker(tmp_path):
-    returncode, stderr, workers = interrupted_run(tmp_path, lambda learner, workers: os.kill(learner, signal.SIGINT))
+@pytest.mark.parametrize("signum, said", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated (SIGTERM)")])
+def test_ctrl_c_and_sigterm_stop_the_learner_and_every_worker(tmp_path, signum, said):
+    """Ctrl-C, and SIGTERM (what schedulers send first) alike: the learner's one line with the resume command,
+    exit 128 + the signal's number, every worker and /dev/shm file gone."""
+    returncode, stderr, workers = interrupted_run(tmp_path, lambda learner, workers: os.kill(learner, signum))
     assert len(workers) == WORKERS
-    assert returncode == 130
+    assert returncode == 128 + signum
     (line,) = stderr.splitlines()  # the learner's line; the workers are quiet
     assert re.fullmatch(
-        rf"{NAME}.py: interrupted: last checkpoint runs/\S+/checkpoint.pt; continue with: python "
+        rf"{NAME}.py: {re.escape(said)}: last checkpoint runs/\S+/checkpoint.pt; continue with: python "
         rf"\S+{NAME}.py --resume runs/\S+/checkpoint.pt",
         line,
     )
