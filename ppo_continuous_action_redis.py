@@ -36,7 +36,9 @@ checkpoints and resuming, logging, a redis-server of the run's own) is the packa
   when it expires or when the learner sets the stop key. A sampler keeps its own `alive` key; the
   tickets held by one that stopped refreshing it (killed, machine gone) go back to the queue, so a
   killed sampler's unfinished chunk never exists for the learner and another sampler makes it.
-  No chunk for `--sampler-timeout` seconds, or the server gone: one line, exit 1.
+  No chunk for `--sampler-timeout` seconds, the server gone, or one that refuses writes (out of
+  memory): one line, exit 1. Every key of a run expires (RUN_TTL, renewed while the run goes on), so
+  a learner killed on a shared server leaves nothing there for ever.
 - Wire format. Nothing from the network is unpickled: a message is a JSON header (run id, version,
   sampler, sequence number, each array's dtype and shape, CRC-32 of the payload) and the raw array
   bytes, checked in full before use; a malformed or foreign chunk is dropped and counted
@@ -80,6 +82,7 @@ import torch.nn as nn
 import ppolab
 from ppolab.redis_server import ServerDidNotStart, check_redis_url, connect, open_redis_host, redact
 from ppolab.redis_server import start_redis_server, stop_processes
+from ppolab.stops import resume_hint
 from torch.distributions.normal import Normal
 
 
@@ -570,9 +573,9 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
     # weights and observation statistics the samplers act with, and a ticket per chunk); then the local
     # samplers, started with the very command another machine runs
     client, run_id = lab.client, args.run_id
-    beat = Heartbeat(client, key(run_id, "heartbeat"))
+    beat = Heartbeat(client, key(run_id, "heartbeat"), refresh=tuple(key(run_id, name) for name in RUN_KEYS))
     beat()
-    client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run.dir}))
+    client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run.dir}), ex=RUN_TTL)
     policy_bytes, publish_time = publish_policy(client, run_id, start_iteration, agent, obs_normalizer, args.num_chunks)
     hint = lab.start_samplers(args.num_samplers)
     schema = chunk_schema(args.num_steps, obs_dim, act_dim)
@@ -700,6 +703,11 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
 
 
 HEARTBEAT_TTL = 5  # seconds a learner's heartbeat or a sampler's alive key lives unless refreshed
+# seconds every other key of a run lives unless refreshed, longer than any pause of a live run: each key gets it as
+# it is written and the learner's heartbeat renews it, so a learner killed (SIGKILL) leaves nothing for ever
+RUN_TTL = 3600
+RUN_KEYS = ("info", "next_sampler", "policy", "tickets", "chunks", "sent", "trained", "stale")  # besides a process's
+OUT_OF_MEMORY = "refused a write: out of memory (its maxmemory is reached and it evicts nothing)"
 BEAT_PERIOD = 0.5  # seconds between two refreshes (a refresh is one round trip)
 POP_TIMEOUT = 0.5  # seconds one blocking pop waits, so the waiting loops beat and check often
 
@@ -709,8 +717,16 @@ def key(run_id: str, *parts) -> str:
     return ":".join(["ppo", run_id, *map(str, parts)])
 
 
+def expiring(pipe: redis.client.Pipeline, *names: str) -> list:
+    """Executes `pipe`, a pipeline of writes, with the keys `names` given RUN_TTL in it: a key of a run is never
+    without an expiry (`pipe` a transaction: not even for an instant)."""
+    for name in names:
+        pipe.expire(name, RUN_TTL)
+    return pipe.execute()
+
+
 def abort(message: str):
-    """A run that cannot go on (no sampler, server gone): one line naming the problem, exit code 1.
+    """A run that cannot go on (no sampler, server gone or full): one line naming the problem, exit code 1.
     Raised inside redis_lab, whose `finally` still stops the local samplers and server."""
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
     raise SystemExit(1)
@@ -723,11 +739,13 @@ class RunOver(Exception):
 class Heartbeat:
     """Keeps a key alive (TTL HEARTBEAT_TTL) when called at least every second; one round trip per
     BEAT_PERIOD at most, however often it is called. A sampler's (`run_id` given) reads the learner's
-    heartbeat and stop key in the same round trip and raises RunOver when the run is over."""
+    heartbeat and stop key in the same round trip and raises RunOver when the run is over; the learner's
+    renews the RUN_TTL of the keys `refresh` (its run's) in it."""
 
-    def __init__(self, client: redis.Redis, name: str, run_id: str | None = None):
+    def __init__(self, client: redis.Redis, name: str, run_id: str | None = None, refresh: tuple[str, ...] = ()):
         self.client, self.name, self.run_id, self.last = client, name, run_id, -math.inf
         self.value = f"{socket.gethostname()}:{os.getpid()}"  # who holds the key
+        self.refresh = refresh
 
     def __call__(self):
         now = time.monotonic()
@@ -736,13 +754,15 @@ class Heartbeat:
         self.last = now
         pipe = self.client.pipeline(transaction=False)
         pipe.set(self.name, self.value, ex=HEARTBEAT_TTL)
-        if self.run_id is not None:
-            pipe.exists(key(self.run_id, "heartbeat"))
-            pipe.exists(key(self.run_id, "stop"))
-        watched = pipe.execute()[1:]
-        if watched and watched[1]:
+        if self.run_id is None:  # the learner's
+            expiring(pipe, *self.refresh)
+            return
+        pipe.exists(key(self.run_id, "heartbeat"))
+        pipe.exists(key(self.run_id, "stop"))
+        _, learner, stopped = pipe.execute()
+        if stopped:
             raise RunOver("the learner ended the run")
-        if watched and not watched[0]:
+        if not learner:
             raise RunOver("the learner is gone (its heartbeat expired)")
 
 
@@ -751,9 +771,10 @@ def beating(beat: Heartbeat, fn, *args):
     compiles for a minute or more, far longer than a heartbeat lives (HEARTBEAT_TTL)."""
     done = threading.Event()
 
-    def keep_beating():
-        while not done.wait(BEAT_PERIOD):
-            beat()
+    def keep_beating():  # a Redis error ends it quietly: the main thread meets it at its next beat
+        with contextlib.suppress(redis.RedisError):
+            while not done.wait(BEAT_PERIOD):
+                beat()
 
     thread = threading.Thread(target=keep_beating)
     thread.start()
@@ -780,10 +801,10 @@ def publish_policy(
         {"weights": weights, "obs_mean": obs_normalizer.rms.mean, "obs_var": obs_normalizer.rms.var},
     )
     pipe = client.pipeline(transaction=True)
-    pipe.set(key(run_id, "policy"), message)
+    pipe.set(key(run_id, "policy"), message, ex=RUN_TTL)
     pipe.delete(key(run_id, "tickets"))
     pipe.rpush(key(run_id, "tickets"), *[version] * num_chunks)
-    pipe.execute()
+    expiring(pipe, key(run_id, "tickets"))
     return len(message), time.perf_counter() - start
 
 
@@ -799,7 +820,7 @@ def requeue_lost_tickets(client: redis.Redis, run_id: str):
         pipe.delete(pending)
         tickets = pipe.execute()[0]
         if tickets:
-            client.rpush(key(run_id, "tickets"), *tickets)
+            expiring(client.pipeline().rpush(key(run_id, "tickets"), *tickets), key(run_id, "tickets"))
 
 
 class Received(NamedTuple):
@@ -844,35 +865,41 @@ def receive_chunks(
             malformed += 1  # garbage, foreign, from a version not yet published, or a replay
         elif header["version"] < version:
             stale += 1
-            client.hincrby(key(run_id, "stale"), f"{header['version']}:{header['sampler']}", 1)
+            pipe = client.pipeline().hincrby(key(run_id, "stale"), f"{header['version']}:{header['sampler']}", 1)
+            expiring(pipe, key(run_id, "stale"))
         else:
             chunks[name], last_chunk = chunk, time.monotonic()
     names = sorted(chunks)  # one order whatever the arrival order: one sampler gives the same batch every time
     pipe = client.pipeline(transaction=False)
     for sampler, _ in names:
         pipe.hincrby(key(run_id, "trained"), f"{version}:{sampler}", 1)
-    pipe.execute()
+    expiring(pipe, key(run_id, "trained"))
     return Received([chunks[n] for n in names], len({s for s, _ in names}), transfer_time, nbytes, stale, malformed)
 
 
 def end_run(client: redis.Redis | None, run_id: str):
     """Tells the samplers the run is over and clears the server: the stop key and the accounting
-    (chunks sent, trained and stale per version and sampler) stay an hour, the rest goes now. Chunks
-    still queued are counted as stale. Errors are ignored: the server may be what failed."""
+    (chunks sent, trained and stale per version and sampler) stay RUN_TTL, the rest goes now. Chunks
+    still queued are counted as stale. Errors are ignored: the server may be what failed; one that refuses
+    writes (out of memory) still deletes, pops and expires, so each command goes on its own."""
     if client is None:
         return
     try:
-        client.set(key(run_id, "stop"), 1, ex=3600)
-        client.delete(key(run_id, "heartbeat"), key(run_id, "tickets"), key(run_id, "policy"))
+        pipe = client.pipeline(transaction=False)
+        pipe.set(key(run_id, "stop"), 1, ex=RUN_TTL)
+        pipe.delete(key(run_id, "heartbeat"), key(run_id, "tickets"), key(run_id, "policy"))
+        pipe.execute(raise_on_error=False)
         while (message := client.lpop(key(run_id, "chunks"))) is not None:
             try:
                 header = read_header(message)[0]
-                client.hincrby(key(run_id, "stale"), f"{int(header['version'])}:{int(header['sampler'])}", 1)
+                pipe.hincrby(key(run_id, "stale"), f"{int(header['version'])}:{int(header['sampler'])}", 1)
             except (BadMessage, KeyError, TypeError, ValueError):  # not a chunk: nothing to count
                 pass
+        pipe.expire(key(run_id, "stale"), RUN_TTL)
+        pipe.execute(raise_on_error=False)
         for name in client.scan_iter(match=key(run_id, "*")):
-            if client.ttl(name) == -1:  # the keys that would stay for ever
-                client.expire(name, 3600)
+            if client.ttl(name) == -1:  # a key that would stay for ever (none should)
+                client.expire(name, RUN_TTL)
     except redis.RedisError:
         pass
 
@@ -904,7 +931,7 @@ def run_sampler(args: Args):
         run_args = Args(**info["args"])
         if run_args.torch_threads > 0:
             torch.set_num_threads(run_args.torch_threads)
-        sampler_id = client.incr(key(run_id, "next_sampler"))
+        sampler_id = expiring(client.pipeline().incr(key(run_id, "next_sampler")), key(run_id, "next_sampler"))[0]
         beat, pending = Heartbeat(client, key(run_id, "alive", sampler_id), run_id), key(run_id, "pending", sampler_id)
         beat()
         sampler, seq = Sampler(run_args, sampler_id, info["run_dir"]), 0
@@ -914,6 +941,7 @@ def run_sampler(args: Args):
             ticket = client.blmove(key(run_id, "tickets"), pending, POP_TIMEOUT, "LEFT", "RIGHT")
             if ticket is None:
                 continue
+            client.expire(pending, RUN_TTL)  # made by the move: it lives RUN_TTL too
             version = int(ticket) if ticket.isdigit() else -1
             if version != sampler.version and not sampler.load_policy(
                 client.get(key(run_id, "policy")), run_id, version
@@ -927,11 +955,18 @@ def run_sampler(args: Args):
             pipe.rpush(key(run_id, "chunks"), message)
             pipe.lrem(pending, 1, ticket)
             pipe.hincrby(key(run_id, "sent"), f"{version}:{sampler_id}", 1)
-            pipe.execute()
+            expiring(pipe, key(run_id, "chunks"), key(run_id, "sent"))
     except RunOver as e:
         print(f"sampler {sampler_id}: {e}; exiting", flush=True)
     except (redis.ConnectionError, redis.TimeoutError) as e:
         print(f"sampler {sampler_id}: lost the Redis server ({e}); exiting", file=sys.stderr)
+        raise SystemExit(1)
+    except redis.OutOfMemoryError:  # the learner meets it too and ends the run, stopping its local samplers first
+        with contextlib.suppress(redis.RedisError):  # (quietly: its line says it); a sampler elsewhere waits for that
+            deadline = time.monotonic() + 2 * HEARTBEAT_TTL
+            while client.exists(key(run_id, "heartbeat")) and time.monotonic() < deadline:
+                time.sleep(BEAT_PERIOD)
+        print(f"sampler {sampler_id}: the Redis server {OUT_OF_MEMORY}; exiting", file=sys.stderr)
         raise SystemExit(1)
     except KeyboardInterrupt:  # a sampler started by hand (local ones have their own session: no Ctrl-C)
         print(
@@ -959,43 +994,41 @@ def sampler_command(url: str, run_id: str, python: str = "python", script: str =
 @dataclass
 class Lab:
     """A learner's side of the server: the client, the URL the samplers connect to, the run's id, and the
-    local processes started for the run (the samplers, then the embedded server), which `redis_lab` stops."""
+    local samplers started for the run, which `redis_lab` stops."""
 
     client: redis.Redis
     url: str
     run_id: str
-    processes: list = field(default_factory=list)
+    samplers: list = field(default_factory=list)
 
     def start_samplers(self, count: int) -> str:
         """Prints the command that starts a sampler of this run on another machine, runs it `count` times on
         this one, and returns it (the learner repeats it when no chunk comes)."""
         hint = shlex.join(sampler_command(self.url, self.run_id))
         print(f"run {self.run_id} on {redact(self.url)}; samplers join with: {hint}", flush=True)
-        # before the server in the list: stop_processes stops them first
-        self.processes[:0] = [
-            subprocess.Popen(sampler_command(self.url, self.run_id, sys.executable, __file__), start_new_session=True)
-            for _ in range(count)
-        ]
+        for _ in range(count):  # each in the list as it starts: redis_lab stops every one, however the run ends
+            command = sampler_command(self.url, self.run_id, sys.executable, __file__)
+            self.samplers.append(subprocess.Popen(command, start_new_session=True))
         return hint
 
 
 @contextlib.contextmanager
-def redis_lab(args: Args):
+def redis_lab(args: Args, run_dir: str):
     """The learner's server: the one of --redis-url, or a redis-server of its own; the run's id (--run-id or a
     fresh one) checked free there and a dead learner's leftovers under it cleared. However the run ends, the
-    run is then ended on the server (samplers elsewhere exit by themselves) and the local samplers and server
-    are stopped; a server lost meanwhile ends the run in one line (exit 1)."""
+    local samplers are stopped, the run is ended on the server (samplers elsewhere exit by themselves) and the
+    embedded server is stopped; a server lost meanwhile, or one that refuses writes (out of memory), ends the
+    run in one line (exit 1) that says how to resume it from its folder `run_dir`."""
     run_id = args.run_id or uuid.uuid4().hex[:12]
-    lab, url = None, args.redis_url
-    processes = []
+    lab, url, server = None, args.redis_url, []
     try:
         if url is None:  # ppolab.redis_server's: on 127.0.0.1, a free port, no persistence
-            server, url = start_redis_server()
-            processes.append(server)
+            process, url = start_redis_server()
+            server.append(process)
         client = connect(url)
         if client.exists(key(run_id, "heartbeat")):
             ppolab.fail(f"run id {run_id} is in use on {redact(url)} (its learner is alive); pass another --run-id")
-        lab = Lab(client, url, run_id, processes)
+        lab = Lab(client, url, run_id)
         leftovers = list(client.scan_iter(match=key(run_id, "*")))  # of a dead learner with this run id
         if leftovers:
             client.delete(*leftovers)
@@ -1006,10 +1039,16 @@ def redis_lab(args: Args):
         abort(str(e))
     except (redis.ConnectionError, redis.TimeoutError) as e:
         abort(f"lost the Redis server at {redact(url)} ({type(e).__name__}: {e})")
-    finally:
+    except redis.OutOfMemoryError:
+        abort(
+            f"the Redis server at {redact(url)} {OUT_OF_MEMORY}; free memory on it or raise its maxmemory (redis-cli "
+            f"CONFIG SET maxmemory ...), then resume with the same --redis-url: {resume_hint(run_dir)}"
+        )
+    finally:  # the local samplers first (quietly, SIGTERM): none writes after the run is ended on the server
         if lab is not None:
+            stop_processes(lab.samplers)
             end_run(lab.client, run_id)
-        stop_processes(processes)
+        stop_processes(server)
 
 
 # THE WIRE FORMAT ---------------------------------------------------------------------------------
@@ -1228,7 +1267,7 @@ def main(args: Args) -> str | list[float] | None:
         return ppolab.evaluate_file(args, partial(evaluate, max_steps=args.eval_max_steps))
     # the run folder (a resumed run's own), Ctrl-C and refused writes; then the server, the run's namespace on
     # it and the local processes, stopped however the run ends
-    with ppolab.Run(args, evaluate) as run, redis_lab(run.args) as lab:
+    with ppolab.Run(args, evaluate) as run, redis_lab(run.args, run.dir) as lab:
         return train(run.args, run, lab)
 
 

@@ -9,6 +9,7 @@ run as the commands a user types."""
 import importlib
 import ipaddress
 import os
+import re
 import resource
 import signal
 import socket
@@ -149,6 +150,12 @@ def assert_chunks_accounted(client, rid: str, iterations: int):
 
 def total_trained(client, rid) -> int:
     return sum(counts(client, rid, "trained").values())
+
+
+def assert_every_key_expires(client, rid: str):
+    """Every key the run `rid` left on the server expires, within RUN_TTL: none stays there for ever."""
+    left = {name.decode(): client.ttl(name) for name in client.scan_iter(match=script.key(rid, "*"))}
+    assert left and all(0 < ttl <= script.RUN_TTL for ttl in left.values()), left
 
 
 # END TO END ---------------------------------------------------------------------------------------
@@ -292,7 +299,8 @@ def test_learner_ends_with_one_line_and_leaves_no_process(tmp_path, server, case
 @pytest.mark.parametrize("case", ["lab_server", "embedded_server"])
 def test_samplers_exit_by_themselves_when_the_learner_dies(tmp_path, server, client, case):
     """SIGKILL to the learner: samplers started elsewhere see its heartbeat expire, local ones lose the
-    embedded server (which dies with the learner); all exit within seconds."""
+    embedded server (which dies with the learner); all exit within seconds. On the lab's server every key
+    of the run expires: a learner killed leaves nothing there for ever."""
     argv, rid = [*FAST, "--total-timesteps", 10**6], run_id()
     if case == "lab_server":
         learner = launch(tmp_path, "learner", *argv, "--redis-url", server, "--run-id", rid, "--num-samplers", 0)
@@ -311,6 +319,101 @@ def test_samplers_exit_by_themselves_when_the_learner_dies(tmp_path, server, cli
     killed = time.monotonic()
     wait_until(lambda: not running(processes), 15, "the samplers to exit")
     assert time.monotonic() - killed < script.HEARTBEAT_TTL + 5
+    if case == "lab_server":
+        assert_every_key_expires(client, rid)
+
+
+# SIGTERM AND A SERVER THAT REFUSES WRITES (issue 32) ----------------------------------------------
+
+
+def resume_line(tmp_path) -> str:
+    """What the learner's line ends with: the run's checkpoint and the command that resumes it."""
+    (path,) = tmp_path.glob("runs/*/checkpoint.pt")
+    path = path.relative_to(tmp_path)
+    return f"last checkpoint {path}; continue with: python {script_command(NAME)[1]} --resume {path}"
+
+
+@pytest.mark.parametrize("case", ["lab_server", "embedded_server"])
+def test_sigterm_ends_the_learner_as_ctrl_c_does(tmp_path, server, client, case):
+    """SIGTERM (what schedulers send) to the learner: its one line, exit 143; its local samplers and embedded
+    server stopped, quietly; a sampler started elsewhere exits by itself (the run is over); on the lab's server
+    the run's keys are gone or expire."""
+    rid, argv = run_id(), [*FAST, "--total-timesteps", 10**6, "--checkpoint-every", 1, "--num-samplers"]
+    if case == "lab_server":
+        learner = launch(tmp_path, "learner", *argv, 1, "--redis-url", server, "--run-id", rid)
+        remote = launch(tmp_path, "remote", "--role", "sampler", "--redis-url", server, "--run-id", rid)
+    else:
+        learner, remote = launch(tmp_path, "learner", *argv, 2), None
+    try:
+        wait_until(lambda: list(tmp_path.glob("runs/*/checkpoint.pt")), 90, "the first checkpoint")
+        seen = descendants(learner.pid)
+        learner.send_signal(signal.SIGTERM)
+        seen |= wait_watching(learner, 30)
+        stderr = output(tmp_path, "learner")[1]
+        assert learner.returncode == 143, stderr
+        assert stderr.splitlines() == [f"{NAME}.py: terminated (SIGTERM): {resume_line(tmp_path)}"]
+        assert len(seen) == (1 if remote else 3) and not running(seen)
+        if remote:
+            assert remote.wait(script.HEARTBEAT_TTL + 5) == 0, output(tmp_path, "remote")
+            assert "the learner ended the run; exiting" in output(tmp_path, "remote")[0]
+            assert not client.exists(*(script.key(rid, name) for name in ("heartbeat", "policy", "tickets")))
+            assert_every_key_expires(client, rid)
+    finally:
+        for p in (learner, remote):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
+def test_a_server_out_of_memory_ends_the_learner_in_one_line_and_its_samplers_without_a_traceback(tmp_path):
+    """A server that refuses writes (its maxmemory reached, noeviction) in the middle of a run: the learner's
+    one line naming it, what to do and the resume command, exit 1; its local sampler stopped quietly; a sampler
+    started elsewhere ends with one line of its own, exit 1; every key of the run expires. Its own server: the
+    module's stays writable for the other tests."""
+    process, url = start_redis_server()
+    client, rid = redis.Redis.from_url(url), run_id()
+    learner = remote = None
+    try:
+        learner = launch(
+            tmp_path,
+            "learner",
+            *FAST,
+            "--total-timesteps",
+            10**6,
+            "--checkpoint-every",
+            1,
+            "--num-samplers",
+            1,
+            "--redis-url",
+            url,
+            "--run-id",
+            rid,
+        )
+        remote = launch(tmp_path, "remote", "--role", "sampler", "--redis-url", url, "--run-id", rid)
+        wait_until(lambda: list(tmp_path.glob("runs/*/checkpoint.pt")), 90, "the first checkpoint")
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)  # below what the server holds: every write that adds memory is refused
+        seen = descendants(learner.pid) | wait_watching(learner, 30)
+        stderr = output(tmp_path, "learner")[1]
+        assert learner.returncode == 1, stderr
+        assert stderr.splitlines() == [
+            f"{NAME}.py: error: the Redis server at {url} refused a write: out of memory (its maxmemory is reached "
+            "and it evicts nothing); free memory on it or raise its maxmemory (redis-cli CONFIG SET maxmemory ...), "
+            f"then resume with the same --redis-url: {resume_line(tmp_path)}"
+        ]
+        assert len(seen) == 1 and not running(seen)  # the local sampler
+        assert remote.wait(2 * script.HEARTBEAT_TTL + 5) == 1
+        lines = output(tmp_path, "remote")[1].splitlines()
+        assert len(lines) == 1 and re.fullmatch(
+            r"sampler \d+: the Redis server refused a write: out of memory \(.*\); exiting", lines[0]
+        ), lines
+        assert not client.exists(script.key(rid, "heartbeat"))
+        assert_every_key_expires(client, rid)
+        assert load(next(tmp_path.glob("runs/*/checkpoint.pt")))["iteration"] >= 1  # the last checkpoint is whole
+    finally:
+        for p in (learner, remote):
+            if p is not None and p.poll() is None:
+                p.kill()
+        stop_processes([process])
 
 
 # MALFORMED AND FOREIGN CHUNKS ---------------------------------------------------------------------
