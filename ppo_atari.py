@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 # Before PyTorch loads OpenMP: an idle pool thread sleeps, not spins (a spinning one takes CPU time from the thread
 # the pool waits for when a core is busy: benchmark/results/speed.md, Pixel scripts). Your own policy is kept.
@@ -77,6 +78,12 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
+    policy_objective: Literal["clip", "adaptive-kl", "fixed-kl"] = "clip"
+    """the policy's surrogate: PPO-Clip's clipped ratio, or PPO-Penalty's KL penalty with an adaptive or fixed beta"""
+    kl_target: float = 0.01
+    """adaptive-kl: the KL per update that beta is adapted towards (the PPO paper's d_targ)"""
+    kl_beta: float = 1.0
+    """the KL penalty's coefficient beta: fixed-kl's, and adaptive-kl's first"""
     bootstrap_truncation: bool = True
     """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
     max_episode_steps: int = 27_000
@@ -166,10 +173,8 @@ def make_envs(
 ) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset: the step that ends an episode returns the next one's first
     observation (the last one in `info["final_obs"]`), so no stored transition spans two episodes (Gymnasium's
-    default resets on the next step, a fake transition). The games step one after the other in this process, not one
-    process per game (AsyncVectorEnv: benchmark/results/speed.md, Pixel scripts). ale-py's C++ `AtariVectorEnv`
-    steps faster still, but its preprocessing is not this file's: 0 to 29 no-op frames at a reset, FIRE pressed for
-    one frame in their place, and neither a no-op nor FIRE after a lost life."""
+    default resets on the next step, a fake transition). The games step one after the other in this process
+    (faster than a process per game: benchmark/results/speed.md, Pixel scripts)."""
     thunks = [
         make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
         for i in range(num_envs)
@@ -178,11 +183,10 @@ def make_envs(
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended at this vector step: (env index, return, length in agent steps).
-    RecordEpisodeStatistics wraps each environment (for Atari below EpisodicLife, so it reports whole games
-    with the unclipped score). With same-step autoreset the vector environment moves the info of a step that
-    ended an episode to `info["final_info"]`; an Atari game can also end during a reset's own steps (see
-    `step_in_reset`), and then its statistics are in the top-level info."""
+    """The episodes that ended at this vector step: (env index, return, length in agent steps). RecordEpisodeStatistics
+    wraps each environment (a game below EpisodicLife: whole games, unclipped scores). Same-step autoreset moves the
+    info of a step that ended an episode to `info["final_info"]`; a game can also end during a reset's own steps
+    (see `step_in_reset`), and then its statistics are in the top-level info."""
     episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
@@ -301,30 +305,34 @@ def ppo_loss(
     returns: torch.Tensor,
     oldvalues: torch.Tensor,
     args: Args,
+    kl_beta: torch.Tensor,
     *,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
-    used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
-    loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
-    minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
-    others."""
+    """The PPO loss of one minibatch: policy loss + vf_coef * value loss - ent_coef * entropy, `advantages` used as
+    given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
+    surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
+    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
+    # KL(old || new) estimated from the sampled actions (http://joschu.net/blog/kl-approx.html): approx_kl is
+    # never negative, its mean is the KL and so is the mean of its gradient: the penalty's term
+    approx_kl = mean((ratio - 1) - logratio)
     with torch.no_grad():
-        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
         old_approx_kl = mean(-logratio)
-        approx_kl = mean((ratio - 1) - logratio)
         clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
 
-    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
-    pg_loss1 = -advantages * ratio
-    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+    if args.policy_objective == "clip":  # clipped surrogate (as a loss to minimise: the max of the negated terms)
+        pg_loss1 = -advantages * ratio
+        pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+    else:  # KL-penalised surrogate
+        pg_loss = mean(-advantages * ratio) + kl_beta * approx_kl
 
     # Value loss, optionally clipped around the values predicted during the rollout
     if args.clip_vloss:
@@ -342,16 +350,27 @@ def ppo_loss(
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
         "old_approx_kl": old_approx_kl,
-        "approx_kl": approx_kl,
+        "approx_kl": approx_kl.detach(),
         "clipfrac": clipfrac,
     }
     return loss, stats
+
+
+def adapt_kl_beta(kl_beta: torch.Tensor, kls: list[torch.Tensor], args: Args, stats: dict[str, torch.Tensor]):
+    """PPO-Penalty's beta after an update (section 4 of the PPO paper): logged, then with adaptive-kl halved if the
+    update's KL d (the mean approx_kl of its last epoch) < kl_target / 1.5, doubled if d > 1.5 * kl_target."""
+    if args.policy_objective != "clip":
+        stats["kl_beta"] = kl_beta.clone()
+    if args.policy_objective == "adaptive-kl":  # in place, on the device: no sync
+        d = torch.stack(kls[-args.num_minibatches :]).mean()  # an epoch's minibatches see every sample once
+        kl_beta.mul_(torch.where(d < args.kl_target / 1.5, 0.5, torch.where(d > 1.5 * args.kl_target, 2.0, 1.0)))
 
 
 def update_step(
     agent: Agent,
     optimizer: torch.optim.Optimizer,
     args: Args,
+    kl_beta: torch.Tensor,
     obs: torch.Tensor,
     actions: torch.Tensor,
     logprobs: torch.Tensor,
@@ -366,7 +385,7 @@ def update_step(
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args)
+    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args, kl_beta)
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -390,16 +409,17 @@ def train(args: Args, run: ppolab.Run) -> str:
     # overwrites in place: a compiled step reads it as data, not as a constant (a recompile per update)
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
-    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint holds besides progress, RNG and args
+    kl_beta = torch.tensor(args.kl_beta, device=device)  # PPO-Penalty's beta (adapt_kl_beta changes it in place)
+    saved = {"model": agent, "optimizer": optimizer, "kl_beta": kl_beta}  # besides progress, RNG and args
     start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run
 
     # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
     # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them)
-    act, update = agent.act, partial(update_step, agent, optimizer, args)
+    act, update = agent.act, partial(update_step, agent, optimizer, args, kl_beta)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
         act = torch.compile(agent.act, mode=mode)
-        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args)
+        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args, kl_beta)
 
     # Rollout storage on the CPU, shared with NumPy. Frames stay uint8, allocated (T, N, 84, 84, 4) and viewed as
     # (T, N, 4, 84, 84): a step is transposed once, every minibatch is channels-last; pinned on CUDA (no blocking)
@@ -480,7 +500,7 @@ def train(args: Args, run: ppolab.Run) -> str:
         b_returns = returns.reshape(-1).to(device)
         b_values = values.reshape(-1).to(device)
 
-        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
+        clipfracs, kls = [], []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(args.batch_size, device=device)
             for start in range(0, args.batch_size, args.minibatch_size):
@@ -501,12 +521,14 @@ def train(args: Args, run: ppolab.Run) -> str:
                     # deviation means the stored log-probs do not belong to the stored observations
                     first_ratio_deviation = stats["ratio_deviation"]
                 clipfracs.append(stats["clipfrac"])
+                kls.append(stats["approx_kl"])
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # a sync, only if asked
                 break
         update_time = time.perf_counter() - update_start
 
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+        adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
         perf = {"perf/act_time": act_time, "perf/env_time": env_time}  # the rollout's time, split
         run.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time, perf)
         run.evaluate_if_due(iteration, global_step, saved)

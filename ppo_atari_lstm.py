@@ -12,12 +12,10 @@ each sequence from the rollout's initial state (ratio 1 at the first minibatch).
 it are the input checks, the evaluation and the entry point (the rest of a run is the package ppolab's).
 
 What is special in this file:
-- `Agent.run_lstm` runs every stretch of steps without an episode start in one `nn.LSTM` call, where the usual
-  implementation steps the LSTM one time step at a time in a Python loop (slowest in every minibatch of the
-  update): the same numbers (tests/test_ppo_atari_lstm.py), many fewer calls (benchmark/throughput.py).
-- Same-step autoreset (every stored transition real), episodic life with the game score over all lives,
-  truncation bootstrapped with the value of the final observation *and the LSTM state it was reached with*.
-- Observations stay uint8 (one 84x84 frame per step); a resumed run starts new games from a zero state.
+- `Agent.run_lstm` runs every stretch of steps without an episode start in one `nn.LSTM` call, not one call per
+  step: the same numbers (tests/test_ppo_atari_lstm.py), many fewer calls (benchmark/throughput.py).
+- Same-step autoreset, episodic life with the game score over all lives, truncation bootstrapped with the value
+  of the final observation *and the LSTM state it was reached with*; uint8 observations, one frame per step.
 """
 
 import os
@@ -25,6 +23,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 # Before PyTorch loads OpenMP: an idle pool thread sleeps, not spins (a spinning one takes CPU time from the thread
 # the pool waits for when a core is busy: benchmark/results/speed.md, Pixel scripts). Your own policy is kept.
@@ -80,6 +79,12 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """the target KL divergence threshold (stops the epochs of an update early)"""
+    policy_objective: Literal["clip", "adaptive-kl", "fixed-kl"] = "clip"
+    """the policy's surrogate: PPO-Clip's clipped ratio, or PPO-Penalty's KL penalty with an adaptive or fixed beta"""
+    kl_target: float = 0.01
+    """adaptive-kl: the KL per update that beta is adapted towards (the PPO paper's d_targ)"""
+    kl_beta: float = 1.0
+    """the KL penalty's coefficient beta: fixed-kl's, and adaptive-kl's first"""
     bootstrap_truncation: bool = True
     """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
     max_episode_steps: int = 27_000
@@ -118,11 +123,8 @@ def make_env(
     video_trigger=None,
 ):
     """A thunk that builds one Atari environment with the standard preprocessing, wrapper by wrapper from the bottom
-    up (Gymnasium's where one does exactly the same thing, ours otherwise). Grayscale comes from ALE
-    (`obs_type="grayscale"`: OpenCV's RGB2GRAY values on all 110 colours met in 11 games), so the max of two frames
-    is taken in grayscale, as envpool and Gymnasium's AtariPreprocessing do. Every id gets the v4 NoFrameskip
-    settings (frameskip=1, no sticky actions, minimal action set, truncation at 4 x `max_episode_steps` frames), so
-    `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same environment."""
+    up (Gymnasium's where one does exactly the same thing, ours otherwise); grayscale from ALE, as envpool's. Every
+    id gets the v4 NoFrameskip settings: `Breakout`, `BreakoutNoFrameskip-v4` and `ALE/Breakout-v5` are the same."""
 
     def thunk():
         settings = dict(
@@ -163,10 +165,8 @@ def make_envs(
 ) -> gym.vector.VectorEnv:
     """The vector environment, with same-step autoreset: the step that ends an episode returns the next one's first
     observation (the last one in `info["final_obs"]`), so no stored transition spans two episodes (Gymnasium's
-    default resets on the next step, a fake transition). The games step one after the other in this process, not one
-    process per game (AsyncVectorEnv: benchmark/results/speed.md, Pixel scripts). ale-py's C++ `AtariVectorEnv`
-    steps faster still, but its preprocessing is not this file's: 0 to 29 no-op frames at a reset, FIRE pressed for
-    one frame in their place, and neither a no-op nor FIRE after a lost life."""
+    default resets on the next step, a fake transition). The games step one after the other in this process
+    (faster than a process per game: benchmark/results/speed.md, Pixel scripts)."""
     thunks = [
         make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
         for i in range(num_envs)
@@ -175,11 +175,10 @@ def make_envs(
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended at this vector step: (env index, return, length in agent steps).
-    RecordEpisodeStatistics wraps each environment (for Atari below EpisodicLife, so it reports whole games
-    with the unclipped score). With same-step autoreset the vector environment moves the info of a step that
-    ended an episode to `info["final_info"]`; an Atari game can also end during a reset's own steps (see
-    `step_in_reset`), and then its statistics are in the top-level info."""
+    """The episodes that ended at this vector step: (env index, return, length in agent steps). RecordEpisodeStatistics
+    wraps each environment (a game below EpisodicLife: whole games, unclipped scores). Same-step autoreset moves the
+    info of a step that ended an episode to `info["final_info"]`; a game can also end during a reset's own steps
+    (see `step_in_reset`), and then its statistics are in the top-level info."""
     episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
@@ -198,9 +197,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """Nature CNN -> LSTM(512, 128) -> policy head (std 0.01) and value head (std 1). Input: uint8 frames
-    (B, 1, 84, 84), scaled to [0, 1] here; no frame stack, the LSTM is the memory. The recurrent state is a
-    pair (h, c), each (1, B, 128): one layer, B environments."""
+    """Nature CNN -> LSTM(512, 128) -> policy head (std 0.01) and value head (std 1). Input: uint8 frames (B, 1, 84,
+    84), scaled to [0, 1] here; no frame stack, the LSTM is the memory, its state a pair (h, c), each (1, B, 128)."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -226,11 +224,8 @@ class Agent(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def initial_state(self, num_envs: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Recurrent detail 2: every environment starts from the zero state."""
-        return (
-            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
-            torch.zeros(1, num_envs, self.lstm.hidden_size, device=device),
-        )
+        """Recurrent detail 2: every environment starts from the zero state (h, c)."""
+        return tuple(torch.zeros(1, num_envs, self.lstm.hidden_size, device=device) for _ in range(2))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         # uint8 -> float32 in the input's own layout, then scaled in place (one pass, no extra copy)
@@ -254,15 +249,12 @@ class Agent(nn.Module):
         |         |                        | (`episode_cuts`); None: cut at every step                         |
         | returns | (T, B, H), 2x(1, B, H) | the LSTM outputs, and the state after step T-1                    |
 
-        Recurrent detail 3: the state is zeroed where an episode starts, so no memory leaks across
-        episodes. The usual implementation steps the LSTM one time step at a time in Python. Here the
-        steps between two cuts run in one `nn.LSTM` call (its time loop is in C++): given the `cuts`,
-        the sequence is cut only at the time steps where some environment starts an episode, which in
-        Atari is a few times per 128 steps. The caller finds them on the CPU, in the CPU copy of
-        `starts`: finding them here, in a tensor on the GPU, would wait for the GPU at every call.
-        Without `cuts` every step is its own call: the rollout's single step, and the update under
-        `--compile`, whose graph must not depend on where episodes start. The numbers are the same as
-        a step-by-step loop (tests/test_ppo_atari_lstm.py).
+        Recurrent detail 3: the state is zeroed where an episode starts, so no memory leaks across episodes.
+        Where the usual implementation steps the LSTM one step at a time in Python, the steps between two `cuts`
+        (where some environment starts an episode: a few times per 128 steps in Atari; the caller finds them in
+        the CPU copy of `starts`, as finding them on the GPU would wait for it) run in one `nn.LSTM` call. Without
+        `cuts` every step is its own call: the rollout's one step, the update under `--compile` (its graph must
+        not depend on where episodes start). The numbers are a step-by-step loop's (tests/test_ppo_atari_lstm.py).
         """
         T = hidden.shape[0]
         bounds = list(range(T + 1)) if cuts is None else [0, *cuts, T]
@@ -302,9 +294,8 @@ class Agent(nn.Module):
 
     @torch.no_grad()
     def act(self, x: torch.Tensor, starts: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
-        """The rollout's policy step for one step of observations (B, 1, 84, 84): action, log-prob,
-        value and the new state, without autograd and entropy. Gumbel-max sampling draws what
-        `Categorical(logits).sample()` would."""
+        """The rollout's policy step for one step of observations (B, 1, 84, 84): action, log-prob, value and the
+        new state, without autograd and entropy. Gumbel-max sampling draws what `Categorical(logits).sample()` would."""
         out, state = self.get_states(x.unsqueeze(0), starts.unsqueeze(0), state)
         logprobs = self.actor(out[0]).log_softmax(-1)
         action = (logprobs - torch.empty_like(logprobs).exponential_().log()).argmax(-1)
@@ -365,30 +356,34 @@ def ppo_loss(
     returns: torch.Tensor,
     oldvalues: torch.Tensor,
     args: Args,
+    kl_beta: torch.Tensor,
     *,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
-    used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
-    loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
-    minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
-    others."""
+    """The PPO loss of one minibatch: policy loss + vf_coef * value loss - ent_coef * entropy, `advantages` used as
+    given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
+    surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
+    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
+    # KL(old || new) estimated from the sampled actions (http://joschu.net/blog/kl-approx.html): approx_kl is
+    # never negative, its mean is the KL and so is the mean of its gradient: the penalty's term
+    approx_kl = mean((ratio - 1) - logratio)
     with torch.no_grad():
-        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
         old_approx_kl = mean(-logratio)
-        approx_kl = mean((ratio - 1) - logratio)
         clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
 
-    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
-    pg_loss1 = -advantages * ratio
-    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+    if args.policy_objective == "clip":  # clipped surrogate (as a loss to minimise: the max of the negated terms)
+        pg_loss1 = -advantages * ratio
+        pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+    else:  # KL-penalised surrogate
+        pg_loss = mean(-advantages * ratio) + kl_beta * approx_kl
 
     # Value loss, optionally clipped around the values predicted during the rollout
     if args.clip_vloss:
@@ -406,16 +401,27 @@ def ppo_loss(
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
         "old_approx_kl": old_approx_kl,
-        "approx_kl": approx_kl,
+        "approx_kl": approx_kl.detach(),
         "clipfrac": clipfrac,
     }
     return loss, stats
+
+
+def adapt_kl_beta(kl_beta: torch.Tensor, kls: list[torch.Tensor], args: Args, stats: dict[str, torch.Tensor]):
+    """PPO-Penalty's beta after an update (section 4 of the PPO paper): logged, then with adaptive-kl halved if the
+    update's KL d (the mean approx_kl of its last epoch) < kl_target / 1.5, doubled if d > 1.5 * kl_target."""
+    if args.policy_objective != "clip":
+        stats["kl_beta"] = kl_beta.clone()
+    if args.policy_objective == "adaptive-kl":  # in place, on the device: no sync
+        d = torch.stack(kls[-args.num_minibatches :]).mean()  # an epoch's minibatches see every sample once
+        kl_beta.mul_(torch.where(d < args.kl_target / 1.5, 0.5, torch.where(d > 1.5 * args.kl_target, 2.0, 1.0)))
 
 
 def update_step(
     agent: Agent,
     optimizer: torch.optim.Optimizer,
     args: Args,
+    kl_beta: torch.Tensor,
     obs: torch.Tensor,
     starts: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor],
@@ -426,18 +432,15 @@ def update_step(
     values: torch.Tensor,
     cuts: list[int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One gradient step on one minibatch of whole environment sequences, (T, B, ...) each, replayed from
-    the `state` they started with (recurrent detail 5; `cuts`: see `Agent.run_lstm`): forward, advantage
-    normalisation, the PPO loss, backward, global gradient clipping, the optimizer step. Returns the
-    detached statistics of `ppo_loss` and `ratio_deviation`, max |ratio - 1| before the step (1e-7 at the
-    first minibatch of an update).
-
-    The whole step is one function so that `--compile` can hand it to torch.compile as it stands.
+    """One gradient step on one minibatch of whole environment sequences, (T, B, ...) each, replayed from the
+    `state` they started with (recurrent detail 5; `cuts`: see `Agent.run_lstm`): forward, advantage normalisation,
+    the PPO loss, backward, global gradient clipping, the optimizer step. Returns the detached statistics of
+    `ppo_loss` and `ratio_deviation`, max |ratio - 1| before the step. One function: `--compile` compiles it whole.
     """
     _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, starts, state, actions, cuts)
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args)
+    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args, kl_beta)
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -463,20 +466,19 @@ def train(args: Args, run: ppolab.Run) -> str:
 
     envs = make_envs(args, args.num_envs, run.dir, args.capture_video)
     agent = Agent(int(envs.single_action_space.n)).to(device)
-    # fused: one kernel for all parameters (same update, less overhead). The learning rate is a tensor that annealing
-    # fills in place: a compiled update step does not recompile; CUDA graphs need Adam's step count on the device
+    # fused: one kernel for all parameters. The learning rate, a tensor filled in place: no recompile per update
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
-    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint holds besides progress, RNG and args
+    kl_beta = torch.tensor(args.kl_beta, device=device)  # PPO-Penalty's beta (adapt_kl_beta changes it in place)
+    saved = {"model": agent, "optimizer": optimizer, "kl_beta": kl_beta}  # besides progress, RNG and args
     start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run
 
-    # --compile runs the same two functions through torch.compile (the update runs the LSTM step by step, `cuts`
-    # None: one graph); --cudagraphs also replays their kernels from CUDA graphs (reused outputs: the loop clones)
-    act, update = agent.act, partial(update_step, agent, optimizer, args)
+    # --compile: the same two functions through torch.compile; --cudagraphs replays their kernels from CUDA graphs
+    act, update = agent.act, partial(update_step, agent, optimizer, args, kl_beta)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
         act = torch.compile(agent.act, mode=mode)
-        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args)
+        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args, kl_beta)
 
     # Rollout storage on the CPU, shared with NumPy; observations stay uint8 (one 84x84 frame per step)
     T, N = args.num_steps, args.num_envs
@@ -488,8 +490,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     obs_np, actions_np, logprobs_np, rewards_np, dones_np, starts_np, values_np = (
         x.numpy() for x in (obs, actions, logprobs, rewards, dones, starts, values)
     )
-    # One step's observations and episode starts go to the device together, in one copy: a uint8 row per
-    # environment, the frame's bytes then the start flag (pinned on CUDA, so the copy does not wait)
+    # One copy to the device per step: a uint8 row per environment, its frame's bytes then its start flag (pinned)
     step_input = torch.zeros((N, obs[0, 0].numel() + 1), dtype=torch.uint8, pin_memory=device.type == "cuda")
 
     # A resumed run reseeds its environments differently, so it does not replay the first games
@@ -579,7 +580,7 @@ def train(args: Args, run: ppolab.Run) -> str:
         # where the eager update cuts the LSTM's sequences: where some environment starts an episode
         # (found in the CPU copy of the starts; right for every minibatch, some cuts may be extra)
         cuts = None if args.compile or args.cudagraphs else episode_cuts(starts)
-        clipfracs = []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
+        clipfracs, kls = [], []  # one per minibatch: losses/clipfrac is their mean, as CleanRL logs it
         for epoch in range(args.update_epochs):
             env_inds = torch.randperm(N, device=device)
             for start in range(0, N, envs_per_batch):
@@ -604,12 +605,14 @@ def train(args: Args, run: ppolab.Run) -> str:
                     # deviation means the replayed recurrent states differ from the rollout's
                     first_ratio_deviation = stats["ratio_deviation"]
                 clipfracs.append(stats["clipfrac"])
+                kls.append(stats["approx_kl"])
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:  # the one wait per epoch
                 break
         update_time = time.perf_counter() - update_start
 
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+        adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
         perf = {"perf/act_time": act_time, "perf/env_time": env_time}  # the rollout's time, split
         run.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time, perf)
         run.evaluate_if_due(iteration, global_step, saved)

@@ -107,6 +107,12 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """the maximum norm for the gradient clipping (of the averaged gradient)"""
     target_kl: float | None = None
     """the target KL divergence threshold (stops the epochs of an update early, on all ranks at once)"""
+    policy_objective: Literal["clip", "adaptive-kl", "fixed-kl"] = "clip"
+    """the policy's surrogate: PPO-Clip's clipped ratio, or PPO-Penalty's KL penalty with an adaptive or fixed beta"""
+    kl_target: float = 0.01
+    """adaptive-kl: the KL per update that beta is adapted towards (the PPO paper's d_targ)"""
+    kl_beta: float = 1.0
+    """the KL penalty's coefficient beta: fixed-kl's, and adaptive-kl's first"""
     bootstrap_truncation: bool = True
     """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
     max_episode_steps: int = 27_000
@@ -236,11 +242,10 @@ def make_envs(
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
-    """The episodes that ended at this vector step: (env index, return, length in agent steps).
-    RecordEpisodeStatistics wraps each environment (for Atari below EpisodicLife, so it reports whole games
-    with the unclipped score). With same-step autoreset the vector environment moves the info of a step that
-    ended an episode to `info["final_info"]`; an Atari game can also end during a reset's own steps (see
-    `step_in_reset`), and then its statistics are in the top-level info."""
+    """The episodes that ended at this vector step: (env index, return, length in agent steps). RecordEpisodeStatistics
+    wraps each environment (a game below EpisodicLife: whole games, unclipped scores). Same-step autoreset moves the
+    info of a step that ended an episode to `info["final_info"]`; a game can also end during a reset's own steps
+    (see `step_in_reset`), and then its statistics are in the top-level info."""
     episodes = []
     for source in (infos.get("final_info", {}), infos):
         for i in np.flatnonzero(source.get("_episode", [])):
@@ -359,30 +364,34 @@ def ppo_loss(
     returns: torch.Tensor,
     oldvalues: torch.Tensor,
     args: Args,
+    kl_beta: torch.Tensor,
     *,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The PPO loss of one minibatch: clipped surrogate + vf_coef * value loss - ent_coef * entropy, `advantages`
-    used as given (normalised before the call if wanted). Returns the loss and detached statistics: policy and value
-    loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per sample, optional) keeps fixed-shape
-    minibatches exact: only the samples where it is 1 count, so the gradient is that of the minibatch without the
-    others."""
+    """The PPO loss of one minibatch: policy loss + vf_coef * value loss - ent_coef * entropy, `advantages` used as
+    given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
+    surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
+    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
 
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
+    # KL(old || new) estimated from the sampled actions (http://joschu.net/blog/kl-approx.html): approx_kl is
+    # never negative, its mean is the KL and so is the mean of its gradient: the penalty's term
+    approx_kl = mean((ratio - 1) - logratio)
     with torch.no_grad():
-        # KL(old || new) estimators, http://joschu.net/blog/kl-approx.html
         old_approx_kl = mean(-logratio)
-        approx_kl = mean((ratio - 1) - logratio)
         clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
 
-    # Clipped surrogate objective (as a loss to minimise: the max of the negated terms)
-    pg_loss1 = -advantages * ratio
-    pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+    if args.policy_objective == "clip":  # clipped surrogate (as a loss to minimise: the max of the negated terms)
+        pg_loss1 = -advantages * ratio
+        pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+    else:  # KL-penalised surrogate
+        pg_loss = mean(-advantages * ratio) + kl_beta * approx_kl
 
     # Value loss, optionally clipped around the values predicted during the rollout
     if args.clip_vloss:
@@ -400,10 +409,20 @@ def ppo_loss(
         "value_loss": v_loss.detach(),
         "entropy": entropy_loss.detach(),
         "old_approx_kl": old_approx_kl,
-        "approx_kl": approx_kl,
+        "approx_kl": approx_kl.detach(),
         "clipfrac": clipfrac,
     }
     return loss, stats
+
+
+def adapt_kl_beta(kl_beta: torch.Tensor, kls: list[torch.Tensor], args: Args, stats: dict[str, torch.Tensor]):
+    """PPO-Penalty's beta after an update (section 4 of the PPO paper): logged, then with adaptive-kl halved if the
+    update's KL d (the mean approx_kl of its last epoch) < kl_target / 1.5, doubled if d > 1.5 * kl_target."""
+    if args.policy_objective != "clip":
+        stats["kl_beta"] = kl_beta.clone()
+    if args.policy_objective == "adaptive-kl":  # in place, on the device: no sync
+        d = torch.stack(kls[-args.num_minibatches :]).mean()  # an epoch's minibatches see every sample once
+        kl_beta.mul_(torch.where(d < args.kl_target / 1.5, 0.5, torch.where(d > 1.5 * args.kl_target, 2.0, 1.0)))
 
 
 # The data-parallel pieces of the update: each rank holds its share of every global minibatch, and these
@@ -466,6 +485,7 @@ def update_step(
     agent: Agent,
     optimizer: torch.optim.Optimizer,
     args: Args,
+    kl_beta: torch.Tensor,
     obs: torch.Tensor,
     actions: torch.Tensor,
     logprobs: torch.Tensor,
@@ -489,7 +509,7 @@ def update_step(
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     if args.norm_adv:
         advantages = (advantages - adv_stats[0]) / (adv_stats[1] + 1e-8)
-    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args)
+    loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args, kl_beta)
     optimizer.zero_grad()
     loss.backward()
     # A diagnostic, not a decision: would this rank, from its own KL alone, stop here? Averaged over
@@ -535,7 +555,8 @@ def train(
     # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
-    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint holds besides progress, RNG and args
+    kl_beta = torch.tensor(args.kl_beta, device=device)  # PPO-Penalty's beta (adapt_kl_beta changes it in place)
+    saved = {"model": agent, "optimizer": optimizer, "kl_beta": kl_beta}  # besides progress, RNG and args
     start_iteration, global_step = run.start(saved)  # --resume: on every rank, its RNG too; 1, 0 if new
     broadcast_weights(agent, comm_device)  # DISTRIBUTED: every rank starts from rank 0's weights
 
@@ -650,7 +671,7 @@ def train(
         b_returns = returns.reshape(-1).to(device)
         b_values = values[:steps].reshape(-1).to(device)
 
-        clipfracs = []  # every minibatch's (all-reduced) clip fraction, as tensors: no sync per minibatch
+        clipfracs, kls = [], []  # every minibatch's (all-reduced) clip fraction, as tensors: no sync per minibatch
         epochs, kl_stop_disagreements = 0, torch.zeros(())
         for epoch in range(args.update_epochs):
             minibatches = torch.randperm(steps * N, device=device).tensor_split(args.num_minibatches)
@@ -664,6 +685,7 @@ def train(
                     agent,
                     optimizer,
                     args,
+                    kl_beta,
                     b_obs[mb_inds],
                     b_actions[mb_inds],
                     b_logprobs[mb_inds],
@@ -680,6 +702,7 @@ def train(
                     # deviation means the stored log-probs do not belong to the stored observations
                     first_ratio_deviation = stats["ratio_deviation"]
                 clipfracs.append(stats["clipfrac"])
+                kls.append(stats["approx_kl"])
             epochs += 1
             # a share strictly between 0 and 1: ranks deciding alone would have disagreed, and the one
             # that stopped would have left the others waiting in their next all-reduce (a hang)
@@ -693,6 +716,7 @@ def train(
 
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
+        adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
         if rank == 0:  # rank 0 logs every rank's episodes and value sums (the reports); the others wait for it
             preempted_ranks = sum(report.steps < T * N for report in reports)
             scalars = {"debug/update_epochs": epochs, "debug/preempted_ranks": preempted_ranks}

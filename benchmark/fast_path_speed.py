@@ -74,6 +74,7 @@ def main():
         step_obs = torch.randint(0, 255, (n_obs, *obs_shape), dtype=torch.uint8)
         batch_obs = torch.randint(0, 255, (args.minibatch_size, *obs_shape), dtype=torch.uint8)
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate), eps=1e-5, fused=True)
+    kl_beta = torch.tensor(args.kl_beta)  # PPO-Penalty's beta, as the scripts make it
     with torch.no_grad():
         _, logprobs, _, values = agent.get_action_and_value(batch_obs, batch_actions)
     batch = (batch_obs, batch_actions, logprobs, torch.randn(args.minibatch_size), values + 0.1, values)
@@ -85,11 +86,11 @@ def main():
     compile_seconds["act"] = time.perf_counter() - start
     start = time.perf_counter()
     compiled_update = torch.compile(script.update_step)
-    compiled_update(agent, optimizer, args, *batch)
+    compiled_update(agent, optimizer, args, kl_beta, *batch)
     compile_seconds["update_step"] = time.perf_counter() - start
 
     # NumpyUpdate first: it moves the parameters into one flat tensor, which NumpyPolicy then reads
-    numpy_update = NumpyUpdate(agent, optimizer, args) if options.script in NUMPY else None
+    numpy_update = NumpyUpdate(agent, optimizer, args, kl_beta) if options.script in NUMPY else None
     variants = {
         "policy step, eager act": lambda: agent.act(step_obs),
         "policy step, compiled act": lambda: compiled_act(step_obs),
@@ -97,8 +98,8 @@ def main():
     if options.script in NUMPY:
         numpy_policy = NumpyPolicy(agent)
         variants["policy step, NumpyPolicy"] = lambda: numpy_policy(step_obs.numpy())
-    variants["update step, eager"] = lambda: script.update_step(agent, optimizer, args, *batch)
-    variants["update step, compiled"] = lambda: compiled_update(agent, optimizer, args, *batch)
+    variants["update step, eager"] = lambda: script.update_step(agent, optimizer, args, kl_beta, *batch)
+    variants["update step, compiled"] = lambda: compiled_update(agent, optimizer, args, kl_beta, *batch)
     if numpy_update is not None:
         variants["update step, NumpyUpdate"] = lambda: numpy_update(*batch)
     results = {name: [] for name in variants}

@@ -38,10 +38,10 @@ def device_of(saved: dict) -> torch.device:
 
 def checkpoint_data(saved: dict, args, iteration: int, global_step: int, **extras) -> dict:
     """Everything needed to continue or to evaluate, as data: the state_dict() of every object in `saved`
-    (name -> object: `model`, `optimizer`, and the script's own), progress, args, the script, the format and
+    (name -> object: `model`, `optimizer`, and the script's own; a tensor as it is), progress, args, the script, the format and
     the RNG states, plus `extras`. The tensors are the objects' own (a state_dict does not copy them): write
     the dict or read it before the objects change."""
-    checkpoint = {name: obj.state_dict() for name, obj in saved.items()}
+    checkpoint = {name: obj if isinstance(obj, torch.Tensor) else obj.state_dict() for name, obj in saved.items()}
     checkpoint.update(
         iteration=iteration,
         global_step=global_step,
@@ -264,6 +264,9 @@ def restore(checkpoint: dict | None, saved: dict, *, rng: bool = True) -> tuple[
             obj.load_state_dict(checkpoint[name])
             for group, learning_rate in zip(obj.param_groups, learning_rates):
                 group["lr"] = learning_rate  # loading put the saved float there
+        elif isinstance(obj, torch.Tensor):  # a tensor the script changes in place (PPO-Penalty's beta)
+            if name in checkpoint:  # (a checkpoint from before it existed: the start value)
+                obj.copy_(checkpoint[name])
         else:
             obj.load_state_dict(checkpoint[name])
     if rng:

@@ -70,6 +70,13 @@ def check_numbers(args):
         ("vf_coef", args.vf_coef >= 0, "zero or positive"),
         ("max_grad_norm", args.max_grad_norm > 0, "positive"),
         ("target_kl", args.target_kl is None or args.target_kl > 0, "positive (or not given)"),
+        ("kl_target", args.kl_target > 0, "positive (adaptive-kl's target KL per update)"),
+        ("kl_beta", args.kl_beta >= 0, "zero or positive (the KL penalty's coefficient)"),
+        (
+            "kl_beta",
+            args.kl_beta > 0 or args.policy_objective != "adaptive-kl",
+            "positive with --policy-objective adaptive-kl (halved or doubled, a beta of 0 would stay 0)",
+        ),
     ):
         if not valid:
             fail(f"{flag(name)} must be {meaning}, got {getattr(args, name)}")

@@ -38,15 +38,15 @@ NUMPY_COMPUTES = {
         "Agent.act": "930e9aefd9112da5",
         "Agent.get_action_and_value": "fd82e4b88f91ba7a",
         "Agent.get_value": "0fd1e9e6c677a71c",
-        "ppo_loss": "efcfd0aedf4ec895",
-        "update_step": "aa801e06889afff4",
+        "ppo_loss": "3aa61bd45aa68a61",
+        "update_step": "a2a2e2a8516252f7",
     },
     "gaussian": {
         "Agent.act": "87cecc720411ac9e",
         "Agent.get_action_and_value": "99721030701493bd",
         "Agent.get_value": "0fd1e9e6c677a71c",
-        "ppo_loss": "efcfd0aedf4ec895",
-        "update_step": "aa801e06889afff4",
+        "ppo_loss": "3aa61bd45aa68a61",
+        "update_step": "a2a2e2a8516252f7",
     },
 }
 # Adam's options: those NumpyUpdate follows whatever their value, and the others at the value it computes
@@ -135,8 +135,9 @@ class NumpyUpdate:
     a max (torch.maximum's backward gives each half), so does this.
     """
 
-    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer, args):
+    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer, args, kl_beta: torch.Tensor):
         self.args, self.group, self.kind = args, optimizer.param_groups[0], agent_kind(agent)
+        self.kl_beta = kl_beta.numpy()  # PPO-Penalty's beta, read at every step (adapt_kl_beta changes it)
         actor, critic = linear_layers(actor_of(agent)), linear_layers(agent.critic)
         # in the order of the gradients in __call__: per network, per layer, weight then bias; a log-std last
         params = [param for layer in actor + critic for param in (layer.weight, layer.bias)]
@@ -268,11 +269,17 @@ class NumpyUpdate:
         # the loss of ppo_loss, and its gradient with respect to the log-prob and the value
         logratio = newlogprob - old_logprob
         ratio = np.exp(logratio)
-        pg_loss1, pg_loss2 = -advantages * ratio, -advantages * ratio.clip(1 - clip, 1 + clip)
-        to_1, to_2 = self.max_grads(pg_loss1, pg_loss2)
-        in_clip = (ratio >= 1 - clip) & (ratio <= 1 + clip)  # where the clamp passes the gradient
-        grad_logprob = (to_1 + to_2 * in_clip) * -advantages * ratio / n  # d(ratio)/d(log-prob) = ratio
-        pg_loss = np.maximum(pg_loss1, pg_loss2).sum() / n
+        approx_kl = ((ratio - 1) - logratio).sum() / n
+        if args.policy_objective == "clip":
+            pg_loss1, pg_loss2 = -advantages * ratio, -advantages * ratio.clip(1 - clip, 1 + clip)
+            to_1, to_2 = self.max_grads(pg_loss1, pg_loss2)
+            in_clip = (ratio >= 1 - clip) & (ratio <= 1 + clip)  # where the clamp passes the gradient
+            grad_logprob = (to_1 + to_2 * in_clip) * -advantages * ratio / n  # d(ratio)/d(log-prob) = ratio
+            pg_loss = np.maximum(pg_loss1, pg_loss2).sum() / n
+        else:  # PPO-Penalty: -A * ratio + beta * ((ratio - 1) - logratio), whose derivative is -A * ratio + beta * (ratio - 1)
+            beta = self.kl_beta
+            grad_logprob = (-advantages * ratio + beta * (ratio - 1)) / n
+            pg_loss = (-advantages * ratio).sum() / n + beta * approx_kl
         if args.clip_vloss:
             v_loss_unclipped = (newvalue - returns) ** 2
             v_change = newvalue - old_values
@@ -309,7 +316,7 @@ class NumpyUpdate:
                 v_loss,
                 entropy,
                 -logratio.sum() / n,
-                ((ratio - 1) - logratio).sum() / n,
+                approx_kl,
                 np.count_nonzero(np.abs(ratio - 1) > clip) / n,
                 np.abs(ratio - 1).max(),
             ],
@@ -407,7 +414,7 @@ def numpy_policy_agrees(agent: nn.Module) -> bool:
     return all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, expected))
 
 
-def numpy_update_agrees(agent: nn.Module, optimizer: torch.optim.Optimizer, args, update_step) -> bool:
+def numpy_update_agrees(agent: nn.Module, optimizer: torch.optim.Optimizer, args, kl_beta, update_step) -> bool:
     """A second line of defence: two steps of NumpyUpdate and of `update_step`, from copies of the agent and of
     the optimizer, on a random minibatch whose log-probs and values are off enough to clip, must give the same
     parameters and statistics. The training's RNG streams, its agent and its optimizer's state (Adam's moments
@@ -430,7 +437,8 @@ def numpy_update_agrees(agent: nn.Module, optimizer: torch.optim.Optimizer, args
         copy_optimizer = type(optimizer)(copy_.parameters(), **optimizer.defaults)
         # a deep copy: load_state_dict keeps the tensors it is given, and the steps below change them in place
         copy_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
-        step = NumpyUpdate(copy_, copy_optimizer, args) if fast else partial(update_step, copy_, copy_optimizer, args)
+        bound = (copy_, copy_optimizer, args, kl_beta.clone())
+        step = NumpyUpdate(*bound) if fast else partial(update_step, *bound)
         stats = [step(*batch) for _ in range(2)]
         results.append([*copy_.parameters(), *(torch.stack(list(s.values())) for s in stats)])
     return all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(*results))
@@ -438,7 +446,7 @@ def numpy_update_agrees(agent: nn.Module, optimizer: torch.optim.Optimizer, args
 
 def numpy_fast_path(agent: nn.Module, optimizer: torch.optim.Optimizer, args, act, update):
     """On the CPU (unless --no-numpy-update): NumpyPolicy in place of `act`, and NumpyUpdate in place of `update`
-    (`partial(update_step, agent, optimizer, args)`; not under --compile), each only where it computes this run's
+    (`partial(update_step, agent, optimizer, args, kl_beta)`; not under --compile), each only where it computes this run's
     code: the agent, and for the update the optimizer, must be the ones it implements, recognised by their
     structure and by the fingerprints of their code (NUMPY_COMPUTES: the Agent's methods, `update_step` and the
     `ppo_loss` it calls), and a numerical check must agree. Otherwise the step stays PyTorch's and the run says
@@ -455,11 +463,13 @@ def numpy_fast_path(agent: nn.Module, optimizer: torch.optim.Optimizer, args, ac
         )
         update_problem = None
         if not args.compile:
-            update_step = update.func if isinstance(update, partial) else None
+            # update_step(agent, optimizer, args, kl_beta, <minibatch>) with the first four bound
+            bound = update.args if isinstance(update, partial) else ()
+            update_step = update.func if len(bound) == 4 and bound[:3] == (agent, optimizer, args) else None
             update_problem = (
                 agent_problem(agent, script)
                 or optimizer_problem(agent, optimizer)
-                or (None if update_step is not None else "the update step is not update_step")
+                or (None if update_step is not None else "the update step is not update_step of this run")
                 or code_problem(
                     {
                         "Agent.get_action_and_value": type(agent).get_action_and_value,
@@ -471,7 +481,7 @@ def numpy_fast_path(agent: nn.Module, optimizer: torch.optim.Optimizer, args, ac
                 )
                 or (
                     None
-                    if numpy_update_agrees(agent, optimizer, args, update_step)
+                    if numpy_update_agrees(agent, optimizer, args, bound[3], update_step)
                     else "a check on one minibatch disagreed"
                 )
             )
@@ -479,7 +489,7 @@ def numpy_fast_path(agent: nn.Module, optimizer: torch.optim.Optimizer, args, ac
         policy_problem = update_problem = f"its check failed ({type(e).__name__}: {e})"
     if not args.compile:
         if update_problem is None:
-            update = NumpyUpdate(agent, optimizer, args)
+            update = NumpyUpdate(*update.args)
         else:
             print(
                 f"NumpyUpdate steps aside, the update step runs as update_step in PyTorch: {update_problem}", flush=True

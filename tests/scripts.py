@@ -36,6 +36,7 @@ NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
 ATARI = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]  # ale-py's games
 IDENTICAL = {
     "ppo_loss": [SCRIPTS],
+    "adapt_kl_beta": [SCRIPTS],
     "layer_init": [SCRIPTS],
     "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
     # gymnasium's vector RecordEpisodeStatistics (classic control, MuJoCo) / a per-env one below the

@@ -89,7 +89,7 @@ def test_the_copies_of_a_piece_are_the_same_text_in_the_same_section(piece):
 def test_the_text_comparison_sees_a_comment():
     """The comparison itself: one changed comment makes two copies differ."""
     text = text_of("ppo", "ppo_loss")
-    assert "#" in text and text.replace("# Clipped", "# The clipped") != text
+    assert "#" in text and text.replace("# KL(old || new)", "# KL(new || old)") != text
 
 
 def test_gae_lists_name_the_scripts_by_their_reset_convention():

@@ -36,6 +36,7 @@ from ppolab.fast_path import (
 from scripts import NUMPY_POLICY, NUMPY_UPDATE, REPO, SCRIPTS, script_path
 
 # the rollout runs in other processes (on the CPU): the learner's rollout phase makes no copies at all
+BETA = torch.tensor(1.0)  # PPO-Penalty's beta, which update_step takes (unused by the default clip objective)
 ROLLOUT_ELSEWHERE = {"ppo_continuous_action_redis", "ppo_shared_memory_lstm"}
 
 
@@ -184,13 +185,13 @@ def test_the_values_computed_after_the_rollout_belong_to_the_stored_observations
     script = importlib.import_module(name)
     real_update, calls, checked = script.update_step, [], []
 
-    def checking_update(agent, optimizer, args, obs, *rest):
+    def checking_update(agent, optimizer, args, kl_beta, obs, *rest):
         if len(calls) % (args.update_epochs * args.num_minibatches) == 0:
             with torch.no_grad():
                 torch.testing.assert_close(agent.get_value(obs), rest[-1], rtol=1e-5, atol=1e-6)
             checked.append(len(calls))
         calls.append(1)
-        return real_update(agent, optimizer, args, obs, *rest)
+        return real_update(agent, optimizer, args, kl_beta, obs, *rest)
 
     monkeypatch.setattr(script, "update_step", checking_update)
     script.main(make_args(script, tmp_path, numpy_update=False, save_model=False, checkpoint_every=0))
@@ -234,13 +235,13 @@ def test_the_numpy_update_step_is_update_step(name, options, torch_steps_first):
     for k in range(torch_steps_first):
         batch = minibatch(script, agents[0], 64, seed=100 + k)
         for a, o in zip(agents, optimizers):
-            script.update_step(a, o, args, *batch)
-    numpy_step = NumpyUpdate(agents[1], optimizers[1], args)
+            script.update_step(a, o, args, BETA, *batch)
+    numpy_step = NumpyUpdate(agents[1], optimizers[1], args, BETA)
     clipped = []
     for k in range(6):
         batch = minibatch(script, agents[0], 64, seed=k)
-        expected = script.update_step(agents[0], optimizers[0], args, *batch)
-        got = numpy_step(*batch) if k < 5 else script.update_step(agents[1], optimizers[1], args, *batch)
+        expected = script.update_step(agents[0], optimizers[0], args, BETA, *batch)
+        got = numpy_step(*batch) if k < 5 else script.update_step(agents[1], optimizers[1], args, BETA, *batch)
         assert expected.keys() == got.keys()
         for key in expected:
             torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-6, msg=f"step {k}: {key}")
@@ -262,9 +263,9 @@ def test_the_start_of_run_check_leaves_the_agent_and_adam_state_alone(name):
     agent = script.Agent(5, 3)
     optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(3e-3), eps=1e-5, fused=True)
     for k in range(2):
-        script.update_step(agent, optimizer, script.Args(), *minibatch(script, agent, 64, seed=k))
+        script.update_step(agent, optimizer, script.Args(), BETA, *minibatch(script, agent, 64, seed=k))
     before = copy.deepcopy((agent.state_dict(), optimizer.state_dict()))
-    assert numpy_update_agrees(agent, optimizer, script.Args(), script.update_step)
+    assert numpy_update_agrees(agent, optimizer, script.Args(), BETA, script.update_step)
     for saved, now in zip(before, (agent.state_dict(), optimizer.state_dict())):
         torch.testing.assert_close(now, saved, rtol=0, atol=0)
 

@@ -15,6 +15,7 @@ import ppo_procgen
 
 SCRIPTS = {ppo_atari_envpool: (4, 84, 84), ppo_procgen: (3, 64, 64)}  # script -> one observation's shape
 N_ACTIONS, ROWS = 5, 12
+BETA = torch.tensor(1.0)  # PPO-Penalty's beta, which update_step takes (unused by the default clip objective)
 RESET_ROWS = [1, 6, 7, 11]  # where the mask is 0
 
 
@@ -51,12 +52,15 @@ def test_masked_fixed_shape_minibatch_gives_the_gradient_of_the_dropped_rows(scr
     real = batch["mask"].bool()
 
     # lr 0: the optimizer step leaves the weights, the gradients stay in .grad to compare
-    stats = script.update_step(masked_agent, torch.optim.SGD(masked_agent.parameters(), lr=0.0), args, **batch)
+    stats = script.update_step(
+        masked_agent, torch.optim.SGD(masked_agent.parameters(), lr=0.0), args, kl_beta=BETA, **batch
+    )
     # the update as the scripts made it before fixed shapes: ppo.py's plain update_step, on the real rows only
     reference = ppo.update_step(
         dropped_agent,
         torch.optim.SGD(dropped_agent.parameters(), lr=0.0),
         args,
+        BETA,
         **{k: v[real] for k, v in batch.items() if k != "mask"},
     )
 
@@ -86,7 +90,7 @@ def test_reset_rows_change_nothing_in_the_update(script):
     results = []
     for agent, b in zip(agents, (batch, other)):
         optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
-        results.append(script.update_step(agent, optimizer, args, **b))
+        results.append(script.update_step(agent, optimizer, args, kl_beta=BETA, **b))
     for name in results[0]:
         torch.testing.assert_close(results[0][name], results[1][name], msg=name)
     for p, q in zip(agents[0].parameters(), agents[1].parameters()):

@@ -20,6 +20,7 @@ def loss_inputs(n=8, seed=0):
         advantages=torch.randn(n, generator=g, dtype=torch.float64),
         returns=torch.randn(n, generator=g, dtype=torch.float64),
         oldvalues=torch.randn(n, generator=g, dtype=torch.float64),
+        kl_beta=torch.tensor(1.0, dtype=torch.float64),
     )
 
 

@@ -403,6 +403,7 @@ def loss_of(agent, batch, idx, adv_mean, adv_std):
         returns,
         values,
         script.Args(),
+        torch.tensor(1.0),
     )
 
 
