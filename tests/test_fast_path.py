@@ -215,8 +215,15 @@ def minibatch(script, agent, n: int, seed: int):
 
 @pytest.mark.parametrize("name", NUMPY_UPDATE)
 @pytest.mark.parametrize(
-    "options", [{}, {"norm_adv": False, "clip_vloss": False, "ent_coef": 0.1}, {"max_grad_norm": 100.0}]
-)  # the last: no clipping
+    "options",
+    [
+        {},
+        {"norm_adv": False, "clip_vloss": False, "ent_coef": 0.1},
+        {"max_grad_norm": 100.0},  # no clipping
+        {"policy_objective": "fixed-kl", "kl_beta": 0.7},  # PPO-Penalty: the KL-penalised surrogate
+        {"policy_objective": "adaptive-kl", "kl_beta": 3.0},
+    ],
+)
 @pytest.mark.parametrize("torch_steps_first", [0, 2])
 def test_the_numpy_update_step_is_update_step(name, options, torch_steps_first):
     """From the same agent and optimizer, step after step on changing minibatches: the same statistics, the
@@ -232,16 +239,19 @@ def test_the_numpy_update_step_is_update_step(name, options, torch_steps_first):
             agent.actor_logstd.copy_(torch.tensor([[-0.5, 0.0, 0.4]]))
     agents = [agent, copy.deepcopy(agent)]
     optimizers = [torch.optim.Adam(a.parameters(), lr=torch.tensor(3e-3), eps=1e-5, fused=True) for a in agents]
+    beta = torch.tensor(args.kl_beta)  # PPO-Penalty's beta, as train makes it
     for k in range(torch_steps_first):
         batch = minibatch(script, agents[0], 64, seed=100 + k)
         for a, o in zip(agents, optimizers):
-            script.update_step(a, o, args, BETA, *batch)
-    numpy_step = NumpyUpdate(agents[1], optimizers[1], args, BETA)
+            script.update_step(a, o, args, beta, *batch)
+    numpy_step = NumpyUpdate(agents[1], optimizers[1], args, beta)
     clipped = []
     for k in range(6):
+        if k == 3:
+            beta.mul_(2)  # as adapt_kl_beta changes it between updates: both steps follow
         batch = minibatch(script, agents[0], 64, seed=k)
-        expected = script.update_step(agents[0], optimizers[0], args, BETA, *batch)
-        got = numpy_step(*batch) if k < 5 else script.update_step(agents[1], optimizers[1], args, BETA, *batch)
+        expected = script.update_step(agents[0], optimizers[0], args, beta, *batch)
+        got = numpy_step(*batch) if k < 5 else script.update_step(agents[1], optimizers[1], args, beta, *batch)
         assert expected.keys() == got.keys()
         for key in expected:
             torch.testing.assert_close(got[key], expected[key], rtol=1e-4, atol=1e-6, msg=f"step {k}: {key}")
