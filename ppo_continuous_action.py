@@ -41,6 +41,7 @@ import torch
 import torch.nn as nn
 
 import ppolab
+from torch.distributions.beta import Beta
 from torch.distributions.normal import Normal
 
 
@@ -93,6 +94,8 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """normalised observations are clipped to [-obs_clip, obs_clip]"""
     reward_clip: float = 10.0
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+    distribution: Literal["normal", "beta"] = "normal"
+    """the policy's distribution: a Gaussian whose actions are clipped to the bounds, or a Beta scaled to them"""
 
     # This script's own run settings (those of every script: ppolab.RunSettings)
     numpy_update: bool = True
@@ -152,6 +155,10 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.VectorEnv:
             "one-dimensional Box actions only (use ppo.py for Discrete actions)"
         )
     ppolab.check_observations(args.env_id, envs.single_observation_space, envs)
+    space = envs.single_action_space
+    if args.distribution == "beta" and not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        envs.close()
+        ppolab.fail(f"--distribution beta scales actions to the bounds, and {args.env_id}'s are not finite: {space}")
     return envs
 
 
@@ -209,29 +216,36 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """Separate actor and critic MLPs (64-64, tanh) and a Gaussian policy whose log standard deviation
-    is a learned parameter independent of the state; action dimensions are independent."""
+    """Separate actor and critic MLPs (64-64, tanh); action dimensions are independent. The policy is a Gaussian
+    whose log standard deviation is a learned parameter independent of the state, or with `distribution` "beta" a
+    Beta(alpha, beta) on [0, 1] per dimension, alpha, beta = softplus(actor_alpha_beta(x)) + 1 (both above 1: one
+    mode, a finite density at the bounds), which `env_actions` scales to the action bounds (Chou et al. 2017)."""
 
-    def __init__(self, obs_dim: int, act_dim: int):
+    def __init__(self, obs_dim: int, act_dim: int, distribution: str = "normal"):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, act_dim), std=0.01),
-        )
-        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+
+        def mlp(out_dim: int, std: float) -> nn.Sequential:
+            hidden = [layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]
+            return nn.Sequential(*hidden, layer_init(nn.Linear(64, out_dim), std=std))
+
+        self.critic = mlp(1, std=1.0)
+        self.distribution = distribution
+        if distribution == "normal":
+            self.actor_mean = mlp(act_dim, std=0.01)
+            self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+        else:
+            self.actor_alpha_beta = mlp(2 * act_dim, std=0.01)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
+
+    def beta(self, x: torch.Tensor) -> Beta:
+        alpha, beta = (nn.functional.softplus(self.actor_alpha_beta(x)) + 1).chunk(2, dim=-1)
+        return Beta(alpha, beta)
+
+    def mean_action(self, x: torch.Tensor) -> torch.Tensor:
+        """The deterministic evaluation's action: the distribution's mean."""
+        return self.actor_mean(x) if self.distribution == "normal" else self.beta(x).mean
 
     def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
         """Samples an action (or scores the given one): returns action, log-prob, entropy, value.
@@ -241,8 +255,13 @@ class Agent(nn.Module):
             log N(a; mean, std) = -((a - mean) / std)^2 / 2 - logstd - log(2 pi) / 2
             entropy             = 1/2 + log(2 pi) / 2 + logstd      (the same for every state)
         They are those of `Normal`, whose object costs more than the arithmetic on a 64-sample
-        minibatch (tests/test_agent.py checks them against `Normal`).
+        minibatch (tests/test_agent.py checks them against `Normal`). A Beta's are `Beta`'s; its samples are kept
+        off 0 and 1 by BETA_EDGE, where float32 rounding could put them (the log-density is finite there).
         """
+        if self.distribution == "beta":
+            dist = self.beta(x)
+            action = dist.sample().clamp(BETA_EDGE, 1 - BETA_EDGE) if action is None else action
+            return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.get_value(x)
         action_mean = self.actor_mean(x)
         logstd = self.actor_logstd.expand_as(action_mean)
         if action is None:
@@ -261,11 +280,24 @@ class Agent(nn.Module):
         action = mean + std * eps with eps ~ N(0, 1), so (action - mean) / std is eps itself and the
         Gaussian log-density needs no division: sum over dimensions of -eps^2/2 - log std - log(2 pi)/2.
         """
+        if self.distribution == "beta":
+            dist = self.beta(x)
+            action = dist.sample().clamp(BETA_EDGE, 1 - BETA_EDGE)
+            return action, dist.log_prob(action).sum(-1)
         action_mean = self.actor_mean(x)
         eps = torch.randn_like(action_mean)
         action = action_mean + self.actor_logstd.exp() * eps
         logprob = (-0.5 * eps.square() - self.actor_logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
         return action, logprob
+
+
+BETA_EDGE = 1e-6  # a Beta's samples are kept in [BETA_EDGE, 1 - BETA_EDGE]
+
+
+def env_actions(actions: np.ndarray, low: np.ndarray, high: np.ndarray, distribution: str) -> np.ndarray:
+    """The actions the environment gets: a Gaussian's clipped to the bounds (the stored action, whose log-prob the
+    update uses, stays unclipped), a Beta's scaled from [0, 1] to them."""
+    return actions.clip(low, high) if distribution == "normal" else low + (high - low) * actions
 
 
 # THE ALGORITHM -----------------------------------------------------------------------------------
@@ -423,7 +455,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     envs = make_envs(args, run.dir)
     obs_shape, act_dim = envs.single_observation_space.shape, envs.single_action_space.shape[0]
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    agent = Agent(int(np.prod(obs_shape)), act_dim).to(device)
+    agent = Agent(int(np.prod(obs_shape)), act_dim, args.distribution).to(device)
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)
     # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
@@ -482,7 +514,9 @@ def train(args: Args, run: ppolab.Run) -> str:
                 actions_np[step], logprobs_np[step] = policy_out[:, :-1], policy_out[:, -1]
 
             # the environment gets the action clipped to its bounds; the buffer keeps the sample
-            next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step].clip(action_low, action_high))
+            next_obs, reward, terminated, truncated, infos = envs.step(
+                env_actions(actions_np[step], action_low, action_high, args.distribution)
+            )
             done = terminated | truncated
             rewards_np[step] = reward_scaler(reward, done)  # the logged returns stay the raw ones
             dones_np[step] = done
@@ -599,7 +633,7 @@ def evaluate(
 ):
     """Plays `episodes` whole episodes with the policy of `checkpoint` (a saved model, or a snapshot of the
     training) on the CPU and returns their undiscounted returns. Observations are normalised with the
-    checkpoint's statistics, frozen; actions are clipped to the bounds, as in training. The action sampling and
+    checkpoint's statistics, frozen; actions reach the environment as in training (env_actions). The action sampling and
     the episodes come from `seed`, so the same model scores the same whether evaluated during training, after it
     or later from the saved file. `video_prefix` (`--evaluate --capture-video`): records every episode as
     `<video_prefix>-episode-<k>.mp4`. An episode of an environment without a time limit of its own is cut after
@@ -607,7 +641,7 @@ def evaluate(
     args = Args(**checkpoint["args"])
     env = ppolab.make_eval_env(args.env_id, video_prefix, args.eval_max_steps if max_steps is None else max_steps)
     obs_shape, low, high = env.observation_space.shape, env.action_space.low, env.action_space.high
-    agent = Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)))
+    agent = Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)), args.distribution)
     agent.load_state_dict(checkpoint["model"])
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
@@ -619,8 +653,10 @@ def evaluate(
         while not done:
             x = torch.as_tensor(obs_normalizer(obs[None], update=False))
             with torch.no_grad():
-                action = agent.actor_mean(x) if deterministic else agent.get_action_and_value(x)[0]
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
+                action = agent.mean_action(x) if deterministic else agent.get_action_and_value(x)[0]
+            obs, reward, terminated, truncated, _ = env.step(
+                env_actions(action[0].numpy(), low, high, args.distribution)
+            )
             episodic_return += float(reward)
             done = terminated or truncated
         returns.append(episodic_return)

@@ -42,8 +42,8 @@ NUMPY_COMPUTES = {
         "update_step": "a2a2e2a8516252f7",
     },
     "gaussian": {
-        "Agent.act": "87cecc720411ac9e",
-        "Agent.get_action_and_value": "99721030701493bd",
+        "Agent.act": "88f629c549fe9e20",
+        "Agent.get_action_and_value": "28c2230a9cf6fb6e",
         "Agent.get_value": "0fd1e9e6c677a71c",
         "ppo_loss": "3aa61bd45aa68a61",
         "update_step": "a2a2e2a8516252f7",
