@@ -5,7 +5,8 @@ Run:
     python ppo_continuous_action_redis.py --env-id Hopper-v4
     tensorboard --logdir runs
 
-Across machines, with a Redis server the lab runs (README: two lines), start the learner on the GPU box
+Across machines, with a Redis server the lab runs (docs/ppo_continuous_action_redis.md: two lines), start the
+learner on the GPU box
     python ppo_continuous_action_redis.py --env-id Hopper-v4 --redis-url redis://:PASSWORD@HOST:6379/0 --num-samplers 0
 and on every other machine the command it prints:
     python ppo_continuous_action_redis.py --role sampler --redis-url redis://:PASSWORD@HOST:6379/0 --run-id ID

@@ -1,4 +1,4 @@
-"""The shape every script keeps (the README's "The scripts" describes it), read from the scripts' source so that
+"""The shape every script keeps (docs/design.md describes it), read from the scripts' source so that
 nothing has to run:
 
 - the deliberately repeated pieces (ppo_loss, compute_gae, the Atari wrappers, ...) are one contract: every

@@ -1,0 +1,292 @@
+"""The user documentation (README.md and docs/*.md) stays true to the repository:
+
+- every relative link resolves to a file or folder, and a `page.md#anchor` link to a heading of that page (GitHub's
+  anchors);
+- every flag in a documented command that runs one of the scripts is a flag of that script (its `--help`);
+- the README stays a landing page (at most README_MAX_LINES lines);
+- no commit hashes and no issue numbers: they belong in benchmark/results/, not in what users read;
+- every script has its page in docs/, linked from the README.
+
+Each check has a test of its own that feeds it a broken example, so a check that no longer sees anything fails.
+"""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from scripts import REPO, SCRIPTS
+
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+README_MAX_LINES = 200
+
+
+def user_docs() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def doc_id(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+# MARKDOWN ----------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
+CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)[ \t#]*$", re.M)
+
+
+def code_blocks(text: str) -> list[str]:
+    """The contents of the fenced code blocks."""
+    return [block.split("\n", 1)[1].rsplit("\n", 1)[0] if "\n" in block else "" for block in _fenced(text)]
+
+
+def _fenced(text: str) -> list[str]:
+    return [m.group(0) for m in FENCE.finditer(text)]
+
+
+def prose(text: str) -> str:
+    """The text without its code blocks and code spans (a link or heading inside code is not one)."""
+    return CODE_SPAN.sub(lambda m: "\0" * len(m.group(2)), FENCE.sub("", text))
+
+
+def links(text: str) -> list[str]:
+    """The targets of the Markdown links and images of a page."""
+    return LINK.findall(prose(text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: its text as rendered (links by their text, code without backticks), lower
+    case, with everything but letters, digits, spaces, hyphens and underscores removed, and spaces as hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"<[^>]+>", "", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """Every heading's anchor, repeated headings numbered as GitHub numbers them (`name`, `name-1`, ...)."""
+    seen: dict[str, int] = {}
+    found = set()
+    for _, heading in HEADING.findall(FENCE.sub("", text)):
+        base = slug(heading)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links of the page `path` that lead nowhere: a missing file or folder, or a missing heading."""
+    text = path.read_text()
+    broken = []
+    for target in links(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto:, ...
+            continue
+        file, _, anchor = target.partition("#")
+        resolved = (path.parent / file).resolve() if file else path
+        if not resolved.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved.read_text()):
+            broken.append(f"{target}: no heading with the anchor #{anchor} in {resolved.name}")
+    return broken
+
+
+# COMMANDS ----------------------------------------------------------------------------------------
+
+SCRIPT_FILES = {f"{name}.py": name for name in SCRIPTS}
+
+
+def commands(text: str) -> list[str]:
+    """The command lines of a page: every line of its code blocks (backslash continuations joined), and every code
+    span of its prose, each split at `&&`, `||`, `;` and `|`."""
+    lines = []
+    for block in code_blocks(text):
+        lines += block.replace("\\\n", " ").splitlines()
+    lines += [m.group(2) for m in CODE_SPAN.finditer(FENCE.sub("", text))]
+    found = []
+    for line in lines:
+        line = re.sub(r"(^|\s)#.*$", "", line)  # a comment
+        found += [part.strip() for part in re.split(r"&&|\|\||;|\|", line) if part.strip()]
+    return found
+
+
+def script_flags(command: str) -> tuple[str, list[str]] | None:
+    """(script, the flags given to it) if `command` runs one of the scripts with Python or torchrun
+    (`python ppo.py ...`, `.venv/bin/python ppo.py ...`, `WANDB_MODE=offline python ppo.py ...`,
+    `torchrun ... ppo_atari_multigpu.py ...`), else None."""
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        tokens = command.split()
+    for i, token in enumerate(tokens):
+        name = SCRIPT_FILES.get(Path(token).name)
+        if name is None:
+            continue
+        launchers = [Path(t).name for t in tokens[:i]]
+        if any(t.startswith("python") or t == "torchrun" for t in launchers):
+            return name, [t.split("=", 1)[0] for t in tokens[i + 1 :] if t.startswith("--")]
+        return None
+    return None
+
+
+def documented_runs() -> list[tuple[str, str, str, list[str]]]:
+    """(page, command, script, flags) for every documented command that runs a script."""
+    runs = []
+    for path in user_docs():
+        for command in commands(path.read_text()):
+            found = script_flags(command)
+            if found is not None:
+                runs.append((doc_id(path), command, *found))
+    return runs
+
+
+def help_flags(help_text: str) -> set[str]:
+    """The flags a tyro `--help` lists: those in the option column of its table (`--seed INT`,
+    `--cuda, --no-cuda`), not the flags that a description mentions."""
+    flags = set()
+    for line in help_text.splitlines():
+        cell = line.strip().strip("│").strip()
+        if cell.startswith("-"):
+            flags.update(re.findall(r"--[a-z0-9][a-z0-9-]*", re.split(r"\s{2,}", cell)[0]))
+    return flags
+
+
+@pytest.fixture(scope="session")
+def script_help() -> dict[str, set[str]]:
+    """Each documented script's flags, from one `--help` per script per session (in fresh processes, at once)."""
+    names = sorted({script for _, _, script, _ in documented_runs()})
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", PYTHONPATH=str(REPO))
+
+    def run_help(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(REPO / f"{name}.py"), "--help"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(zip(names, pool.map(run_help, names)))
+    for name, result in results.items():
+        assert result.returncode == 0, f"{name}.py --help failed: {result.stderr}"
+    return {name: help_flags(result.stdout) for name, result in results.items()}
+
+
+# THE CHECKS --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", user_docs(), ids=doc_id)
+def test_every_relative_link_resolves(path):
+    assert broken_links(path) == []
+
+
+def test_the_link_check_sees_a_missing_file_and_a_missing_anchor(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text(
+        "# Other\n\n## Usage: `ppo.py` and [flags](flags.md)\n\n## Usage: `ppo.py` ...\n"
+    )
+    page.write_text(
+        "# Page\n\n[ok](other.md#usage-ppopy-and-flags) [ok too](other.md#usage-ppopy-) [self](#page)\n"
+        "[gone](missing.md) [no heading](other.md#nowhere) ![no image](plots/x.png) [web](https://example.org/x)\n"
+        "```bash\n[not a link](inside-code.md)\n```\n"
+    )
+    assert broken_links(page) == [
+        "missing.md: no such file",
+        "other.md#nowhere: no heading with the anchor #nowhere in other.md",
+        "plots/x.png: no such file",
+    ]
+
+
+def test_anchors_are_githubs():
+    text = (
+        "# ppo-lab\n## The fast path\n## Samplers through Redis (`ppo_continuous_action_redis.py`)\n## Usage\n## Usage"
+    )
+    assert anchors(text) == {
+        "ppo-lab",
+        "the-fast-path",
+        "samplers-through-redis-ppo_continuous_action_redispy",
+        "usage",
+        "usage-1",
+    }
+
+
+def test_every_documented_flag_is_a_flag_of_its_script(script_help):
+    runs = documented_runs()
+    assert {script for _, _, script, _ in runs} == set(SCRIPTS), "a script with no documented command"
+    unknown = [
+        f"{page}: {flag} is not a flag of {script}.py: {command}"
+        for page, command, script, flags in runs
+        for flag in flags
+        if flag not in script_help[script]
+    ]
+    assert unknown == []
+
+
+def test_the_flag_check_reads_commands_as_they_are_run():
+    text = (
+        "Run `python ppo.py --env-id Acrobot-v1`, not `--seed` alone.\n\n```bash\n"
+        "for s in 1 2; do python ppo.py --seed=$s --save-model; done   # every seed\n"
+        "WANDB_MODE=offline .venv/bin/python ppo.py --track\n"
+        "torchrun --standalone --nproc_per_node=2 ppo_atari_multigpu.py --env-id Breakout \\\n    --num-envs 8\n"
+        "cp ppo.py my_ppo.py && .venv/bin/python my_ppo.py --no-such-flag\n"
+        "python -m benchmark.scores runs/ --plots plots\n```\n"
+    )
+    found = [script_flags(command) for command in commands(text)]
+    assert [f for f in found if f is not None] == [
+        ("ppo", ["--seed", "--save-model"]),
+        ("ppo", ["--track"]),
+        ("ppo_atari_multigpu", ["--env-id", "--num-envs"]),
+        ("ppo", ["--env-id"]),
+    ]
+
+
+def test_help_flags_are_the_option_column():
+    text = (
+        "╭─ options ───╮\n│ -h, --help              show this help message and exit │\n"
+        "│ --cuda, --no-cuda       if toggled, cuda is used (implies --compile) │\n"
+        "│ --eval-max-steps INT    the Atari scripts' limit (their --max-episode-steps) │\n"
+        "│                         more text, --not-a-flag │\n╰─────╯\n"
+    )
+    assert help_flags(text) == {"--help", "--cuda", "--no-cuda", "--eval-max-steps"}
+
+
+def test_the_readme_is_a_landing_page():
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move the detail to docs/"
+
+
+HASH = re.compile(r"(?<![\w./-])[0-9a-f]{7,40}(?![\w/-])")
+ISSUE = re.compile(r"\bissues?\s+(?:no\.?\s*)?#?\d+", re.I)
+
+
+def diary_marks(text: str) -> list[str]:
+    """Commit hashes (7 to 40 hex digits as a word that is not a number) and issue numbers in `text`."""
+    hashes = [word for word in HASH.findall(text) if not word.isdigit()]
+    return hashes + ISSUE.findall(text)
+
+
+@pytest.mark.parametrize("path", user_docs(), ids=doc_id)
+def test_no_commit_hashes_or_issue_numbers(path):
+    assert diary_marks(path.read_text()) == []
+
+
+def test_the_diary_check_sees_hashes_and_issues():
+    text = "measured at commit df85ad5 (issue 24), see c70d820; 1764000000 steps, seed 1234567, 2026-11-24, Issue #7"
+    assert diary_marks(text) == ["df85ad5", "c70d820", "issue 24", "Issue #7"]
+
+
+def test_every_script_has_its_page_linked_from_the_readme():
+    readme_links = set(links(README.read_text()))
+    missing = [name for name in SCRIPTS if not (DOCS / f"{name}.md").is_file()]
+    unlinked = [name for name in SCRIPTS if f"docs/{name}.md" not in readme_links]
+    assert (missing, unlinked) == ([], [])
