@@ -155,10 +155,8 @@ def make_envs(args: Args, run_dir: str) -> gym.vector.VectorEnv:
             "one-dimensional Box actions only (use ppo.py for Discrete actions)"
         )
     ppolab.check_observations(args.env_id, envs.single_observation_space, envs)
-    space = envs.single_action_space
-    if args.distribution == "beta" and not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-        envs.close()
-        ppolab.fail(f"--distribution beta scales actions to the bounds, and {args.env_id}'s are not finite: {space}")
+    if args.distribution == "beta":
+        ppolab.check_finite_bounds(args.env_id, envs.single_action_space, envs)
     return envs
 
 
@@ -631,11 +629,11 @@ def evaluate(
     video_prefix: str | None = None,
     max_steps: int | None = None,
 ):
-    """Plays `episodes` whole episodes with the policy of `checkpoint` (a saved model, or a snapshot of the
-    training) on the CPU and returns their undiscounted returns. Observations are normalised with the
-    checkpoint's statistics, frozen; actions reach the environment as in training (env_actions). The action sampling and
-    the episodes come from `seed`, so the same model scores the same whether evaluated during training, after it
-    or later from the saved file. `video_prefix` (`--evaluate --capture-video`): records every episode as
+    """Plays `episodes` whole episodes with the policy of `checkpoint` (a saved model, or a snapshot of the training)
+    on the CPU and returns their undiscounted returns. Observations are normalised with the checkpoint's statistics,
+    frozen; actions reach the environment as in training (env_actions). The action sampling and the episodes come
+    from `seed`, so the same model scores the same whether evaluated during training, after it or later from the
+    saved file. `video_prefix` (`--evaluate --capture-video`): records every episode as
     `<video_prefix>-episode-<k>.mp4`. An episode of an environment without a time limit of its own is cut after
     `max_steps` steps (by default the checkpoint's --eval-max-steps)."""
     args = Args(**checkpoint["args"])

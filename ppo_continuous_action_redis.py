@@ -18,42 +18,18 @@ through Redis that joins them come before the banner; after it, this script's in
 the entry point. The rest of a run (the run folder, checkpoints and resuming, logging, a redis-server of the
 run's own) is the package ppolab's.
 
-- Roles. The learner (`--role learner`, the default) trains; without `--redis-url` it starts its own
-  `redis-server` (127.0.0.1, a free port, no persistence) and `--num-samplers` local samplers, each the
-  command a remote machine runs, and stops all of them at the end, on Ctrl-C and on any error. A
-  sampler (`--role sampler`) needs only `--redis-url` and `--run-id`: it reads the run's Args from the
-  server. Samplers may join and leave at any time. A server on another machine needs a password in
-  the URL (or `--allow-open-redis`): whoever can write to it can push chunks and weights into the run.
-- Versions and tickets. Before each update the learner publishes a version (the iteration number):
-  the flat float32 weights and the observation statistics, and `--num-chunks` tickets of that version.
-  A sampler pops a ticket (atomically into its own pending list), acts with exactly that version for
-  `--num-steps` steps of its one environment and pushes the chunk, tagged with the version; so no
-  chunk is made that nobody will take. The learner pops chunks (BLPOP: each consumed once) and trains
-  on exactly `--num-chunks` chunks of the current version, the columns of the batch (2048 steps by
-  default, as ppo_continuous_action.py); a chunk of an older version is dropped and counted
-  (`debug/stale_chunks`), never trained on. Ratio 1 at the first minibatch holds: the learner
-  normalises the chunks' raw observations with exactly the statistics their version carried.
-- Liveness. The learner keeps a heartbeat key with a TTL; a sampler exits by itself within seconds
-  when it expires or when the learner sets the stop key. A sampler keeps its own `alive` key; the
-  tickets held by one that stopped refreshing it (killed, machine gone) go back to the queue, so a
-  killed sampler's unfinished chunk never exists for the learner and another sampler makes it.
-  No chunk for `--sampler-timeout` seconds, the server gone, or one that refuses writes (out of
-  memory): one line, exit 1. Every key of a run expires (RUN_TTL, renewed while the run goes on), so
-  a learner killed on a shared server leaves nothing there for ever.
-- Wire format. Nothing from the network is unpickled: a message is a JSON header (run id, version,
-  sampler, sequence number, each array's dtype and shape, CRC-32 of the payload) and the raw array
-  bytes, checked in full before use; a malformed or foreign chunk is dropped and counted
-  (`debug/malformed_chunks`). Keys live under `ppo:{run_id}:`, so runs can share a server.
-- Named differences from ppo_continuous_action.py: the learner merges the observation and
-  discounted-return statistics of the trained chunks into its running statistics after each update
-  (ppo_continuous_action.py updates them at every step), so a version's rewards are scaled with the
-  statistics of that version; each sampler steps one environment and a chunk is one column of the
-  batch; an update's episodes are logged chunk by chunk (chunk k covers the update's global steps
-  k * num_steps + 1 ... (k + 1) * num_steps).
-- Same seed, same numbers only with one sampler (`--num-samplers 1` and no remote ones): with several,
-  which sampler gets which ticket, and so which environment fills which column, is a race.
-- The statistics go into every checkpoint with the weights (`--resume` continues, `--evaluate` scores as
-  in training); a resumed learner uses the server and the run id of its own command line.
+- Roles. The learner (the default) trains; without `--redis-url` it starts its own `redis-server` (127.0.0.1, no
+  persistence) and `--num-samplers` local samplers, each the command a remote machine runs. A sampler needs only
+  `--redis-url` and `--run-id`; samplers may join and leave at any time.
+- Versions and tickets (`publish_policy`, `Sampler.collect`, `receive_chunks`): before each update the learner
+  publishes a version (the weights and observation statistics) and `--num-chunks` tickets; a sampler acts with
+  exactly that version for `--num-steps` steps and pushes the chunk; the learner trains on exactly `--num-chunks`
+  chunks of the current version, the batch's columns, and drops (counts) older ones: ratio 1 at the first minibatch.
+- Liveness, expiry and the wire format (`Heartbeat`, `requeue_lost_tickets`, `decode_message`): heartbeats with TTLs,
+  a lost sampler's tickets requeued, every key of a run expiring, nothing from the network unpickled.
+- Named differences from ppo_continuous_action.py: the learner merges the statistics of the trained chunks after
+  each update (not at every step); each sampler steps one environment; same seed, same numbers only with one
+  sampler. The protocol in full: docs/ppo_continuous_action_redis.md.
 """
 
 import contextlib
@@ -84,6 +60,7 @@ import ppolab
 from ppolab.redis_server import ServerDidNotStart, check_redis_url, connect, open_redis_host, redact
 from ppolab.redis_server import start_redis_server, stop_processes
 from ppolab.stops import resume_hint
+from torch.distributions.beta import Beta
 from torch.distributions.normal import Normal
 
 
@@ -136,6 +113,8 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """normalised observations are clipped to [-obs_clip, obs_clip]"""
     reward_clip: float = 10.0
     """scaled rewards are clipped to [-reward_clip, reward_clip]"""
+    distribution: Literal["normal", "beta"] = "normal"
+    """the policy's distribution: a Gaussian whose actions are clipped to the bounds, or a Beta scaled to them"""
 
     # The distribution: the learner, its samplers and the Redis server between them (this file)
     role: Literal["learner", "sampler"] = "learner"
@@ -215,6 +194,8 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
             "actions only (use ppo.py for Discrete actions)"
         )
     ppolab.check_observations(args.env_id, observation_space, envs)
+    if args.distribution == "beta":
+        ppolab.check_finite_bounds(args.env_id, action_space, envs)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
@@ -289,29 +270,36 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class Agent(nn.Module):
-    """Separate actor and critic MLPs (64-64, tanh) and a Gaussian policy whose log standard deviation
-    is a learned parameter independent of the state; action dimensions are independent."""
+    """Separate actor and critic MLPs (64-64, tanh); action dimensions are independent. The policy is a Gaussian
+    whose log standard deviation is a learned parameter independent of the state, or with `distribution` "beta" a
+    Beta(alpha, beta) on [0, 1] per dimension, alpha, beta = softplus(actor_alpha_beta(x)) + 1 (both above 1: one
+    mode, a finite density at the bounds), which `env_actions` scales to the action bounds (Chou et al. 2017)."""
 
-    def __init__(self, obs_dim: int, act_dim: int):
+    def __init__(self, obs_dim: int, act_dim: int, distribution: str = "normal"):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, act_dim), std=0.01),
-        )
-        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+
+        def mlp(out_dim: int, std: float) -> nn.Sequential:
+            hidden = [layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]
+            return nn.Sequential(*hidden, layer_init(nn.Linear(64, out_dim), std=std))
+
+        self.critic = mlp(1, std=1.0)
+        self.distribution = distribution
+        if distribution == "normal":
+            self.actor_mean = mlp(act_dim, std=0.01)
+            self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+        else:
+            self.actor_alpha_beta = mlp(2 * act_dim, std=0.01)
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
+
+    def beta(self, x: torch.Tensor) -> Beta:
+        alpha, beta = (nn.functional.softplus(self.actor_alpha_beta(x)) + 1).chunk(2, dim=-1)
+        return Beta(alpha, beta)
+
+    def mean_action(self, x: torch.Tensor) -> torch.Tensor:
+        """The deterministic evaluation's action: the distribution's mean."""
+        return self.actor_mean(x) if self.distribution == "normal" else self.beta(x).mean
 
     def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
         """Samples an action (or scores the given one): returns action, log-prob, entropy, value.
@@ -321,8 +309,13 @@ class Agent(nn.Module):
             log N(a; mean, std) = -((a - mean) / std)^2 / 2 - logstd - log(2 pi) / 2
             entropy             = 1/2 + log(2 pi) / 2 + logstd      (the same for every state)
         They are those of `Normal`, whose object costs more than the arithmetic on a 64-sample
-        minibatch (tests/test_agent.py checks them against `Normal`).
+        minibatch (tests/test_agent.py checks them against `Normal`). A Beta's are `Beta`'s; its samples are kept
+        off 0 and 1 by BETA_EDGE, where float32 rounding could put them (the log-density is finite there).
         """
+        if self.distribution == "beta":
+            dist = self.beta(x)
+            action = dist.sample().clamp(BETA_EDGE, 1 - BETA_EDGE) if action is None else action
+            return action, dist.log_prob(action).sum(-1), dist.entropy().sum(-1), self.get_value(x)
         action_mean = self.actor_mean(x)
         logstd = self.actor_logstd.expand_as(action_mean)
         if action is None:
@@ -339,11 +332,24 @@ class Agent(nn.Module):
         action = mean + std * eps with eps ~ N(0, 1), so (action - mean) / std is eps itself and the
         Gaussian log-density needs no division: sum over dimensions of -eps^2/2 - log std - log(2 pi)/2.
         """
+        if self.distribution == "beta":
+            dist = self.beta(x)
+            action = dist.sample().clamp(BETA_EDGE, 1 - BETA_EDGE)
+            return action, dist.log_prob(action).sum(-1), self.get_value(x)
         action_mean = self.actor_mean(x)
         eps = torch.randn_like(action_mean)
         action = action_mean + self.actor_logstd.exp() * eps
         logprob = (-0.5 * eps.square() - self.actor_logstd - 0.5 * math.log(2 * math.pi)).sum(-1)
         return action, logprob, self.get_value(x)
+
+
+BETA_EDGE = 1e-6  # a Beta's samples are kept in [BETA_EDGE, 1 - BETA_EDGE]
+
+
+def env_actions(actions: np.ndarray, low: np.ndarray, high: np.ndarray, distribution: str) -> np.ndarray:
+    """The actions the environment gets: a Gaussian's clipped to the bounds (the stored action, whose log-prob the
+    update uses, stays unclipped), a Beta's scaled from [0, 1] to them."""
+    return actions.clip(low, high) if distribution == "normal" else low + (high - low) * actions
 
 
 # THE ALGORITHM -----------------------------------------------------------------------------------
@@ -503,7 +509,7 @@ class Sampler:
         self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
         self.act_dim = self.envs.single_action_space.shape[0]
         self.low, self.high = self.envs.single_action_space.low, self.envs.single_action_space.high
-        self.agent = Agent(self.obs_dim, self.act_dim)
+        self.agent = Agent(self.obs_dim, self.act_dim, args.distribution)
         self.obs_normalizer = ObsNormalizer((self.obs_dim,), args.obs_clip)
         self.reward_scaler = RewardScaler(1, args.gamma, args.reward_clip)  # only its discounted return
         self.version, self.next_obs = 0, None
@@ -545,10 +551,9 @@ class Sampler:
             x = torch.as_tensor(normalize(self.next_obs, update=False))
             action, logprob, value = (y.numpy() for y in self.agent.act(x))
             chunk["actions"][step], chunk["logprobs"][step], chunk["values"][step] = action[0], logprob[0], value[0]
-            # the environment gets the action clipped to its bounds; the chunk keeps the sample
-            next_obs, reward, terminated, truncated, infos = self.envs.step(
-                np.clip(chunk["actions"][step : step + 1], self.low, self.high)
-            )
+            # the environment gets the action within its bounds (env_actions); the chunk keeps the sample
+            actions = env_actions(chunk["actions"][step : step + 1], self.low, self.high, self.args.distribution)
+            next_obs, reward, terminated, truncated, infos = self.envs.step(actions)
             done = terminated | truncated
             chunk["rewards"][step], chunk["dones"][step], chunk["terminated"][step] = reward[0], done[0], terminated[0]
             chunk["returns"][step] = self.reward_scaler.track(reward, done)[0]
@@ -579,7 +584,7 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
 
     obs_shape, act_dim = env_spaces(args)  # of the samplers' environment, made here once to read them
     obs_dim = int(np.prod(obs_shape))
-    agent = Agent(obs_dim, act_dim).to(device)
+    agent = Agent(obs_dim, act_dim, args.distribution).to(device)
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     reward_scaler = RewardScaler(0, args.gamma, args.reward_clip)  # the learner only scales and merges
     # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead). The
@@ -1156,35 +1161,21 @@ F32, F64, U8 = np.dtype(np.float32).str, np.dtype(np.float64).str, np.dtype(np.u
 
 
 def chunk_schema(num_steps: int, obs_dim: int, act_dim: int) -> dict[str, tuple[str, tuple]]:
-    """The arrays of a chunk: `num_steps` steps of one sampler's environment acting with one version.
-
-    | array        | shape       | meaning at step t                                                  |
-    |--------------|-------------|--------------------------------------------------------------------|
-    | obs          | (T, obs)    | the raw observation the action was taken in (float32)              |
-    | actions      | (T, act)    | the unclipped sample (its log-prob is the stored one)              |
-    | logprobs     | (T,)        | log-probability of the action under the version                    |
-    | values       | (T,)        | V(normalised obs[t]) under the version                             |
-    | rewards      | (T,)        | the raw reward                                                     |
-    | dones        | (T,)        | 1 where the episode ended (terminated or truncated)                |
-    | terminated   | (T,)        | 1 where it terminated                                              |
-    | final_values | (T,)        | V(final observation) where truncated and not terminated, else 0    |
-    | returns      | (T,)        | the discounted return so far (for the reward statistics)           |
-    | last_value   | (1,)        | V(observation after the chunk), to bootstrap the open episode      |
-    | episodes     | (E, 3)      | the episodes that ended: step in the chunk, return, length         |
-    """
+    """The arrays of a chunk, (dtype, shape) by name: `num_steps` steps (T) of one sampler's environment acting with
+    one version; what each holds at step t."""
     T = num_steps
     return {
-        "obs": (F32, (T, obs_dim)),
-        "actions": (F32, (T, act_dim)),
-        "logprobs": (F32, (T,)),
-        "values": (F32, (T,)),
-        "rewards": (F32, (T,)),
-        "dones": (U8, (T,)),
-        "terminated": (U8, (T,)),
-        "final_values": (F32, (T,)),
-        "returns": (F32, (T,)),
-        "last_value": (F32, (1,)),
-        "episodes": (F64, (range(T + 1), 3)),
+        "obs": (F32, (T, obs_dim)),  # the raw observation the action was taken in
+        "actions": (F32, (T, act_dim)),  # the sample as drawn, whose log-prob is stored (env_actions: what env got)
+        "logprobs": (F32, (T,)),  # log-probability of the action under the version
+        "values": (F32, (T,)),  # V(normalised obs[t]) under the version
+        "rewards": (F32, (T,)),  # the raw reward
+        "dones": (U8, (T,)),  # 1 where the episode ended (terminated or truncated)
+        "terminated": (U8, (T,)),  # 1 where it terminated
+        "final_values": (F32, (T,)),  # V(final observation) where truncated and not terminated, else 0
+        "returns": (F32, (T,)),  # the discounted return so far (for the reward statistics)
+        "last_value": (F32, (1,)),  # V(observation after the chunk), to bootstrap the open episode
+        "episodes": (F64, (range(T + 1), 3)),  # the episodes that ended: step in the chunk, return, length
     }
 
 
@@ -1249,17 +1240,17 @@ def evaluate(
     video_prefix: str | None = None,
     max_steps: int | None = None,
 ):
-    """Plays `episodes` whole episodes with the policy of `checkpoint` (a saved model, or a snapshot of the
-    training) on the CPU and returns their undiscounted returns. Observations are normalised with the
-    checkpoint's statistics, frozen; actions are clipped to the bounds, as in training. The action sampling and
-    the episodes come from `seed`, so the same model scores the same whether evaluated during training, after it
-    or later from the saved file. `video_prefix` (`--evaluate --capture-video`): records every episode as
+    """Plays `episodes` whole episodes with the policy of `checkpoint` (a saved model, or a snapshot of the training)
+    on the CPU and returns their undiscounted returns. Observations are normalised with the checkpoint's statistics,
+    frozen; actions reach the environment as in training (env_actions). The action sampling and the episodes come
+    from `seed`, so the same model scores the same whether evaluated during training, after it or later from the
+    saved file. `video_prefix` (`--evaluate --capture-video`): records every episode as
     `<video_prefix>-episode-<k>.mp4`. An episode of an environment without a time limit of its own is cut after
     `max_steps` steps (by default the checkpoint's --eval-max-steps)."""
     args = Args(**checkpoint["args"])
     env = ppolab.make_eval_env(args.env_id, video_prefix, args.eval_max_steps if max_steps is None else max_steps)
     obs_shape, low, high = env.observation_space.shape, env.action_space.low, env.action_space.high
-    agent = Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)))
+    agent = Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)), args.distribution)
     agent.load_state_dict(checkpoint["model"])
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     obs_normalizer.rms.load_state_dict(checkpoint["obs_rms"])
@@ -1271,8 +1262,10 @@ def evaluate(
         while not done:
             x = torch.as_tensor(obs_normalizer(obs[None], update=False))
             with torch.no_grad():
-                action = agent.actor_mean(x) if deterministic else agent.get_action_and_value(x)[0]
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action[0].numpy(), low, high))
+                action = agent.mean_action(x) if deterministic else agent.get_action_and_value(x)[0]
+            obs, reward, terminated, truncated, _ = env.step(
+                env_actions(action[0].numpy(), low, high, args.distribution)
+            )
             episodic_return += float(reward)
             done = terminated or truncated
         returns.append(episodic_return)

@@ -31,7 +31,16 @@ which `bash setup.sh` does).
 """
 
 from ppolab.checks import check_args, check_atari_game, fail
-from ppolab.environments import capped, check_observations, check_video, env_module, env_spec, make_eval_env, making
+from ppolab.environments import (
+    capped,
+    check_finite_bounds,
+    check_observations,
+    check_video,
+    env_module,
+    env_spec,
+    make_eval_env,
+    making,
+)
 from ppolab.fast_path import NumpyPolicy, numpy_fast_path
 from ppolab.run import Run, evaluate_file, explained_variance, parse, use_threads
 from ppolab.seeding import pick_device, seed_everything
@@ -50,6 +59,7 @@ __all__ = [
     "capped",
     "check_args",
     "check_atari_game",
+    "check_finite_bounds",
     "check_observations",
     "check_video",
     "env_module",

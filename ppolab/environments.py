@@ -73,6 +73,15 @@ def check_observations(env_id: str, space: gym.Space, envs: gym.vector.VectorEnv
         )
 
 
+def check_finite_bounds(env_id: str, space: gym.spaces.Box, envs: gym.vector.VectorEnv | None = None):
+    """--distribution beta scales actions from [0, 1] to the action space's bounds: they must be finite. Bounds
+    that are not end in one line, `envs` closed first."""
+    if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        if envs is not None:
+            envs.close()
+        fail(f"--distribution beta scales actions to the bounds, and those of {env_id} are not finite: {space}")
+
+
 def offscreen():
     """Rendering without a display: classic control draws with pygame, whose SDL gets its dummy drivers (no display,
     no sound card: without them SDL complains on a machine without a desktop session); MuJoCo renders with EGL. A

@@ -49,6 +49,7 @@ IDENTICAL = {
     "EpisodicLife": [ATARI],
     "FireReset": [ATARI],
     "ObsNormalizer": [["ppo_continuous_action", "ppo_continuous_action_redis"]],
+    "env_actions": [["ppo_continuous_action", "ppo_continuous_action_redis"]],  # a Gaussian's clipped, a Beta's scaled
     # one minibatch's gradient step: the plain form / with the all-reduce of the gradients / with the
     # 0/1 mask of fixed-shape minibatches (reset rows kept, not counted) / with the recurrent state
     "update_step": [
