@@ -122,6 +122,29 @@ class NoDisplayEnv(FixedLengthEnv):
         raise RuntimeError("cannot open a display (a renderer that cannot start here)")
 
 
+class BoundsEnv(gym.Env):
+    """Box actions with bounds that differ per dimension and are not [-1, 1] ([-3, -1] and [0.5, 2], or unbounded
+    with `unbounded`): an action outside them raises, so a run that trains on it never sent one. The reward is
+    the first action's distance from -1 (the middle of its range is -2), so a policy can learn something."""
+
+    def __init__(self, unbounded: bool = False):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        low, high = (np.array([-np.inf, -np.inf]), np.array([np.inf, np.inf])) if unbounded else ([-3, 0.5], [-1, 2])
+        self.action_space = gym.spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        if not self.action_space.contains(np.asarray(action, np.float32)):
+            raise ValueError(f"action {action} outside the bounds {self.action_space}")
+        self.t += 1
+        return np.full(2, self.t / FIXED_LENGTH, np.float32), -abs(float(action[0]) + 1), False, False, {}
+
+
 # the observation spaces of SpaceEnv's ids: `<name>Obs-v0` (Discrete actions), `<name>ObsBox-v0` (Box actions)
 ODD_SPACES = {
     "Dict": gym.spaces.Dict({"position": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "flag": gym.spaces.Discrete(2)}),
@@ -135,7 +158,7 @@ def register_fake_envs():
     """Registers the environments above (idempotent). Importing this module as `tests.fake_envs`
     registers them too, so an id like `tests.fake_envs:MixedEnds-v0` works in spawned processes.
     `Endless*-v0` is ConstantEnv without a time limit: its episodes never end. `NoDisplay*-v0` cannot render here,
-    `FixedLength*-v0` cannot render at all."""
+    `FixedLength*-v0` cannot render at all. `Bounds-v0`: BoundsEnv (`Unbounded-v0` without bounds)."""
     for suffix, continuous in (("", False), ("Box", True)):
         for env_id, entry_point, kwargs, limit in (
             (f"FixedLength{suffix}-v0", FixedLengthEnv, dict(length=FIXED_LENGTH, continuous=continuous), None),
@@ -150,6 +173,9 @@ def register_fake_envs():
         ):
             if env_id not in gym.registry:
                 gym.register(env_id, entry_point=entry_point, kwargs=kwargs, max_episode_steps=limit)
+    for env_id, kwargs in (("Bounds-v0", {}), ("Unbounded-v0", {"unbounded": True})):
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=BoundsEnv, kwargs=kwargs, max_episode_steps=FIXED_LENGTH)
 
 
 register_fake_envs()
