@@ -159,9 +159,14 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
         else:
             env = gym.make(env_id)
-        return env
+        return flat_observations(env, env_id)
 
     return thunk
+
+
+def flat_observations(env: gym.Env, env_id: str) -> gym.Env:
+    """DeepMind Control's tasks (`dm_control/<domain>-<task>-v0`) observe a dict of named arrays: one vector of them."""
+    return gym.wrappers.FlattenObservation(env) if env_id.startswith("dm_control/") else env
 
 
 def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
@@ -303,14 +308,13 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
         """Samples an action (or scores the given one): returns action, log-prob, entropy, value.
-        The log-probability and entropy of independent dimensions are sums over the dimensions.
+        The log-probability and entropy of independent dimensions are sums over the dimensions. A Beta's are `Beta`'s.
 
         The Gaussian's formulas are written out, per dimension with std = exp(logstd):
             log N(a; mean, std) = -((a - mean) / std)^2 / 2 - logstd - log(2 pi) / 2
             entropy             = 1/2 + log(2 pi) / 2 + logstd      (the same for every state)
         They are those of `Normal`, whose object costs more than the arithmetic on a 64-sample
-        minibatch (tests/test_agent.py checks them against `Normal`). A Beta's are `Beta`'s; its samples are kept
-        off 0 and 1 by BETA_EDGE, where float32 rounding could put them (the log-density is finite there).
+        minibatch (tests/test_agent.py checks them against `Normal`).
         """
         if self.distribution == "beta":
             dist = self.beta(x)
@@ -1249,6 +1253,7 @@ def evaluate(
     `max_steps` steps (by default the checkpoint's --eval-max-steps)."""
     args = Args(**checkpoint["args"])
     env = ppolab.make_eval_env(args.env_id, video_prefix, args.eval_max_steps if max_steps is None else max_steps)
+    env = flat_observations(env, args.env_id)
     obs_shape, low, high = env.observation_space.shape, env.action_space.low, env.action_space.high
     agent = Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)), args.distribution)
     agent.load_state_dict(checkpoint["model"])

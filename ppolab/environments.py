@@ -26,7 +26,16 @@ def env_module(env_id: str, whose: str = "") -> str:
     """Gymnasium's way to name an environment that a module registers is `module:Name-v0`
     (`my_pkg.my_envs:MyEnv-v0`): gym.make imports the module, then makes `Name-v0`. This imports the module the
     same way (a module that cannot be imported, whatever it raised, ends in one line naming it) and returns the id
-    without it; any other id as it is. `whose` starts the line (e.g. "the checkpoint's environment ")."""
+    without it; any other id as it is (a `dm_control/<domain>-<task>-v0` id imports shimmy first, which registers
+    them). `whose` starts the line (e.g. "the checkpoint's environment ")."""
+    if env_id.startswith("dm_control/"):  # DeepMind Control's tasks, which shimmy registers when imported
+        os.environ.setdefault("MUJOCO_GL", "egl")  # dm_control picks its renderer once, at import: EGL needs no display
+        try:
+            importlib.import_module("shimmy")
+        except ImportError as e:
+            fail(
+                f"{env_id} needs shimmy and dm-control (requirements.txt; bash setup.sh installs them): {described(e)}"
+            )
     module, _, name = env_id.rpartition(":")
     if module:
         try:
