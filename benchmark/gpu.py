@@ -248,8 +248,8 @@ def plan(bundles: list[list[str]], carry: Path, dry: Path | None = None) -> dict
     measure = install + [
         Call(
             "tests",
-            f"set -o pipefail; {ready}{env}mkdir -p $OUT/tests; timeout 300 {python} -m pytest -q -m gpu "
-            f"-p no:cacheprovider {tests} 2>&1 | tee $OUT/tests/pytest.txt",
+            f"set -o pipefail; {ready}{env}mkdir -p $OUT/tests; {{ echo '$ pytest -m gpu {tests}'; timeout 300 "
+            f"{python} -m pytest -q -m gpu -p no:cacheprovider {tests}; }} 2>&1 | tee $OUT/tests/pytest.txt",
             [],
             0,
         )
@@ -275,7 +275,11 @@ def plan(bundles: list[list[str]], carry: Path, dry: Path | None = None) -> dict
 
 def gpu_tests() -> list[str]:
     """The test files that hold tests marked `gpu`."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
+    return sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if re.search(r"\bmark\.gpu\b", p.read_text())
+    )
 
 
 def describe(described: dict) -> str:
@@ -572,7 +576,7 @@ def merge(folders: list[Path], out: Path, command: str) -> str:
         output = [line.strip("= ") for line in path.read_text().splitlines() if line.strip("= ")]
         summary = [line for line in output if re.search(r"\d+ (passed|failed|skipped|errors?)\b", line)]
         last = summary[-1] if summary else f"no summary line (stopped?); its last line: {output[-1] if output else ''}"
-        lines.append(f"`pytest -m gpu {' '.join(gpu_tests())}`: {last}")
+        lines.append(f"`{output[0].removeprefix('$ ')}`: {last}")
     lines += ["", f"## Learning: {LEARN_SCRIPT}.py on {LEARN_ENV}", ""]
     progress_files = sorted((p for p in files if p.name.startswith("progress-")), key=lambda p: p.name)
     progress = [json.loads(p.read_text()) for p in progress_files]
@@ -583,11 +587,14 @@ def merge(folders: list[Path], out: Path, command: str) -> str:
             f"| {p['global_step']:,} of {p['total_timesteps']:,} | {p['seconds']} | {p['exit']} |"
             for p in progress
         ]
-        returns = [value for _, value in read_scalars(progress_files[-1].parent).get("charts/episodic_return", [])][
-            -100:
-        ]
-        mean = f"the mean return of the last {len(returns)}: {sum(returns) / len(returns):.1f}" if returns else "none"
-        lines += ["", f"Episodes finished: {mean}; the last ones: {', '.join(f'{r:g}' for r in returns[-5:])}."]
+        returns = [value for _, value in read_scalars(progress_files[-1].parent).get("charts/episodic_return", [])]
+        last = returns[-100:]
+        lines.append(
+            f"\n{len(returns)} episodes; the mean return of the last {len(last)}: {sum(last) / len(last):.1f}; "
+            f"the last five: {', '.join(f'{r:g}' for r in last[-5:])}."
+            if returns
+            else "\nNo episode has finished yet."
+        )
         lines.append(f"Command of the last call: `{progress[-1]['command']}`.")
     else:
         lines.append("No learning run came back yet.")
