@@ -330,7 +330,7 @@ def check_step(out: Path, cuda: bool, tiny: bool):
     if cuda and not torch.cuda.is_available():
         fail("no CUDA device here")
     versions = {}
-    for name in [re.split(r"[=<>~]", pin)[0] for pin in device_requirements()] + ["torch", "numpy", "tensorboard"]:
+    for name in [re.split(r"[[=<>~]", pin)[0] for pin in device_requirements()] + ["torch", "numpy", "tensorboard"]:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
