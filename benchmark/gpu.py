@@ -205,7 +205,7 @@ def prepare(carry: Path) -> dict:
         (carry / f"bundle-{k}").mkdir(parents=True)
         for name in names:
             os.link(downloads / name, carry / f"bundle-{k}" / name)
-    leases = plan(bundles, carry.relative_to(ROOT))
+    leases, returned = plan(bundles, carry.relative_to(ROOT)), carry.relative_to(ROOT) / "returned"
     described = {
         "created": now(),
         "tree_bytes": tree,
@@ -214,8 +214,8 @@ def prepare(carry: Path) -> dict:
             for k, names in enumerate(bundles, 1)
         ],
         "leases": {name: [dataclasses.asdict(call) for call in calls] for name, calls in leases.items()},
-        "after_each_call": f"cp -r FILES_AT/. {carry.relative_to(ROOT)}/returned/",
-        "merge": f"python -m benchmark.gpu --merge {carry.relative_to(ROOT)}/returned",
+        "after_each_call": f"mkdir -p {returned} && cp -rf FILES_AT/. {returned}/",
+        "merge": f"python -m benchmark.gpu --merge {returned}",
     }
     write_json(carry / "plan.json", described)
     shutil.rmtree(downloads)  # the bundles hold their files (hard links); pip's cache keeps the downloads
