@@ -217,8 +217,11 @@ def prepare(carry: Path) -> dict:
 class Call:
     name: str
     command: str  # run's `command`, in the repository root there
-    carry: list[str]  # run's `carry`
-    timeout_s: int  # run's `timeout_s`: the command's own time limits and a margin
+    carry: list[str] = dataclasses.field(default_factory=list)  # run's `carry`
+    timeout_s: int = dataclasses.field(init=False)  # run's `timeout_s`: the command's own time limits and a margin
+
+    def __post_init__(self):
+        self.timeout_s = sum(map(int, re.findall(r"\btimeout (\d+) ", self.command))) + 20
 
 
 def plan(bundles: list[list[str]], carry: Path, dry: Path | None = None) -> dict[str, list[Call]]:
@@ -248,34 +251,28 @@ def plan(bundles: list[list[str]], carry: Path, dry: Path | None = None) -> dict
             parts.append(f"tar -xzf {bundle}/{ASSETS_FILE} -C {site}")
         if k == len(bundles):  # the last one checks the whole install: imports, environments, the GPU
             parts += [step("check", 120, "--out $OUT/install"), f"touch {site}/ready"]
-        install.append(Call(f"install-{k}", "; ".join(parts), [bundle], 0))
+        install.append(Call(f"install-{k}", "; ".join(parts), [bundle]))
     tests = " ".join(gpu_tests())
     measure = install + [
         Call(
             "tests",
             f"set -o pipefail; {ready}{env}mkdir -p $OUT/tests; {{ echo '$ pytest -m gpu {tests}'; timeout 300 "
             f"{python} -m pytest -q -m gpu -p no:cacheprovider {tests}; }} 2>&1 | tee $OUT/tests/pytest.txt",
-            [],
-            0,
         )
     ]
     for k, scripts in enumerate(SPS_CALLS, 1):
         options = f"--scripts {','.join(scripts)} --seconds 400 --out $OUT/sps"
-        measure.append(Call(f"sps-{k}", ready + step("sps", 430, options), [], 0))
+        measure.append(Call(f"sps-{k}", ready + step("sps", 430, options)))
     learn = [
         Call(
             f"learn-{k}",
             ready
             + step("learn", 560, f"--seconds 530 --state {state} --carried {returned}/learning --out $OUT/learning"),
             [] if dry else [f"{carry}/returned/learning"],
-            0,
         )
         for k in (1, 2)
     ]
-    leases = {"measure": measure, "learn": install + learn}
-    for call in [*measure, *learn]:
-        call.timeout_s = sum(map(int, re.findall(r"timeout (\d+)", call.command))) + 20
-    return leases
+    return {"measure": measure, "learn": install + learn}
 
 
 def gpu_tests() -> list[str]:
