@@ -110,11 +110,6 @@ fi
 prefix=$(cd -P .venv && pwd)
 if [ -L .venv ]; then where=".venv -> $prefix"; else where=.venv; fi
 echo "setup.sh: installing requirements.txt into $where (a few minutes the first time)"
-# MuJoCo 4 came as three packages (mujoco, mujoco-core, mujoco-studio): going back to the pinned 3.x leaves the other
-# two behind and the install broken, so an environment that has them loses all three first
-if "$prefix/bin/python" -m pip show --quiet mujoco-core > /dev/null 2>&1; then
-    "$prefix/bin/python" -m pip uninstall --quiet --yes mujoco mujoco-core mujoco-studio
-fi
 # and the package ppolab, editable (this folder's code): a script copied to any folder runs with this Python
 "$prefix/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt -e .
 echo "setup.sh: done; run a script with .venv/bin/python, e.g. .venv/bin/python ppo.py"
