@@ -19,6 +19,20 @@
 #             Breakout (10M steps)
 #   redis     ppo_continuous_action_redis.py (its own redis-server, 2 samplers) on Hopper-v4
 #             HalfCheetah-v4 Walker2d-v4, 1M steps, with --save-model
+# The studies of the options (not in the default BLOCKS; each names its runs by --exp-name):
+#   objective ppo_continuous_action.py with --policy-objective adaptive-kl (--kl-target 0.01) and fixed-kl
+#             (--kl-beta 1) on Hopper-v4 HalfCheetah-v4 Walker2d-v4, 1M steps (clip: the mujoco block)
+#   distribution  ppo_continuous_action.py with --distribution beta on Hopper-v4 HalfCheetah-v4 Walker2d-v4
+#             InvertedPendulum-v4, 1M steps
+#   dmc       ppo_continuous_action.py on dm_control/cartpole-swingup-v0 walker-walk-v0 cheetah-run-v0, 1M steps
+#   bootstrap ppo_continuous_action.py on HalfCheetah-v4 with and without --bootstrap-truncation, seeds 1-10
+#             (BOOTSTRAP_SEEDS), and without it on Hopper-v4 Walker2d-v4 InvertedPendulum-v4 Humanoid-v4, 1M steps
+#   parity    early learning on Breakout, 300k steps (PARITY_STEPS), seeds SEEDS: CleanRL's ppo_atari.py,
+#             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.cleanrl_parity, its own virtualenv), then
+#             ours and ppo_atari_multigpu.py (torchrun, 2 ranks) and ppo_shared_memory_lstm.py (Atari flags);
+#             the table of the pairs: RESULTS_DIR/parity.md
+# Every job of these checkpoints every 10 iterations and the runner resumes an interrupted block where it
+# stopped (benchmark.run_seeds --resume): run the same command again.
 #
 # Variables (default):
 #   BLOCKS       the blocks to run, in this order (all of them)
@@ -41,6 +55,7 @@
 set -uo pipefail
 
 ALL_BLOCKS="classic mujoco atari procgen multigpu sharedmem redis"
+STUDIES="objective distribution dmc bootstrap parity"
 here=$PWD
 absolute() { if [[ $1 = /* ]]; then echo "$1"; else echo "$here/$1"; fi; }
 [[ -n ${RUNS_DIR:-} ]] && RUNS_DIR=$(absolute "$RUNS_DIR")
@@ -63,7 +78,7 @@ else
     RESULTS_DIR=${RESULTS_DIR:-$repo/benchmark/results}
 fi
 for block in $BLOCKS; do
-    [[ " $ALL_BLOCKS " == *" $block "* ]] || { echo "unknown block '$block' (blocks: $ALL_BLOCKS)" >&2; exit 2; }
+    [[ " $ALL_BLOCKS $STUDIES " == *" $block "* ]] || { echo "unknown block '$block' (blocks: $ALL_BLOCKS $STUDIES)" >&2; exit 2; }
 done
 echo "== runs and logs go to $RUNS_DIR/<block>/, tables and plots to $RESULTS_DIR/"
 trap 'echo "ppo.sh: interrupted" >&2; exit 130' INT
@@ -78,19 +93,25 @@ bench() {
         echo "== $block: skipping $script, which is not in this repository yet"
         return
     fi
-    local args="--total-timesteps $steps" launch workers=$WORKERS
+    local args="--total-timesteps $steps" launch workers=$WORKERS name=${script%.py} resume=()
     launch=$(printf %q "$PYTHON")
     [[ $QUICK == 1 ]] && args=$quick_args
-    if [[ $block == multigpu ]]; then
+    [[ $args =~ --exp-name\ ([^ ]+) ]] && name=${BASH_REMATCH[1]}  # a study's runs: their own logs
+    if [[ " $STUDIES " == *" $block "* ]]; then
+        args="$args --checkpoint-every 10"
+        resume=(--resume)
+    fi
+    if [[ $script == ppo_atari_multigpu.py ]]; then
         launch="$TORCHRUN --standalone --nproc_per_node=2"
     fi
-    if [[ $block == multigpu || $block == sharedmem || $block == redis ]]; then
+    if [[ $block == multigpu || $block == sharedmem || $block == redis || $script == ppo_atari_multigpu.py \
+        || $script == ppo_shared_memory_lstm.py ]]; then
         workers=$(( WORKERS > 1 ? WORKERS / 2 : 1 ))
     fi
     echo "== $block: $script on $* (seeds $SEEDS) $args"
     local command="$launch $script $args --runs-dir $(printf %q "$RUNS_DIR/$block")"
     "$PYTHON" -m benchmark.run_seeds --command "$command" --env-ids "$@" --seeds $SEEDS --workers "$workers" \
-        --logs "$RUNS_DIR/$block/logs/${script%.py}" || status=1
+        --logs "$RUNS_DIR/$block/logs/$name" "${resume[@]}" || status=1
 }
 
 # results BLOCK: the block's table and learning curves, from every run under RUNS_DIR/BLOCK
@@ -137,6 +158,46 @@ for block in $BLOCKS; do
         echo "== redis needs: mujoco>=3, gymnasium[mujoco], redis (requirements.txt) and the redis-server" \
              "program (system package redis-server on Debian/Ubuntu)"
         bench redis ppo_continuous_action_redis.py "1000000 --save-model" "--total-timesteps 4096 --save-model" Hopper-v4 HalfCheetah-v4 Walker2d-v4
+        ;;
+    objective)
+        for objective in adaptive-kl fixed-kl; do
+            bench objective ppo_continuous_action.py "1000000 --policy-objective $objective --exp-name ppo_continuous_action_${objective/-/_}" \
+                "--total-timesteps 4096 --policy-objective $objective --exp-name ppo_continuous_action_${objective/-/_}" \
+                Hopper-v4 HalfCheetah-v4 Walker2d-v4
+        done
+        ;;
+    distribution)
+        bench distribution ppo_continuous_action.py "1000000 --distribution beta --exp-name ppo_continuous_action_beta" \
+            "--total-timesteps 4096 --distribution beta --exp-name ppo_continuous_action_beta" \
+            Hopper-v4 HalfCheetah-v4 Walker2d-v4 InvertedPendulum-v4
+        ;;
+    dmc)
+        echo "== dmc needs: dm-control, shimmy (requirements.txt)"
+        bench dmc ppo_continuous_action.py 1000000 "--total-timesteps 4096" \
+            dm_control/cartpole-swingup-v0 dm_control/walker-walk-v0 dm_control/cheetah-run-v0
+        ;;
+    bootstrap)
+        nb="--no-bootstrap-truncation --exp-name ppo_continuous_action_no_bootstrap"
+        SEEDS=${BOOTSTRAP_SEEDS:-$(seq 1 10)} bench bootstrap ppo_continuous_action.py 1000000 "--total-timesteps 4096" HalfCheetah-v4
+        SEEDS=${BOOTSTRAP_SEEDS:-$(seq 1 10)} bench bootstrap ppo_continuous_action.py "1000000 $nb" "--total-timesteps 4096 $nb" HalfCheetah-v4
+        bench bootstrap ppo_continuous_action.py "1000000 $nb" "--total-timesteps 4096 $nb" \
+            Hopper-v4 Walker2d-v4 InvertedPendulum-v4 Humanoid-v4
+        ;;
+    parity)
+        steps=${PARITY_STEPS:-300000}
+        [[ $QUICK == 1 ]] && steps=2048
+        echo "== parity needs: CleanRL's own virtualenv (python -m benchmark.cleanrl_parity build), envpool, ale-py"
+        "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
+            --seeds $SEEDS --workers "$WORKERS" || status=1
+        bench parity ppo_atari.py "$steps" "--total-timesteps 2048" Breakout
+        bench parity ppo_atari_envpool.py "$steps" "--total-timesteps 2048" Breakout-v5
+        bench parity ppo_atari_lstm.py "$steps" "--total-timesteps 2048" Breakout
+        bench parity ppo_atari_multigpu.py "$steps" "--total-timesteps 2048" Breakout
+        atari_flags="--num-workers 4 --num-envs-per-worker 2 --seq-len 128 --clip-coef 0.1 --learning-rate 2.5e-4"
+        bench parity ppo_shared_memory_lstm.py "$steps $atari_flags" "--total-timesteps 2048 $atari_flags" Breakout
+        "$PYTHON" -m benchmark.cleanrl_parity table --ours "$RUNS_DIR/parity" --cleanrl "$RUNS_DIR/parity-cleanrl" \
+            --out "$RESULTS_DIR/parity.md" --plots "$RESULTS_DIR/parity" || status=1
+        continue  # its own table: the pairs, not the generic one
         ;;
     esac
     results "$block"

@@ -10,6 +10,12 @@ share the machine, and one thread per job is the setting that does not collapse 
 that wants more threads says so in its own command). Each job's stdout and stderr go to one log file,
 `<logs>/<env>__<seed>.log`, which starts with the command line.
 
+With `--resume` the runner continues an earlier invocation of the same command: a job whose log ends with
+the runner's `# exit 0` is done and not run again; a job whose log names its run folder (`run folder: DIR`, as
+every script prints it) and whose DIR/checkpoint.pt exists is continued from it (`--resume DIR/checkpoint.pt`
+appended, the log appended to); any other job starts anew. So long runs started with `--checkpoint-every`
+survive the end of a session.
+
 One line is printed per finished job (done or failed, its time, the counts so far); at the end a
 summary lists every failed job with its exit code, its log file and the last line of that log. The
 exit code is 0 only if every job succeeded. Ctrl-C (or SIGTERM) kills every running job with its
@@ -18,6 +24,7 @@ whole process group (a job's own children, e.g. torchrun's workers, too) and exi
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -37,24 +44,36 @@ class Job:
     started: float = 0.0
     elapsed: float = 0.0
     returncode: int | None = None
+    resumed: bool = False  # continued from the checkpoint its log names: the log is appended to
+    cwd: Path | None = None  # the job's working folder (a script that writes its runs to ./runs)
 
     @property
     def name(self) -> str:
         return f"{self.env_id} seed {self.seed}"
 
 
-def make_jobs(command: str, env_ids: list[str], seeds: list[int], logs: Path) -> list[Job]:
-    base = shlex.split(command)
-    return [
-        Job(
-            env_id,
-            seed,
-            base + ["--env-id", env_id, "--seed", str(seed)],
-            logs / f"{env_id.replace('/', '_')}__{seed}.log",
-        )
-        for env_id in env_ids
-        for seed in seeds
-    ]
+def make_jobs(command: str, env_ids: list[str], seeds: list[int], logs: Path, resume: bool = False) -> list[Job]:
+    """A job per (env, seed); with `resume`, those an earlier invocation finished are left out and those it left
+    with a checkpoint continue from it."""
+    base, jobs = shlex.split(command), []
+    for env_id in env_ids:
+        for seed in seeds:
+            job = Job(
+                env_id,
+                seed,
+                base + ["--env-id", env_id, "--seed", str(seed)],
+                logs / f"{env_id.replace('/', '_')}__{seed}.log",
+            )
+            if resume and job.log.is_file():
+                text = job.log.read_text(errors="replace")
+                if text.rstrip().endswith("# exit 0"):
+                    continue
+                folders = re.findall(r"^run folder: (.+)$", text, re.M)
+                if folders and (Path(folders[-1]) / "checkpoint.pt").is_file():
+                    job.argv += ["--resume", str(Path(folders[-1]) / "checkpoint.pt")]
+                    job.resumed = True
+            jobs.append(job)
+    return jobs
 
 
 def start(job: Job):
@@ -62,7 +81,7 @@ def start(job: Job):
     runner, which then stops the jobs itself). A command that cannot start fails the job at once."""
     job.log.parent.mkdir(parents=True, exist_ok=True)
     job.started = time.monotonic()
-    with open(job.log, "w") as log:
+    with open(job.log, "a" if job.resumed else "w") as log:
         log.write(f"$ {shlex.join(job.argv)}\n")
         log.flush()
         try:
@@ -72,6 +91,7 @@ def start(job: Job):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=dict(os.environ, OMP_NUM_THREADS="1"),
+                cwd=job.cwd,
                 start_new_session=True,
             )
         except OSError as error:
@@ -97,6 +117,7 @@ def last_line(path: Path) -> str:
     with open(path, "rb") as f:
         f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
         lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("# exit ")]  # the runner's own line
     return lines[-1] if lines else ""
 
 
@@ -108,6 +129,8 @@ def run_jobs(jobs: list[Job], workers: int) -> list[Job]:
     def finish(job: Job):
         job.elapsed = time.monotonic() - job.started
         finished.append(job)
+        with open(job.log, "a") as log:  # what --resume reads
+            log.write(f"\n# exit {job.returncode}\n")
         failed = sum(j.returncode != 0 for j in finished)
         status = "done  " if job.returncode == 0 else f"FAILED (exit {job.returncode})"
         print(
@@ -155,11 +178,12 @@ def main():
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="jobs at once (default: CPU count)")
     parser.add_argument("--logs", type=Path, default=Path("benchmark/logs"), help="folder of the log files")
+    parser.add_argument("--resume", action="store_true", help="continue an earlier invocation (see above)")
     args = parser.parse_args()
     if args.workers < 1:
         parser.error("--workers must be at least 1")
 
-    jobs = make_jobs(args.command, args.env_ids, args.seeds, args.logs)
+    jobs = make_jobs(args.command, args.env_ids, args.seeds, args.logs, args.resume)
     print(f"{len(jobs)} jobs, {args.workers} at a time, logs in {args.logs}/: {args.command}", flush=True)
     signal.signal(signal.SIGTERM, interrupt)
     began = time.monotonic()

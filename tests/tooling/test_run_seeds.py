@@ -137,3 +137,43 @@ def test_ctrl_c_kills_the_running_jobs_and_their_children(tmp_path, job):
         time.sleep(0.1)
     assert not any(pid_alive(pid) for pid in pids)
     assert not records(tmp_path)  # no job got to its end
+
+
+RESUMABLE = """
+import json, os, sys
+out = sys.argv[1]
+env_id, seed = sys.argv[sys.argv.index("--env-id") + 1], sys.argv[sys.argv.index("--seed") + 1]
+folder = os.path.join(out, f"{env_id}__{seed}")
+os.makedirs(folder, exist_ok=True)
+print(f"run folder: {folder}", flush=True)
+with open(folder + ".runs", "a") as f:
+    f.write(json.dumps(sys.argv[2:]) + "\\n")
+open(os.path.join(folder, "checkpoint.pt"), "w").close()
+sys.exit(3 if env_id.startswith("Bad") and "--resume" not in sys.argv else 0)
+"""
+
+
+def test_resume_skips_finished_jobs_and_continues_the_others_from_their_checkpoint(tmp_path):
+    (tmp_path / "job.py").write_text(RESUMABLE)
+    (tmp_path / "out").mkdir()
+    command = f"{sys.executable} {tmp_path / 'job.py'} {tmp_path / 'out'}"
+    first = run_runner(command, ["A-v0", "Bad-v0"], [1], 1, tmp_path / "logs")
+    assert first.returncode == 1 and "1 done, 1 failed" in first.stdout
+    (tmp_path / "logs" / "C-v0__1.log").write_text("$ an earlier run that stopped before its run folder\n")
+    again = subprocess.run(
+        runner_argv(command, ["A-v0", "Bad-v0", "C-v0"], [1], 1, tmp_path / "logs") + ["--resume"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0 and "2 jobs in" in again.stdout, again.stdout + again.stderr
+    runs = {
+        p.stem: [json.loads(line) for line in p.read_text().splitlines()] for p in (tmp_path / "out").glob("*.runs")
+    }
+    assert runs["A-v0__1"] == [["--env-id", "A-v0", "--seed", "1"]]  # finished: not run again
+    checkpoint = str(tmp_path / "out" / "Bad-v0__1" / "checkpoint.pt")
+    assert runs["Bad-v0__1"][1] == ["--env-id", "Bad-v0", "--seed", "1", "--resume", checkpoint]
+    assert runs["C-v0__1"] == [["--env-id", "C-v0", "--seed", "1"]]  # no checkpoint: anew
+    log = (tmp_path / "logs" / "Bad-v0__1.log").read_text()
+    assert log.count("run folder:") == 2 and log.rstrip().endswith("# exit 0")  # appended to
