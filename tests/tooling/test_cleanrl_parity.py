@@ -1,0 +1,45 @@
+"""benchmark.cleanrl_parity's table from run folders written here: a run's score is the mean of the games that end
+in its last `window` steps, each pair sets every seed of both sides beside each other, and the verdict follows the
+seeds' spread."""
+
+from torch.utils.tensorboard import SummaryWriter
+
+from benchmark import cleanrl_parity
+
+
+def write_run(root, name, games):
+    """A run folder as the scripts name it, with `charts/episodic_return` at the given (step, score) points."""
+    writer = SummaryWriter(str(root / name))
+    for step, value in games:
+        writer.add_scalar("charts/episodic_return", value, step)
+    writer.close()
+
+
+def test_the_score_counts_only_the_games_that_end_in_the_last_window(tmp_path):
+    write_run(tmp_path, "BreakoutNoFrameskip-v4__ppo_atari__1__1", [(10_000, 100.0), (260_000, 4.0), (300_000, 8.0)])
+    mean, games, last = cleanrl_parity.score(tmp_path / "BreakoutNoFrameskip-v4__ppo_atari__1__1", 50_000)
+    assert (mean, games, last) == (6.0, 2, 300_000)
+
+
+def test_the_verdict_compares_the_gap_with_the_larger_spread():
+    assert cleanrl_parity.verdict([10.0, 12.0], [11.0, 13.0]) == "at parity"
+    assert cleanrl_parity.verdict([20.0, 21.0], [10.0, 11.0]) == "ours higher"
+    assert cleanrl_parity.verdict([10.0, 11.0], [20.0, 21.0]) == "ours lower: follow it to its cause"
+    assert cleanrl_parity.verdict([10.0], [20.0, 21.0]) == "too few seeds"
+
+
+def test_the_table_sets_both_sides_of_each_pair_beside_each_other(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "cleanrl" / "runs"
+    for seed, score in ((1, 10.0), (2, 14.0)):
+        write_run(ours, f"BreakoutNoFrameskip-v4__ppo_atari__{seed}__1", [(300_000, score)])
+        write_run(theirs, f"BreakoutNoFrameskip-v4__ppo_atari__{seed}__1", [(300_000, score + 30.0)])
+        write_run(ours, f"BreakoutNoFrameskip-v4__ppo_atari_multigpu__{seed}__1", [(300_000, score + 1.0)])
+    text = cleanrl_parity.table(ours, theirs, 50_000)
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()}
+    assert rows["ppo_atari.py"].startswith(
+        "| ppo_atari.py | CleanRL's ppo_atari.py | 10.00 (seed 1, 1 games, 300,000 steps), 14.00 (seed 2, 1 games, "
+        "300,000 steps) | 40.00 (seed 1, 1 games, 300,000 steps), 44.00 (seed 2, 1 games, 300,000 steps) "
+        "| 12.00 ± 2.83 | 42.00 ± 2.83 | ours lower"
+    )
+    assert rows["ppo_atari_multigpu.py"].endswith("| 13.00 ± 2.83 | 12.00 ± 2.83 | at parity |")
+    assert "| ppo_atari_lstm.py | CleanRL's ppo_atari_lstm.py | not run | not run |" in text
