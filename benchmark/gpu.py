@@ -76,6 +76,11 @@ IMAGE = {
 ASSETS = {"envpool_assets": ["atari/", "procgen/"], "envpool_assets_mujoco_large": ["mujoco/myosuite/assets/metadata/"]}
 EMPTY_ASSET_DIRS = ["vizdoom/maps"]
 ASSETS_FILE = "envpool-assets.tar.gz"
+# The Qt 5 runtime that envpool's Procgen loads, which the machine's image lacks (the first lease, 2026-11-27): the
+# shared libraries it links, as this machine has them, but the C and C++ runtimes (the image's are newer), found
+# there through LD_LIBRARY_PATH
+QT_FILE, QT_DIR = "qt5-runtime.tar.gz", "qt5"
+SYSTEM_LIBRARIES = ("libc.", "libm.", "libdl.", "libpthread.", "librt.", "libstdc++.", "libgcc_s.", "libz.", "ld-linux")
 
 # the SPS table: the single-process scripts, two leases' calls of them (LeanRL's two first), iterations per run
 # (measured on an H200 on 2026-11-27: the tests take about 130 s, a script's three modes 70-150 s)
@@ -148,6 +153,22 @@ def cut_assets(downloads: Path) -> Path:
     return tar_path
 
 
+def cut_qt_runtime(downloads: Path) -> Path:
+    """The shared libraries envpool's Procgen extension links (ldd), the system's own runtimes left out, in one
+    tar.gz whose members unpack as `QT_DIR/...`."""
+    import envpool
+
+    (extension,) = (Path(envpool.__file__).parent / "procgen").glob("procgen_envpool*.so")
+    linked = subprocess.run(["ldd", str(extension)], capture_output=True, text=True, check=True).stdout
+    libraries = [Path(path) for path in re.findall(r"=> (/\S+)", linked)]
+    tar_path = downloads / QT_FILE
+    with tarfile.open(tar_path, "w:gz") as tar:
+        for library in libraries:
+            if not library.name.startswith(SYSTEM_LIBRARIES):
+                tar.add(library.resolve(), arcname=f"{QT_DIR}/{library.name}")
+    return tar_path
+
+
 def tree_bytes() -> int:
     """What every call sends besides its carried paths: the tracked and the untracked-not-ignored files."""
     listed = subprocess.run(
@@ -189,7 +210,7 @@ def prepare(carry: Path) -> dict:
         + ["--implementation=cp", *platforms, "-d", str(downloads), *device_requirements()],
         check=True,
     )
-    files = [cut_assets(downloads)] + [
+    files = [cut_assets(downloads), cut_qt_runtime(downloads)] + [
         wheel
         for wheel in sorted(downloads.glob("*.whl"))
         if project(wheel.name) not in IMAGE and not project(wheel.name).startswith("envpool-assets")
@@ -248,7 +269,8 @@ def plan(bundles: list[list[str]], carry: Path, dry: Path | None = None) -> dict
     device = "--no-cuda --tiny" if dry else "--cuda"
     folders = [f"{site}/{k}" for k in range(1, len(bundles) + 1)]
     paths = "" if dry else f" PYTHONPATH={':'.join(folders)} PATH={':'.join(f'{f}/bin' for f in folders)}:$PATH"
-    env = f"export PYTHONUNBUFFERED=1{paths}{'' if dry else f' ENVPOOL_ASSETS_PATH={site}/assets'}; "
+    there = f" ENVPOOL_ASSETS_PATH={site}/assets LD_LIBRARY_PATH={site}/{QT_DIR}"
+    env = f"export PYTHONUNBUFFERED=1{paths}{'' if dry else there}; "
 
     def step(name: str, seconds: int, options: str) -> str:
         return f"{env}timeout {seconds} {python} -m benchmark.gpu --step {name} {options} {device}"
@@ -261,8 +283,9 @@ def plan(bundles: list[list[str]], carry: Path, dry: Path | None = None) -> dict
                 f"timeout {PIP_S} python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
                 f"--target {site}/{k} {bundle}/*.whl"
             )
-        if not dry and ASSETS_FILE in names:
-            parts.append(f"tar -xzf {bundle}/{ASSETS_FILE} -C {site}")
+        for packed in (ASSETS_FILE, QT_FILE):
+            if not dry and packed in names:
+                parts.append(f"tar -xzf {bundle}/{packed} -C {site}")
         installs.append(("; ".join(parts), [bundle]))
     # the last call checks the whole install (imports, environments, the GPU), then does the work: a failed
     # check stops it (set -e), a failed piece of work does not stop the next (set +e)
