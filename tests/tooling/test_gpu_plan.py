@@ -23,7 +23,7 @@ def test_the_dry_run_runs_every_call_of_the_plan_and_merges():
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=900,  # about 2 minutes on a quiet machine
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
