@@ -47,12 +47,7 @@ EDITS = {
     "gelu": (NUMPY_UPDATE, [("nn.Tanh()", "nn.GELU()")], [POLICY, UPDATE]),
     "layer_norm": (
         NUMPY_UPDATE,
-        [
-            (
-                "nn.Tanh(),\n            layer_init(nn.Linear(64, 64)),",
-                "nn.LayerNorm(64),\n            nn.Tanh(),\n            layer_init(nn.Linear(64, 64)),",
-            )
-        ],
+        [("layer_init(nn.Linear(obs_dim, 64)),", "layer_init(nn.Linear(obs_dim, 64)), nn.LayerNorm(64),")],
         [POLICY, UPDATE],
     ),
     "temperature": (
@@ -92,13 +87,14 @@ EDITS = {
         [POLICY, UPDATE],
     ),
     "width_128": (["ppo"], [*WIDER, ("nn.Linear(64, n_actions)", "nn.Linear(128, n_actions)")], []),
+    # ppo_continuous_action.py builds its three MLPs with one function (`mlp`): its edits are written for it
     "width_128_gaussian": (
         ["ppo_continuous_action"],
-        [*WIDER, ("nn.Linear(64, act_dim)", "nn.Linear(128, act_dim)")],
+        [*WIDER[:2], ("nn.Linear(64, out_dim)", "nn.Linear(128, out_dim)")],
         [],
     ),
     "third_hidden_layer": (
-        NUMPY_UPDATE,
+        ["ppo"],
         [
             (
                 "layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),",
@@ -108,9 +104,19 @@ EDITS = {
         ],
         [],
     ),
+    "third_hidden_layer_mlp": (
+        ["ppo_continuous_action"],
+        [
+            (
+                "nn.Linear(64, 64)), nn.Tanh()]",
+                "nn.Linear(64, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]",
+            )
+        ],
+        [],
+    ),
     "not_sequential": (
         NUMPY_UPDATE,
-        [("class Agent(nn.Module):", NOT_SEQUENTIAL), ("= nn.Sequential(", "= Chain(")],
+        [("class Agent(nn.Module):", NOT_SEQUENTIAL), ("nn.Sequential(", "Chain(")],
         [POLICY, UPDATE],
     ),
     "adamw": (
