@@ -31,8 +31,9 @@
 #             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.cleanrl_parity, its own virtualenv), then
 #             ours and ppo_atari_multigpu.py (torchrun, 2 ranks) and ppo_shared_memory_lstm.py (Atari flags);
 #             the table of the pairs: RESULTS_DIR/parity.md
-# Every job of these checkpoints every 10 iterations and the runner resumes an interrupted block where it
-# stopped (benchmark.run_seeds --resume): run the same command again.
+# Every job checkpoints every 10 iterations, and the runner resumes an interrupted block where it stopped
+# (benchmark.run_seeds --resume: finished jobs are not run again, the others continue from their checkpoint):
+# run the same command again. A fresh benchmark needs a fresh RUNS_DIR.
 #
 # Variables (default):
 #   BLOCKS       the blocks to run, in this order (all of them)
@@ -93,14 +94,11 @@ bench() {
         echo "== $block: skipping $script, which is not in this repository yet"
         return
     fi
-    local args="--total-timesteps $steps" launch workers=$WORKERS name=${script%.py} resume=()
+    local args="--total-timesteps $steps" launch workers=$WORKERS name=${script%.py}
     launch=$(printf %q "$PYTHON")
     [[ $QUICK == 1 ]] && args=$quick_args
     [[ $args =~ --exp-name\ ([^ ]+) ]] && name=${BASH_REMATCH[1]}  # a study's runs: their own logs
-    if [[ " $STUDIES " == *" $block "* ]]; then
-        args="$args --checkpoint-every 10"
-        resume=(--resume)
-    fi
+    args="$args --checkpoint-every 10"
     if [[ $script == ppo_atari_multigpu.py ]]; then
         launch="$TORCHRUN --standalone --nproc_per_node=2"
     fi
@@ -111,7 +109,7 @@ bench() {
     echo "== $block: $script on $* (seeds $SEEDS) $args"
     local command="$launch $script $args --runs-dir $(printf %q "$RUNS_DIR/$block")"
     "$PYTHON" -m benchmark.run_seeds --command "$command" --env-ids "$@" --seeds $SEEDS --workers "$workers" \
-        --logs "$RUNS_DIR/$block/logs/$name" "${resume[@]}" || status=1
+        --logs "$RUNS_DIR/$block/logs/$name" --resume || status=1
 }
 
 # results BLOCK: the block's table and learning curves, from every run under RUNS_DIR/BLOCK
