@@ -1,0 +1,240 @@
+"""The studies of ppo_continuous_action.py's options, from the runs of `bash benchmark/ppo.sh mujoco objective
+distribution dmc bootstrap`: one results file per study with its tables, set beside the default's runs (the
+`mujoco` block) and the published numbers.
+
+    python -m benchmark.studies runs/benchmark                  # every study whose runs are there
+    python -m benchmark.studies runs/benchmark --only bootstrap --out-dir /tmp/studies
+
+- objective: PPO-Clip (the mujoco block), adaptive KL (d_targ 0.01) and fixed KL (beta 1) per task and seed, and
+  each objective's score normalised as in the PPO paper's Table 1 (Schulman et al. 2017, section 6.1): per task
+  0 = a random policy, 1 = the best of the three settings' means, then averaged over the tasks, beside the
+  paper's figures for the same settings.
+- distribution: the Beta policy beside the Gaussian, per task and seed.
+- dmc: DeepMind Control beside CleanRL's published returns.
+- bootstrap: HalfCheetah-v4 with and without the time-limit bootstrap, seeds 1-10 a side, each run's posture
+  (the torso's pitch over a 1,000-step deterministic rollout of its last checkpoint: on its back when the mean
+  cosine is negative), and four more tasks without it beside the mujoco block's runs with it.
+
+A run's score is the mean return of its last 100 training episodes (benchmark.scores). Each file keeps what is
+written below its `## Verdict` line through later runs of this tool.
+"""
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from benchmark.scores import group_runs, load_references, summarize_run
+from benchmark.scripts import import_script
+
+SCRIPT = "ppo_continuous_action"
+RESULTS = Path(__file__).resolve().parent / "results"
+LAST = 100
+VERDICT = "## Verdict\n"  # what follows it in a results file is written by hand and kept
+# Schulman et al. 2017, Table 1 (7 MuJoCo tasks, 1M steps, 3 seeds, normalised 0 = random, 1 = best setting)
+PAPER = {"clip": ("clipping, epsilon = 0.2", 0.82), "adaptive_kl": ("adaptive KL, d_targ = 0.01", 0.74)}
+PAPER["fixed_kl"] = ("fixed KL, beta = 1", 0.71)
+OBJECTIVES = {"clip": SCRIPT, "adaptive_kl": f"{SCRIPT}_adaptive_kl", "fixed_kl": f"{SCRIPT}_fixed_kl"}
+RANDOM_EPISODES = 20
+
+
+def runs_of(root: Path, block: str, exp_name: str, env_id: str) -> list[tuple[Path, str]]:
+    """The run folders (and seeds) of one (env, exp_name) in one block, by seed."""
+    runs = group_runs(root / block).get((env_id, exp_name), []) if (root / block).is_dir() else []
+    return sorted(runs, key=lambda run: int(run[1]))
+
+
+def scores(runs: list[tuple[Path, str]]) -> dict[str, float]:
+    return {seed: summarize_run(run_dir, LAST)["return"] for run_dir, seed in runs}
+
+
+def mean_std(values) -> str:
+    values = list(values)
+    if not values:
+        return "not run"
+    return f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+
+def per_seed(by_seed: dict[str, float]) -> str:
+    return ", ".join(f"{value:.1f} ({seed})" for seed, value in by_seed.items()) or "not run"
+
+
+def random_return(env_id: str, episodes: int = RANDOM_EPISODES, seed: int = 0) -> float:
+    """The mean return of uniformly random actions over `episodes` episodes (seeded)."""
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    total = []
+    for episode in range(episodes):
+        env.reset(seed=seed + episode)
+        done, ret = False, 0.0
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            ret, done = ret + float(reward), terminated or truncated
+        total.append(ret)
+    env.close()
+    return float(np.mean(total))
+
+
+def objective(root: Path) -> str:
+    tasks = ["Hopper-v4", "HalfCheetah-v4", "Walker2d-v4"]
+    found = {(name, env): scores(runs_of(root, block, exp, env)) for env in tasks for name, exp, block in (
+        ("clip", OBJECTIVES["clip"], "mujoco"),
+        ("adaptive_kl", OBJECTIVES["adaptive_kl"], "objective"),
+        ("fixed_kl", OBJECTIVES["fixed_kl"], "objective"),
+    )}  # fmt: skip
+    lines = ["| task | objective | per seed (seed) | mean ± std |", "|---|---|---|---|"]
+    for env in tasks:
+        for name in OBJECTIVES:
+            by_seed = found[(name, env)]
+            lines.append(f"| {env} | {name.replace('_', '-')} | {per_seed(by_seed)} | {mean_std(by_seed.values())} |")
+    complete = [env for env in tasks if all(found[(name, env)] for name in OBJECTIVES)]
+    lines += ["", f"Normalised as in the PPO paper's Table 1, over {', '.join(complete) or 'no task yet'}:", ""]
+    lines += ["| objective | random policy (per task) | ours, normalised | the paper's Table 1 |", "|---|---|---|---|"]
+    randoms = {env: random_return(env) for env in complete}
+    for name in OBJECTIVES:
+        normalised = []
+        for env in complete:
+            best = max(np.mean(list(found[(other, env)].values())) for other in OBJECTIVES)
+            mean = np.mean(list(found[(name, env)].values()))
+            normalised.append((mean - randoms[env]) / (best - randoms[env]))
+        ours = f"{np.mean(normalised):.2f}" if normalised else "not yet"
+        label, paper = PAPER[name]
+        random_text = ", ".join(f"{randoms[env]:.1f}" for env in complete)
+        lines.append(f"| {name.replace('_', '-')} | {random_text} | {ours} | {paper:.2f} ({label}) |")
+    return "\n".join(lines)
+
+
+def distribution(root: Path) -> str:
+    lines = ["| task | normal: per seed | beta: per seed | normal mean ± std | beta mean ± std |"]
+    lines.append("|---|---|---|---|---|")
+    for env in ["Hopper-v4", "HalfCheetah-v4", "Walker2d-v4", "InvertedPendulum-v4"]:
+        normal = scores(runs_of(root, "mujoco", SCRIPT, env))
+        beta = scores(runs_of(root, "distribution", f"{SCRIPT}_beta", env))
+        lines.append(
+            f"| {env} | {per_seed(normal)} | {per_seed(beta)} | {mean_std(normal.values())} "
+            f"| {mean_std(beta.values())} |"
+        )
+    return "\n".join(lines)
+
+
+def dmc(root: Path) -> str:
+    references = load_references()
+    lines = ["| task | per seed (seed) | mean ± std | CleanRL (published) |", "|---|---|---|---|"]
+    for env in ["dm_control/cartpole-swingup-v0", "dm_control/walker-walk-v0", "dm_control/cheetah-run-v0"]:
+        ours = scores(runs_of(root, "dmc", SCRIPT, env.replace("/", "-")))  # (the run folder's name has no "/")
+        reference = references.get((f"{SCRIPT}.py", env))
+        published = f"{reference['mean']:.2f} ± {reference['std']:.2f}" if reference else "—"
+        lines.append(f"| {env} | {per_seed(ours)} | {mean_std(ours.values())} | {published} |")
+    return "\n".join(lines)
+
+
+class Pitch(gym.Wrapper):
+    """Records the torso's pitch (qpos[2] of HalfCheetah, Hopper and Walker2d) after every step."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.pitches = []
+
+    def step(self, action):
+        result = self.env.step(action)
+        self.pitches.append(float(self.env.unwrapped.data.qpos[2]))
+        return result
+
+
+def on_its_back(checkpoint_path: Path) -> tuple[bool, float]:
+    """(whether the policy of the checkpoint runs on its back, the mean cosine of its pitch) over one
+    deterministic episode of its script's own evaluation (HalfCheetah: 1,000 steps)."""
+    import ppolab
+    from ppolab.checkpoints import load_checkpoint
+
+    module = import_script(SCRIPT)
+    checkpoint = load_checkpoint(str(checkpoint_path), f"{SCRIPT}.py")
+    recorders = []
+
+    def make_recorded(*args, **kwargs):
+        recorders.append(Pitch(make_eval_env(*args, **kwargs)))
+        return recorders[-1]
+
+    make_eval_env = ppolab.make_eval_env
+    with contextlib.ExitStack() as stack:
+        stack.callback(setattr, ppolab, "make_eval_env", make_eval_env)
+        ppolab.make_eval_env = make_recorded
+        module.evaluate(checkpoint, 1, True, 0)
+    cosine = float(np.mean(np.cos(recorders[-1].pitches)))
+    return cosine < 0, cosine
+
+
+def bootstrap(root: Path) -> str:
+    lines = [
+        "| HalfCheetah-v4 | seed | mean of the last 100 episodes | posture (mean cosine of the torso's pitch) |",
+        "|---|---|---|---|",
+    ]
+    summary = {}
+    for label, exp in (("with the bootstrap", SCRIPT), ("without it", f"{SCRIPT}_no_bootstrap")):
+        rows = []
+        for run_dir, seed in runs_of(root, "bootstrap", exp, "HalfCheetah-v4"):
+            score = summarize_run(run_dir, LAST)["return"]
+            checkpoint = run_dir / "checkpoint.pt"
+            back, cosine = on_its_back(checkpoint) if checkpoint.is_file() else (None, float("nan"))
+            posture = "no checkpoint" if back is None else f"{'on its back' if back else 'upright'} ({cosine:.2f})"
+            lines.append(f"| {label} | {seed} | {score:.2f} | {posture} |")
+            rows.append((score, back))
+        summary[label] = rows
+    lines += ["", "| HalfCheetah-v4 | runs | mean ± std | on its back | mean ± std upright | mean ± std on its back |"]
+    lines.append("|---|---|---|---|---|---|")
+    for label, rows in summary.items():
+        upright = [score for score, back in rows if back is False]
+        flipped = [score for score, back in rows if back]
+        lines.append(
+            f"| {label} | {len(rows)} | {mean_std(score for score, _ in rows)} "
+            f"| {len(flipped)} of {sum(back is not None for _, back in rows)} with a checkpoint "
+            f"| {mean_std(upright)} | {mean_std(flipped)} |"
+        )
+    lines += ["", "| task | with the bootstrap (mujoco block): per seed | without it: per seed | with | without |"]
+    lines.append("|---|---|---|---|---|")
+    for env in ["Hopper-v4", "Walker2d-v4", "InvertedPendulum-v4", "Humanoid-v4"]:
+        with_it = scores(runs_of(root, "mujoco", SCRIPT, env))
+        without = scores(runs_of(root, "bootstrap", f"{SCRIPT}_no_bootstrap", env))
+        lines.append(
+            f"| {env} | {per_seed(with_it)} | {per_seed(without)} | {mean_std(with_it.values())} "
+            f"| {mean_std(without.values())} |"
+        )
+    return "\n".join(lines)
+
+
+STUDIES = {"objective": objective, "distribution": distribution, "dmc": dmc, "bootstrap": bootstrap}
+TITLES = {
+    "objective": "Policy objective: PPO-Clip, adaptive KL and fixed KL (ppo_continuous_action.py, 1M steps)",
+    "distribution": "Distribution: Beta beside Gaussian (ppo_continuous_action.py, 1M steps)",
+    "dmc": "DeepMind Control (ppo_continuous_action.py, 1M steps)",
+    "bootstrap": "The time-limit bootstrap (ppo_continuous_action.py, 1M steps)",
+}
+
+
+def write(name: str, text: str, out_dir: Path, command: str) -> Path:
+    """out_dir/study_<name>.md: the title, the command, the tables, and the hand-written verdict kept."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"study_{name}.md"
+    kept = path.read_text().split(VERDICT, 1)[1] if path.is_file() and VERDICT in path.read_text() else "\n(not yet)\n"
+    header = f"# {TITLES[name]}\n\nTables written by `{command}` from the runs of `bash benchmark/ppo.sh`.\n\n"
+    path.write_text(header + text + "\n\n" + VERDICT + kept)
+    return path
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(prog="python -m benchmark.studies", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("runs", type=Path, help="the RUNS_DIR of ppo.sh (its block folders below it)")
+    parser.add_argument("--only", choices=list(STUDIES), nargs="+", default=list(STUDIES))
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    command = "python -m benchmark.studies " + " ".join(argv if argv is not None else sys.argv[1:])
+    for name in args.only:
+        print(f"wrote {write(name, STUDIES[name](args.runs), args.out_dir, command)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""benchmark.studies from run folders written here: the objective table normalises as the PPO paper's Table 1
+(0 = random, 1 = the best setting), the bootstrap table counts the runs on their backs, a results file keeps its
+hand-written verdict."""
+
+from torch.utils.tensorboard import SummaryWriter
+
+from benchmark import studies
+
+
+def write_run(root, block, name, score):
+    writer = SummaryWriter(str(root / block / name))
+    for step in range(1, 101):
+        writer.add_scalar("charts/episodic_return", score, step * 1000)
+    writer.add_scalar("charts/SPS", 1000.0, 100_000)
+    writer.close()
+
+
+def test_the_objective_table_normalises_between_random_and_the_best_setting(tmp_path, monkeypatch):
+    monkeypatch.setattr(studies, "random_return", lambda env_id: 0.0)
+    for env in ("Hopper-v4", "HalfCheetah-v4", "Walker2d-v4"):
+        for seed, (clip, adaptive, fixed) in enumerate([(100.0, 50.0, 80.0), (100.0, 70.0, 80.0)], 1):
+            write_run(tmp_path, "mujoco", f"{env}__ppo_continuous_action__{seed}__1", clip)
+            write_run(tmp_path, "objective", f"{env}__ppo_continuous_action_adaptive_kl__{seed}__1", adaptive)
+            write_run(tmp_path, "objective", f"{env}__ppo_continuous_action_fixed_kl__{seed}__1", fixed)
+    text = studies.objective(tmp_path)
+    assert "| Hopper-v4 | adaptive-kl | 50.0 (1), 70.0 (2) | 60.00 ± 14.14 |" in text
+    assert "over Hopper-v4, HalfCheetah-v4, Walker2d-v4:" in text
+    assert "| clip | 0.0, 0.0, 0.0 | 1.00 | 0.82 (clipping, epsilon = 0.2) |" in text
+    assert "| adaptive-kl | 0.0, 0.0, 0.0 | 0.60 | 0.74 (adaptive KL, d_targ = 0.01) |" in text
+    assert "| fixed-kl | 0.0, 0.0, 0.0 | 0.80 | 0.71 (fixed KL, beta = 1) |" in text
+
+
+def test_the_bootstrap_table_counts_the_runs_on_their_backs(tmp_path, monkeypatch):
+    backs = {"1": (True, -0.9), "2": (False, 0.95), "3": (True, -0.8)}
+    monkeypatch.setattr(studies, "on_its_back", lambda path: backs[path.parent.name.split("__")[2]])
+    for seed, score in (("1", 1700.0), ("2", 3300.0), ("3", 1800.0)):
+        write_run(tmp_path, "bootstrap", f"HalfCheetah-v4__ppo_continuous_action__{seed}__1", score)
+        (tmp_path / "bootstrap" / f"HalfCheetah-v4__ppo_continuous_action__{seed}__1" / "checkpoint.pt").touch()
+    text = studies.bootstrap(tmp_path)
+    assert "| with the bootstrap | 2 | 3300.00 | upright (0.95) |" in text
+    assert (
+        "| with the bootstrap | 3 | 2266.67 ± 896.29 | 2 of 3 with a checkpoint | 3300.00 | 1750.00 ± 70.71 |" in text
+    )
+    assert "| without it | 0 | not run | 0 of 0 with a checkpoint |" in text
+
+
+def test_a_results_file_keeps_its_verdict(tmp_path):
+    studies.write("dmc", "| table |", tmp_path, "python -m benchmark.studies runs")
+    path = tmp_path / "study_dmc.md"
+    path.write_text(path.read_text().replace("(not yet)", "Written by hand."))
+    studies.write("dmc", "| another table |", tmp_path, "python -m benchmark.studies runs")
+    text = path.read_text()
+    assert (
+        "| another table |" in text and "| table |\n" not in text and text.endswith("## Verdict\n\nWritten by hand.\n")
+    )
