@@ -92,7 +92,8 @@ def exit_on_write_error(run_dir: str):
     except OSError as e:
         if not is_write_error(e, run_dir):
             raise
-        file = os.fsdecode(e.filename) if e.filename else f"the TensorBoard events in {run_dir}"  # (bytes from TensorBoard)
+        # (TensorBoard's writer names its file in bytes)
+        file = os.fsdecode(e.filename) if e.filename else f"the TensorBoard events in {run_dir}"
         print(
             f"{program()}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
             file=sys.stderr,

@@ -167,7 +167,9 @@ def test_a_run_folder_deleted_during_the_run_ends_it_in_one_line(tmp_path):
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 1
     (line,) = stderr.splitlines()
-    assert line.startswith(f"ppo.py: error: cannot write runs/{run_dir.name}/") and "No such file or directory" in line, line
+    assert (
+        line.startswith(f"ppo.py: error: cannot write runs/{run_dir.name}/") and "No such file or directory" in line
+    ), line
 
 
 def test_a_resume_into_a_folder_it_cannot_write_is_refused(tmp_path, monkeypatch, capsys):

@@ -451,7 +451,8 @@ def test_two_ranks_average_to_the_gradient_of_the_whole_minibatch(split, tmp_pat
     loss.backward()
     for rank in results:
         for averaged, single in zip(rank["grads"], (p.grad for p in agent.parameters())):
-            torch.testing.assert_close(averaged, single, rtol=1e-5, atol=1e-7)
+            # float32 sums in another order: an entry near zero may differ by the rounding of the tensor's largest
+            torch.testing.assert_close(averaged, single, rtol=1e-5, atol=1e-5 * single.abs().max().item())
         torch.testing.assert_close(rank["stats"], torch.stack(list(stats.values())), rtol=1e-5, atol=1e-7)
     # the check has teeth: a rank's own gradient differs from the whole minibatch's, and with unequal
     # shares so does the plain (unweighted) average of the two
