@@ -430,6 +430,8 @@ def sps_run(script: str, mode: str, cuda: bool, tiny: bool, seconds: float) -> d
         "sps": round((step1 - step0) / (wall1 - wall0)),
         "script_sps": last,
         "first_iteration_s": round(points[0][1] - opened, 1),
+        # where the time goes: the script's own line of its last iteration, with its rollout and update seconds
+        "last_iteration": ([line for line in done.stdout.splitlines() if line.startswith("iteration ")] or [""])[-1],
     }
 
 
@@ -633,6 +635,10 @@ def merge(folders: list[Path], out: Path, command: str) -> str:
         ]
         lines.append(f"| {' | '.join(cells)} | {leanrl} |")
     lines += ["", f"LeanRL's figures: {LEANRL_SOURCE}, its scripts on Breakout-v5 (envpool) and HalfCheetah-v4."]
+    split = [record for record in sps.values() if record.get("last_iteration")]
+    if split:  # where each run's time went, in its own words
+        lines += ["", "Each run's last iteration line (its rollout and update seconds):", ""]
+        lines += [f"- {r['script']}.py, {r['mode']}: `{r['last_iteration']}`" for r in split]
     lines += ["", "## GPU tests", ""]
     for path in (p for p in files if p.name == "pytest.txt"):
         output = [line.strip("= ") for line in path.read_text().splitlines() if line.strip("= ")]
