@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_scalars, read_timed_scalars
+from benchmark.scripts import SCRIPTS
 
 REFERENCES = Path(__file__).with_name("reference.json")
 
@@ -51,6 +52,12 @@ def load_references(path: Path = REFERENCES) -> dict[tuple[str, str], dict]:
     """{(script, env_id): entry} for every env id an entry of the reference file names."""
     entries = json.loads(Path(path).read_text())["references"]
     return {(entry["script"], env_id): entry for entry in entries for env_id in entry["env_ids"]}
+
+
+def label(exp_name: str) -> str:
+    """How a row names its runs: the script where the runs kept its name, else the --exp-name they were given
+    (a study's runs of one script with other flags, e.g. ppo_continuous_action_beta)."""
+    return f"{exp_name}.py" if exp_name in SCRIPTS else f"{exp_name} (--exp-name)"
 
 
 def short_steps(steps: int) -> str:
@@ -94,7 +101,7 @@ def table(root: Path, last: int, references: dict[tuple[str, str], dict] | None 
             published = f"{reference['mean']:.2f} ± {reference['std']:.2f} ({short_steps(reference['steps'])} steps)"
             sources += [reference["source"]] * (reference["source"] not in sources)
         lines.append(
-            f"| {exp_name}.py | {env_id} | {', '.join(seed for _, seed in runs)} | {per_seed} "
+            f"| {label(exp_name)} | {env_id} | {', '.join(seed for _, seed in runs)} | {per_seed} "
             f"| {means.mean():.2f} ± {means.std():.2f} | {int(np.mean([s['steps'] for s in summaries])):,} "
             f"| {np.mean([s['runtime'] for s in summaries]):.0f} | {np.mean([s['sps'] for s in summaries]):.0f} "
             f"| {published} |"
@@ -164,7 +171,7 @@ def aggregate_table(
     for (env_id, exp_name), runs in group_runs(root).items():
         scores = np.array([[summarize_run(run_dir, last)["return"]] for run_dir, _ in runs])
         iqm, low, high = iqm_with_ci(scores, reps)
-        lines.append(f"| {exp_name}.py | {env_id} | {len(runs)} | {iqm:.2f} [{low:.2f}, {high:.2f}] |")
+        lines.append(f"| {label(exp_name)} | {env_id} | {len(runs)} | {iqm:.2f} [{low:.2f}, {high:.2f}] |")
     blocks = block_scores(root, last, references)
     if blocks:
         lines += [
@@ -174,7 +181,9 @@ def aggregate_table(
         ]
         for exp_name, (envs, scores) in blocks.items():
             iqm, low, high = iqm_with_ci(scores, reps)
-            lines.append(f"| {exp_name}.py | {', '.join(envs)} | {len(scores)} | {iqm:.3f} [{low:.3f}, {high:.3f}] |")
+            lines.append(
+                f"| {label(exp_name)} | {', '.join(envs)} | {len(scores)} | {iqm:.3f} [{low:.3f}, {high:.3f}] |"
+            )
     return "\n".join(lines)
 
 
@@ -206,7 +215,7 @@ def plot_profiles(
             xlabel=r"normalised score $\tau$ (1 = published reference)",
             ylabel=r"fraction of runs with score $> \tau$",
         )
-        ax.set_title(f"{exp_name}.py: {len(scores)} seeds x {len(envs)} envs", fontsize="medium")
+        ax.set_title(f"{label(exp_name)}: {len(scores)} seeds x {len(envs)} envs", fontsize="medium")
         written.append(save_figure(fig, out_dir / f"profile__{exp_name}.png"))
     return written
 
@@ -278,13 +287,15 @@ def plot(
             curve = curves([run_dir for run_dir, _ in runs], axis, window)
             if curve is None:
                 print(
-                    f"no {axis} curve for {exp_name}.py on {env_id}: "
+                    f"no {axis} curve for {label(exp_name)} on {env_id}: "
                     f"no episodes, or no {axis} range that all seeds cover"
                 )
                 continue
             grid, values = curve
             fig, ax = plt.subplots(figsize=(6, 4))
-            ax.plot(grid, values.mean(0), label=f"{exp_name}.py, mean of {len(values)} seed{'s' * (len(values) > 1)}")
+            ax.plot(
+                grid, values.mean(0), label=f"{label(exp_name)}, mean of {len(values)} seed{'s' * (len(values) > 1)}"
+            )
             ax.fill_between(grid, values.min(0), values.max(0), alpha=0.25, label="min-max over seeds")
             if reference:
                 ax.axhline(
@@ -293,7 +304,7 @@ def plot(
                     linestyle="--",
                     label=f"CleanRL at {short_steps(reference['steps'])} steps",
                 )
-            ax.set(title=f"{exp_name}.py on {env_id}", xlabel=xlabel, ylabel="episodic return")
+            ax.set(title=f"{label(exp_name)} on {env_id}", xlabel=xlabel, ylabel="episodic return")
             ax.legend(loc="best", fontsize="small")
             written.append(save_figure(fig, out_dir / f"{env_id.replace('/', '_')}__{exp_name}{suffix}.png"))
     return written
