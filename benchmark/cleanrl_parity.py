@@ -107,14 +107,15 @@ def build(venv: Path, python: str):
     print(f"CleanRL {VERSION} ready in {venv}")
 
 
-def run(venv: Path, runs_dir: Path, steps: int, seeds: list[int], workers: int) -> int:
-    """CleanRL's three scripts on Breakout, every seed; a job that finished before is not run again."""
+def run(venv: Path, runs_dir: Path, steps: int, seeds: list[int], workers: int, scripts: list[str]) -> int:
+    """CleanRL's `scripts` on Breakout, every seed; a job that finished before is not run again."""
     python = venv / "bin" / "python"
     if not python.is_file():
         fail(f"no CleanRL virtualenv in {venv}: python -m benchmark.cleanrl_parity build")
     runs_dir.mkdir(parents=True, exist_ok=True)
     jobs = []
-    for script, env_id in CLEANRL.items():
+    for script in scripts:
+        env_id = CLEANRL[script]
         command = f"{python} -m cleanrl.{script} --total-timesteps {steps} {' '.join(OFF)}"
         for job in make_jobs(command, [env_id], seeds, runs_dir / "logs" / script, resume=True):
             job.cwd = runs_dir  # (CleanRL prints no run folder: an unfinished job starts anew)
@@ -155,7 +156,7 @@ def verdict(a: list[float], b: list[float]) -> str:
 def table(ours: Path, cleanrl: Path, window: int) -> str:
     found = sides(ours, cleanrl)
     lines = [
-        f"| ours | beside | per seed, ours | per seed, beside | ours mean ± std | beside mean ± std | verdict |",
+        "| ours | beside | per seed, ours | per seed, beside | ours mean ± std | beside mean ± std | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     for mine, other in PAIRS:
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--steps", type=int, default=300_000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--scripts", nargs="+", choices=list(CLEANRL), default=list(CLEANRL), help="run: which")
     parser.add_argument("--ours", type=Path, help="table: the folder of our runs")
     parser.add_argument("--cleanrl", type=Path, help="table: the folder given to `run`")
     parser.add_argument("--window", type=int, default=50_000, help="table: the last steps whose games count")
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None):
     elif args.what == "run":
         if args.runs_dir is None:
             fail("run needs --runs-dir")
-        sys.exit(run(args.venv, args.runs_dir.resolve(), args.steps, args.seeds, args.workers))
+        sys.exit(run(args.venv, args.runs_dir.resolve(), args.steps, args.seeds, args.workers, args.scripts))
     else:
         if args.ours is None or args.cleanrl is None:
             fail("table needs --ours and --cleanrl")
@@ -236,11 +238,13 @@ def main(argv: list[str] | None = None):
             [
                 "# Atari early learning beside CleanRL",
                 "",
-                f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m benchmark.cleanrl_parity "
-                f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {platform.node()} ({os.cpu_count()} CPU "
-                f"cores, no GPU). Score: the mean game score of the games that end in the last {args.window:,} steps "
-                "of each run (all lives, unclipped), per seed; the verdict compares the means with the larger of the "
-                "two standard deviations over seeds.",
+                (
+                    f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m benchmark.cleanrl_parity "
+                    f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {platform.node()} ({os.cpu_count()} CPU "
+                    f"cores, no GPU). Score: the mean game score of the games that end in the last {args.window:,} steps "
+                    "of each run (all lives, unclipped), per seed; the verdict compares the means with the larger of the "
+                    "two standard deviations over seeds."
+                ),
                 "",
                 table(args.ours, args.cleanrl / "runs", args.window),
             ]

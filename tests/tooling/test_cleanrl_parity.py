@@ -43,3 +43,19 @@ def test_the_table_sets_both_sides_of_each_pair_beside_each_other(tmp_path):
     )
     assert rows["ppo_atari_multigpu.py"].endswith("| 13.00 ± 2.83 | 12.00 ± 2.83 | at parity |")
     assert "| ppo_atari_lstm.py | CleanRL's ppo_atari_lstm.py | not run | not run |" in text
+
+
+def test_run_starts_only_the_scripts_asked_for_and_skips_the_finished_ones(tmp_path):
+    python = tmp_path / "venv" / "bin" / "python"  # stands in for CleanRL's virtualenv: says what it was asked
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho "$@" >> "$0.calls"\n')
+    python.chmod(0o755)
+    calls = tmp_path / "venv" / "bin" / "python.calls"
+    assert cleanrl_parity.run(tmp_path / "venv", tmp_path / "runs", 2048, [1, 2], 1, ["ppo_atari_envpool"]) == 0
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and all(
+        line.startswith("-m cleanrl.ppo_atari_envpool --total-timesteps 2048") for line in lines
+    )
+    assert [line.split("--seed ")[1].split()[0] for line in lines] == ["1", "2"]
+    assert cleanrl_parity.run(tmp_path / "venv", tmp_path / "runs", 2048, [1, 2], 1, ["ppo_atari_envpool"]) == 0
+    assert len(calls.read_text().splitlines()) == 2  # both finished: not run again
