@@ -153,7 +153,12 @@ def verdict(a: list[float], b: list[float]) -> str:
     return "ours higher" if gap > 0 else "ours lower: follow it to its cause"
 
 
-def table(ours: Path, cleanrl: Path, window: int) -> str:
+FINISHED = 0.99  # a run counts once it reached this share of --steps (whole iterations: 299,008 of 300,000)
+
+
+def table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
+    """Per pair, every seed of both sides; a seed's furthest run stands for it (a rerun supersedes a stopped one),
+    and an unfinished run is listed but left out of the means and the verdict."""
     found = sides(ours, cleanrl)
     lines = [
         "| ours | beside | per seed, ours | per seed, beside | ours mean ± std | beside mean ± std | verdict |",
@@ -162,15 +167,22 @@ def table(ours: Path, cleanrl: Path, window: int) -> str:
     for mine, other in PAIRS:
         cells, scores = [], []
         for side in (mine, other):
-            runs = sorted(found.get(side, []), key=lambda run_dir: run_dir.name.split("__")[2])
-            results = [(run_dir.name.split("__")[2], *score(run_dir, window)) for run_dir in runs]
+            furthest = {}
+            for run_dir in found.get(side, []):
+                seed, result = int(run_dir.name.split("__")[2]), score(run_dir, window)
+                if seed not in furthest or result[2] > furthest[seed][2]:
+                    furthest[seed] = result
+            results = sorted(furthest.items())
             cells.append(
                 ", ".join(
-                    f"{mean:.2f} (seed {seed}, {games} games, {last:,} steps)" for seed, mean, games, last in results
+                    f"{mean:.2f} (seed {seed}, {games} games, {last:,} steps)"
+                    if last >= FINISHED * steps
+                    else f"unfinished (seed {seed}, {last:,} steps)"
+                    for seed, (mean, games, last) in results
                 )
                 or "not run"
             )
-            scores.append([mean for _, mean, _, _ in results])
+            scores.append([mean for _, (mean, _, last) in results if last >= FINISHED * steps])
         summaries = [f"{np.mean(s):.2f} ± {np.std(s, ddof=1):.2f}" if len(s) > 1 else "" for s in scores]
         name = other.replace("cleanrl:", "CleanRL's ")
         lines.append(
@@ -243,10 +255,11 @@ def main(argv: list[str] | None = None):
                     f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {platform.node()} ({os.cpu_count()} CPU "
                     f"cores, no GPU). Score: the mean game score of the games that end in the last {args.window:,} steps "
                     "of each run (all lives, unclipped), per seed; the verdict compares the means with the larger of the "
-                    "two standard deviations over seeds."
+                    f"two standard deviations over seeds. A run counts once it reached {FINISHED:.0%} of {args.steps:,} "
+                    "steps (runs end on whole iterations)."
                 ),
                 "",
-                table(args.ours, args.cleanrl / "runs", args.window),
+                table(args.ours, args.cleanrl / "runs", args.window, args.steps),
             ]
         )
         if args.plots:

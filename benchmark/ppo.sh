@@ -193,7 +193,7 @@ for block in $BLOCKS; do
         bench parity ppo_atari_multigpu.py "$steps" "--total-timesteps 2048" Breakout
         atari_flags="--num-workers 4 --num-envs-per-worker 2 --seq-len 128 --clip-coef 0.1 --learning-rate 2.5e-4"
         bench parity ppo_shared_memory_lstm.py "$steps $atari_flags" "--total-timesteps 2048 $atari_flags" Breakout
-        "$PYTHON" -m benchmark.cleanrl_parity table --ours "$RUNS_DIR/parity" --cleanrl "$RUNS_DIR/parity-cleanrl" \
+        "$PYTHON" -m benchmark.cleanrl_parity table --ours "$RUNS_DIR/parity" --cleanrl "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
             --out "$RESULTS_DIR/parity.md" --plots "$RESULTS_DIR/parity" || status=1
         continue  # its own table: the pairs, not the generic one
         ;;

@@ -34,7 +34,7 @@ def test_the_table_sets_both_sides_of_each_pair_beside_each_other(tmp_path):
         write_run(ours, f"BreakoutNoFrameskip-v4__ppo_atari__{seed}__1", [(300_000, score)])
         write_run(theirs, f"BreakoutNoFrameskip-v4__ppo_atari__{seed}__1", [(300_000, score + 30.0)])
         write_run(ours, f"BreakoutNoFrameskip-v4__ppo_atari_multigpu__{seed}__1", [(300_000, score + 1.0)])
-    text = cleanrl_parity.table(ours, theirs, 50_000)
+    text = cleanrl_parity.table(ours, theirs, 50_000, 300_000)
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()}
     assert rows["ppo_atari.py"].startswith(
         "| ppo_atari.py | CleanRL's ppo_atari.py | 10.00 (seed 1, 1 games, 300,000 steps), 14.00 (seed 2, 1 games, "
@@ -43,6 +43,23 @@ def test_the_table_sets_both_sides_of_each_pair_beside_each_other(tmp_path):
     )
     assert rows["ppo_atari_multigpu.py"].endswith("| 13.00 ± 2.83 | 12.00 ± 2.83 | at parity |")
     assert "| ppo_atari_lstm.py | CleanRL's ppo_atari_lstm.py | not run | not run |" in text
+
+
+def test_an_unfinished_run_is_listed_but_not_counted_and_a_rerun_of_its_seed_supersedes_it(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "cleanrl" / "runs"
+    write_run(ours, "Breakout-v5__ppo_atari_envpool__1__1", [(299_008, 10.0)])
+    write_run(ours, "Breakout-v5__ppo_atari_envpool__2__1", [(9_210, 2.0)])  # stopped early
+    write_run(ours, "Breakout-v5__ppo_atari_envpool__3__1", [(9_210, 2.0)])  # stopped early, then run again:
+    write_run(ours, "Breakout-v5__ppo_atari_envpool__3__2", [(299_008, 12.0)])
+    write_run(theirs, "Breakout-v5__ppo_atari_envpool__1__1", [(299_008, 11.0)])
+    write_run(theirs, "Breakout-v5__ppo_atari_envpool__2__1", [(299_008, 13.0)])
+    text = cleanrl_parity.table(ours, theirs, 50_000, 300_000)
+    (row,) = [line for line in text.splitlines() if line.startswith("| ppo_atari_envpool.py")]
+    assert row == (
+        "| ppo_atari_envpool.py | CleanRL's ppo_atari_envpool.py | 10.00 (seed 1, 1 games, 299,008 steps), "
+        "unfinished (seed 2, 9,210 steps), 12.00 (seed 3, 1 games, 299,008 steps) | 11.00 (seed 1, 1 games, "
+        "299,008 steps), 13.00 (seed 2, 1 games, 299,008 steps) | 11.00 ± 1.41 | 12.00 ± 1.41 | at parity |"
+    )
 
 
 def test_run_starts_only_the_scripts_asked_for_and_skips_the_finished_ones(tmp_path):
