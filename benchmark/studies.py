@@ -39,12 +39,30 @@ PAPER = {"clip": ("clipping, epsilon = 0.2", 0.82), "adaptive_kl": ("adaptive KL
 PAPER["fixed_kl"] = ("fixed KL, beta = 1", 0.71)
 OBJECTIVES = {"clip": SCRIPT, "adaptive_kl": f"{SCRIPT}_adaptive_kl", "fixed_kl": f"{SCRIPT}_fixed_kl"}
 RANDOM_EPISODES = 20
+STEPS, FINISHED = 1_000_000, 0.99  # every study's budget; a run counts once it reached 99% of it (whole iterations)
+
+
+def finished(run_dir: Path) -> bool:
+    return summarize_run(run_dir, LAST)["steps"] >= FINISHED * STEPS
 
 
 def runs_of(root: Path, block: str, exp_name: str, env_id: str) -> list[tuple[Path, str]]:
-    """The run folders (and seeds) of one (env, exp_name) in one block, by seed."""
+    """The finished run folders (and seeds) of one (env, exp_name) in one block, by seed."""
     runs = group_runs(root / block).get((env_id, exp_name), []) if (root / block).is_dir() else []
-    return sorted(runs, key=lambda run: int(run[1]))
+    return sorted((run for run in runs if finished(run[0])), key=lambda run: int(run[1]))
+
+
+def unfinished(root: Path, blocks: list[str]) -> str:
+    """A line naming the runs of `blocks` that the tables leave out, not having reached their budget yet."""
+    left = [
+        f"{run_dir.name} ({summarize_run(run_dir, LAST)['steps']:,} steps)"
+        for block in blocks
+        if (root / block).is_dir()
+        for runs in group_runs(root / block).values()
+        for run_dir, _ in runs
+        if not finished(run_dir)
+    ]
+    return f"\n\nUnfinished runs, left out of the tables: {', '.join(left)}." if left else ""
 
 
 def scores(runs: list[tuple[Path, str]]) -> dict[str, float]:
@@ -206,6 +224,8 @@ def bootstrap(root: Path) -> str:
 
 
 STUDIES = {"objective": objective, "distribution": distribution, "dmc": dmc, "bootstrap": bootstrap}
+BLOCKS = {"objective": ["mujoco", "objective"], "distribution": ["mujoco", "distribution"], "dmc": ["dmc"]}
+BLOCKS["bootstrap"] = ["bootstrap", "mujoco"]
 TITLES = {
     "objective": "Policy objective: PPO-Clip, adaptive KL and fixed KL (ppo_continuous_action.py, 1M steps)",
     "distribution": "Distribution: Beta beside Gaussian (ppo_continuous_action.py, 1M steps)",
@@ -233,7 +253,8 @@ def main(argv: list[str] | None = None):
     args = parser.parse_args(argv)
     command = "python -m benchmark.studies " + " ".join(argv if argv is not None else sys.argv[1:])
     for name in args.only:
-        print(f"wrote {write(name, STUDIES[name](args.runs), args.out_dir, command)}")
+        text = STUDIES[name](args.runs) + unfinished(args.runs, BLOCKS[name])
+        print(f"wrote {write(name, text, args.out_dir, command)}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """benchmark.studies from run folders written here: the objective table normalises as the PPO paper's Table 1
-(0 = random, 1 = the best setting), the bootstrap table counts the runs on their backs, a results file keeps its
+(0 = random, 1 = the best setting), the bootstrap table counts the runs on their backs and leaves out the unfinished ones, a results file keeps its
 hand-written verdict."""
 
 from torch.utils.tensorboard import SummaryWriter
@@ -7,11 +7,11 @@ from torch.utils.tensorboard import SummaryWriter
 from benchmark import studies
 
 
-def write_run(root, block, name, score):
+def write_run(root, block, name, score, steps=studies.STEPS):
     writer = SummaryWriter(str(root / block / name))
     for step in range(1, 101):
-        writer.add_scalar("charts/episodic_return", score, step * 1000)
-    writer.add_scalar("charts/SPS", 1000.0, 100_000)
+        writer.add_scalar("charts/episodic_return", score, step * steps // 100)
+    writer.add_scalar("charts/SPS", 1000.0, steps)
     writer.close()
 
 
@@ -36,7 +36,12 @@ def test_the_bootstrap_table_counts_the_runs_on_their_backs(tmp_path, monkeypatc
     for seed, score in (("1", 1700.0), ("2", 3300.0), ("3", 1800.0)):
         write_run(tmp_path, "bootstrap", f"HalfCheetah-v4__ppo_continuous_action__{seed}__1", score)
         (tmp_path / "bootstrap" / f"HalfCheetah-v4__ppo_continuous_action__{seed}__1" / "checkpoint.pt").touch()
+    write_run(tmp_path, "bootstrap", "HalfCheetah-v4__ppo_continuous_action__4__1", 900.0, steps=200_000)  # running
     text = studies.bootstrap(tmp_path)
+    assert "| with the bootstrap | 4 |" not in text
+    assert studies.unfinished(tmp_path, ["bootstrap"]) == (
+        "\n\nUnfinished runs, left out of the tables: HalfCheetah-v4__ppo_continuous_action__4__1 (200,000 steps)."
+    )
     assert "| with the bootstrap | 2 | 3300.00 | upright (0.95) |" in text
     assert (
         "| with the bootstrap | 3 | 2266.67 ± 896.29 | 2 of 3 with a checkpoint | 3300.00 | 1750.00 ± 70.71 |" in text
