@@ -1,6 +1,6 @@
 """benchmark.studies from run folders written here: the objective table normalises as the PPO paper's Table 1
-(0 = random, 1 = the best setting), the bootstrap table counts the runs on their backs and leaves out the unfinished ones, a results file keeps its
-hand-written verdict."""
+(0 = random, 1 = the best setting), the bootstrap table counts the runs on their backs and leaves out the unfinished
+ones, a results file keeps its hand-written verdict."""
 
 from torch.utils.tensorboard import SummaryWriter
 
