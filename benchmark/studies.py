@@ -80,6 +80,16 @@ def per_seed(by_seed: dict[str, float]) -> str:
     return ", ".join(f"{value:.1f} ({seed})" for seed, value in by_seed.items()) or "not run"
 
 
+def side_by_side(root: Path, envs: list[str], first: tuple[str, str], second: tuple[str, str]) -> list[str]:
+    """A row per task setting two kinds of run (each a block and an exp_name) beside each other: per seed, then
+    mean ± std."""
+    rows = []
+    for env in envs:
+        a, b = (scores(runs_of(root, block, exp_name, env)) for block, exp_name in (first, second))
+        rows.append(f"| {env} | {per_seed(a)} | {per_seed(b)} | {mean_std(a.values())} | {mean_std(b.values())} |")
+    return rows
+
+
 def random_return(env_id: str, episodes: int = RANDOM_EPISODES, seed: int = 0) -> float:
     """The mean return of uniformly random actions over `episodes` episodes (seeded)."""
     env = gym.make(env_id)
@@ -128,14 +138,8 @@ def objective(root: Path) -> str:
 def distribution(root: Path) -> str:
     lines = ["| task | normal: per seed | beta: per seed | normal mean ± std | beta mean ± std |"]
     lines.append("|---|---|---|---|---|")
-    for env in ["Hopper-v4", "HalfCheetah-v4", "Walker2d-v4", "InvertedPendulum-v4"]:
-        normal = scores(runs_of(root, "mujoco", SCRIPT, env))
-        beta = scores(runs_of(root, "distribution", f"{SCRIPT}_beta", env))
-        lines.append(
-            f"| {env} | {per_seed(normal)} | {per_seed(beta)} | {mean_std(normal.values())} "
-            f"| {mean_std(beta.values())} |"
-        )
-    return "\n".join(lines)
+    envs = ["Hopper-v4", "HalfCheetah-v4", "Walker2d-v4", "InvertedPendulum-v4"]
+    return "\n".join(lines + side_by_side(root, envs, ("mujoco", SCRIPT), ("distribution", f"{SCRIPT}_beta")))
 
 
 def dmc(root: Path) -> str:
@@ -213,14 +217,8 @@ def bootstrap(root: Path) -> str:
         )
     lines += ["", "| task | with the bootstrap (mujoco block): per seed | without it: per seed | with | without |"]
     lines.append("|---|---|---|---|---|")
-    for env in ["Hopper-v4", "Walker2d-v4", "InvertedPendulum-v4", "Humanoid-v4"]:
-        with_it = scores(runs_of(root, "mujoco", SCRIPT, env))
-        without = scores(runs_of(root, "bootstrap", f"{SCRIPT}_no_bootstrap", env))
-        lines.append(
-            f"| {env} | {per_seed(with_it)} | {per_seed(without)} | {mean_std(with_it.values())} "
-            f"| {mean_std(without.values())} |"
-        )
-    return "\n".join(lines)
+    envs = ["Hopper-v4", "Walker2d-v4", "InvertedPendulum-v4", "Humanoid-v4"]
+    return "\n".join(lines + side_by_side(root, envs, ("mujoco", SCRIPT), ("bootstrap", f"{SCRIPT}_no_bootstrap")))
 
 
 STUDIES = {"objective": objective, "distribution": distribution, "dmc": dmc, "bootstrap": bootstrap}
