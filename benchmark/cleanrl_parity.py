@@ -147,7 +147,7 @@ def sides(ours: Path, cleanrl: Path) -> dict[str, list[Path]]:
 def verdict(a: list[float], b: list[float]) -> str:
     if len(a) < 2 or len(b) < 2:
         return "too few seeds"
-    gap, spread = np.mean(a) - np.mean(b), max(np.std(a, ddof=1), np.std(b, ddof=1))
+    gap, spread = np.mean(a) - np.mean(b), max(np.std(a), np.std(b))
     if abs(gap) <= spread:
         return "at parity"
     return "ours higher" if gap > 0 else "ours lower: follow it to its cause"
@@ -183,7 +183,7 @@ def table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
                 or "not run"
             )
             scores.append([mean for _, (mean, _, last) in results if last >= FINISHED * steps])
-        summaries = [f"{np.mean(s):.2f} ± {np.std(s, ddof=1):.2f}" if len(s) > 1 else "" for s in scores]
+        summaries = [f"{np.mean(s):.2f} ± {np.std(s):.2f}" if len(s) > 1 else "" for s in scores]
         name = other.replace("cleanrl:", "CleanRL's ")
         lines.append(
             f"| {mine}.py | {name}.py | {cells[0]} | {cells[1]} | {summaries[0]} | {summaries[1]} | {verdict(*scores)} |"
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None):
                     f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {platform.node()} ({os.cpu_count()} CPU "
                     f"cores, no GPU). Score: the mean game score of the games that end in the last {args.window:,} steps "
                     "of each run (all lives, unclipped), per seed; the verdict compares the means with the larger of the "
-                    f"two standard deviations over seeds. A run counts once it reached {FINISHED:.0%} of {args.steps:,} "
+                    f"two standard deviations over seeds (ddof 0, as benchmark.scores). A run counts once it reached {FINISHED:.0%} of {args.steps:,} "
                     "steps (runs end on whole iterations)."
                 ),
                 "",

@@ -22,6 +22,7 @@ written below its `## Verdict` line through later runs of this tool.
 import argparse
 import contextlib
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -29,6 +30,7 @@ import numpy as np
 
 from benchmark.scores import group_runs, load_references, summarize_run
 from benchmark.scripts import import_script
+from benchmark.speed_vs_cleanrl import machine
 
 SCRIPT = "ppo_continuous_action"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,6 +54,21 @@ def runs_of(root: Path, block: str, exp_name: str, env_id: str) -> list[tuple[Pa
     return sorted((run for run in runs if finished(run[0])), key=lambda run: int(run[1]))
 
 
+def provenance(root: Path, name: str) -> str:
+    """Where the tables come from: the recipe's blocks, when their runs started, and each block's own table."""
+    blocks = BLOCKS[name]
+    starts = [int(run_dir.name.split("__")[-1]) for block in blocks if (root / block).is_dir()
+              for runs in group_runs(root / block).values() for run_dir, _ in runs]  # fmt: skip
+    when = " to ".join(sorted({time.strftime("%Y-%m-%d", time.gmtime(t)) for t in (min(starts), max(starts))}))
+    tables = ", ".join(f"[{block}.md]({block}.md)" for block in blocks)
+    return (
+        f"Runs: `bash benchmark/ppo.sh {' '.join(blocks)}`, started {when} (UTC), one at a time with "
+        f"`OMP_NUM_THREADS=1`; each block's own table, with the IQM and the curves: {tables}.\n\n"
+        if starts
+        else ""
+    )
+
+
 def unfinished(root: Path, blocks: list[str]) -> str:
     """A line naming the runs of `blocks` that the tables leave out, not having reached their budget yet."""
     left = [
@@ -73,7 +90,7 @@ def mean_std(values) -> str:
     values = list(values)
     if not values:
         return "not run"
-    return f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+    return f"{np.mean(values):.2f} ± {np.std(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
 def per_seed(by_seed: dict[str, float]) -> str:
@@ -237,7 +254,11 @@ def write(name: str, text: str, out_dir: Path, command: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"study_{name}.md"
     kept = path.read_text().split(VERDICT, 1)[1] if path.is_file() and VERDICT in path.read_text() else "\n(not yet)\n"
-    header = f"# {TITLES[name]}\n\nTables written by `{command}` from the runs of `bash benchmark/ppo.sh`.\n\n"
+    written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    header = (
+        f"# {TITLES[name]}\n\nTables written {written} by `{command}` on {machine()}. A run's score: the mean return "
+        f"of its last {LAST} training episodes; ± the standard deviation over seeds (ddof 0, as benchmark.scores).\n\n"
+    )
     path.write_text(header + text + "\n\n" + VERDICT + kept)
     return path
 
@@ -251,7 +272,7 @@ def main(argv: list[str] | None = None):
     args = parser.parse_args(argv)
     command = "python -m benchmark.studies " + " ".join(argv if argv is not None else sys.argv[1:])
     for name in args.only:
-        text = STUDIES[name](args.runs) + unfinished(args.runs, BLOCKS[name])
+        text = provenance(args.runs, name) + STUDIES[name](args.runs) + unfinished(args.runs, BLOCKS[name])
         print(f"wrote {write(name, text, args.out_dir, command)}")
 
 

@@ -39,9 +39,9 @@ def test_the_table_sets_both_sides_of_each_pair_beside_each_other(tmp_path):
     assert rows["ppo_atari.py"].startswith(
         "| ppo_atari.py | CleanRL's ppo_atari.py | 10.00 (seed 1, 1 games, 300,000 steps), 14.00 (seed 2, 1 games, "
         "300,000 steps) | 40.00 (seed 1, 1 games, 300,000 steps), 44.00 (seed 2, 1 games, 300,000 steps) "
-        "| 12.00 ± 2.83 | 42.00 ± 2.83 | ours lower"
+        "| 12.00 ± 2.00 | 42.00 ± 2.00 | ours lower"
     )
-    assert rows["ppo_atari_multigpu.py"].endswith("| 13.00 ± 2.83 | 12.00 ± 2.83 | at parity |")
+    assert rows["ppo_atari_multigpu.py"].endswith("| 13.00 ± 2.00 | 12.00 ± 2.00 | at parity |")
     assert "| ppo_atari_lstm.py | CleanRL's ppo_atari_lstm.py | not run | not run |" in text
 
 
@@ -58,7 +58,7 @@ def test_an_unfinished_run_is_listed_but_not_counted_and_a_rerun_of_its_seed_sup
     assert row == (
         "| ppo_atari_envpool.py | CleanRL's ppo_atari_envpool.py | 10.00 (seed 1, 1 games, 299,008 steps), "
         "unfinished (seed 2, 9,210 steps), 12.00 (seed 3, 1 games, 299,008 steps) | 11.00 (seed 1, 1 games, "
-        "299,008 steps), 13.00 (seed 2, 1 games, 299,008 steps) | 11.00 ± 1.41 | 12.00 ± 1.41 | at parity |"
+        "299,008 steps), 13.00 (seed 2, 1 games, 299,008 steps) | 11.00 ± 1.00 | 12.00 ± 1.00 | at parity |"
     )
 
 

@@ -23,7 +23,7 @@ def test_the_objective_table_normalises_between_random_and_the_best_setting(tmp_
             write_run(tmp_path, "objective", f"{env}__ppo_continuous_action_adaptive_kl__{seed}__1", adaptive)
             write_run(tmp_path, "objective", f"{env}__ppo_continuous_action_fixed_kl__{seed}__1", fixed)
     text = studies.objective(tmp_path)
-    assert "| Hopper-v4 | adaptive-kl | 50.0 (1), 70.0 (2) | 60.00 ± 14.14 |" in text
+    assert "| Hopper-v4 | adaptive-kl | 50.0 (1), 70.0 (2) | 60.00 ± 10.00 |" in text
     assert "over Hopper-v4, HalfCheetah-v4, Walker2d-v4:" in text
     assert "| clip | 0.0, 0.0, 0.0 | 1.00 | 0.82 (clipping, epsilon = 0.2) |" in text
     assert "| adaptive-kl | 0.0, 0.0, 0.0 | 0.60 | 0.74 (adaptive KL, d_targ = 0.01) |" in text
@@ -44,7 +44,7 @@ def test_the_bootstrap_table_counts_the_runs_on_their_backs(tmp_path, monkeypatc
     )
     assert "| with the bootstrap | 2 | 3300.00 | upright (0.95) |" in text
     assert (
-        "| with the bootstrap | 3 | 2266.67 ± 896.29 | 2 of 3 with a checkpoint | 3300.00 | 1750.00 ± 70.71 |" in text
+        "| with the bootstrap | 3 | 2266.67 ± 731.82 | 2 of 3 with a checkpoint | 3300.00 | 1750.00 ± 50.00 |" in text
     )
     assert "| without it | 0 | not run | 0 of 0 with a checkpoint |" in text
 
