@@ -21,6 +21,7 @@ written below its `## Verdict` line through later runs of this tool.
 
 import argparse
 import contextlib
+import math
 import sys
 import time
 from pathlib import Path
@@ -206,6 +207,23 @@ def on_its_back(checkpoint_path: Path) -> tuple[bool, float]:
     return cosine < 0, cosine
 
 
+def difference_ci(a: list[float], b: list[float], reps: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """mean(b) - mean(a) and its 95% percentile interval, the seeds of each side resampled with replacement."""
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(a), np.asarray(b)
+    resampled = rng.choice(b, (reps, len(b))).mean(1) - rng.choice(a, (reps, len(a))).mean(1)
+    low, high = np.percentile(resampled, [2.5, 97.5])
+    return float(b.mean() - a.mean()), float(low), float(high)
+
+
+def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p-value of Fisher's exact test for k1 of n1 against k2 of n2: the probability, with the margins
+    fixed, of a split no more likely than the one seen."""
+    total = k1 + k2
+    p = [math.comb(n1, k) * math.comb(n2, total - k) / math.comb(n1 + n2, total) for k in range(total + 1)]
+    return min(1.0, sum(q for q in p if q <= p[k1] * (1 + 1e-9)))
+
+
 def bootstrap(root: Path) -> str:
     lines = [
         "| HalfCheetah-v4 | seed | mean of the last 100 episodes | posture (mean cosine of the torso's pitch) |",
@@ -231,6 +249,16 @@ def bootstrap(root: Path) -> str:
             f"| {label} | {len(rows)} | {mean_std(score for score, _ in rows)} "
             f"| {len(flipped)} of {sum(back is not None for _, back in rows)} with a checkpoint "
             f"| {mean_std(upright)} | {mean_std(flipped)} |"
+        )
+    with_it, without = summary["with the bootstrap"], summary["without it"]
+    if len(with_it) > 1 and len(without) > 1:
+        difference, low, high = difference_ci([score for score, _ in with_it], [score for score, _ in without])
+        backs = [sum(bool(back) for _, back in rows) for rows in (with_it, without)]
+        p = fisher_exact(backs[0], len(with_it), backs[1], len(without))
+        lines.append(
+            f"\nWithout the bootstrap minus with it: {difference:+.2f} [{low:+.2f}, {high:+.2f}] (the difference of "
+            f"the means, its 95% interval from 10,000 resamples of each side's seeds); on their backs: {backs[0]} of "
+            f"{len(with_it)} with it, {backs[1]} of {len(without)} without, Fisher's exact test p = {p:.3f}."
         )
     lines += ["", "| task | with the bootstrap (mujoco block): per seed | without it: per seed | with | without |"]
     lines.append("|---|---|---|---|---|")

@@ -47,6 +47,7 @@ def test_the_bootstrap_table_counts_the_runs_on_their_backs(tmp_path, monkeypatc
         "| with the bootstrap | 3 | 2266.67 ± 731.82 | 2 of 3 with a checkpoint | 3300.00 | 1750.00 ± 50.00 |" in text
     )
     assert "| without it | 0 | not run | 0 of 0 with a checkpoint |" in text
+    assert "Fisher" not in text  # one side has no runs: nothing to compare
 
 
 def test_a_results_file_keeps_its_verdict(tmp_path):
@@ -58,3 +59,14 @@ def test_a_results_file_keeps_its_verdict(tmp_path):
     assert (
         "| another table |" in text and "| table |\n" not in text and text.endswith("## Verdict\n\nWritten by hand.\n")
     )
+
+
+def test_fishers_exact_test_and_the_difference_interval_as_worked_out_by_hand():
+    # 3 of 10 against 0 of 10: with 3 flipped in all, P(k of them in the first 10) = C(10,k) C(10,3-k) / C(20,3)
+    # = 120, 450, 450, 120 over 1140; the splits no more likely than k=3 are k=0 and k=3: 240/1140
+    assert abs(studies.fisher_exact(3, 10, 0, 10) - 240 / 1140) < 1e-12
+    assert abs(studies.fisher_exact(2, 4, 2, 4) - 1.0) < 1e-12  # the most likely split: every split counts
+    difference, low, high = studies.difference_ci([1.0, 1.0, 1.0], [3.0, 3.0, 3.0])
+    assert (difference, low, high) == (2.0, 2.0, 2.0)  # no spread: every resample gives the same difference
+    difference, low, high = studies.difference_ci([0.0, 10.0], [5.0, 5.0])
+    assert difference == 0.0 and (low, high) == (-5.0, 5.0)  # the resampled first side's means are 0, 5 or 10
