@@ -27,7 +27,6 @@ more than the seeds' spread (the larger of the two sides' standard deviations), 
 
 import argparse
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import numpy as np
 from benchmark.events import read_scalars
 from benchmark.run_seeds import make_jobs, run_jobs, summary
 from benchmark.scores import curves, group_runs, save_figure
+from benchmark.speed_vs_cleanrl import machine
 
 VERSION = "1.2.0"
 VENV = Path(os.environ.get("PPO_LAB_PARITY_DIR") or Path.home() / ".cache" / "ppo-lab" / "cleanrl-parity")
@@ -134,6 +134,11 @@ def score(run_dir: Path, window: int) -> tuple[float, int, int]:
     return (float(np.mean(games)) if games else float("nan")), len(games), last
 
 
+def display(side: str) -> str:
+    """ "cleanrl:ppo_atari" -> "CleanRL's ppo_atari.py", "ppo_atari" -> "ppo_atari.py"."""
+    return side.replace("cleanrl:", "CleanRL's ") + ".py"
+
+
 def sides(ours: Path, cleanrl: Path) -> dict[str, list[Path]]:
     """{"ppo_atari": [run folders], "cleanrl:ppo_atari": [...], ...} from both folders."""
     found = {}
@@ -184,9 +189,9 @@ def table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
             )
             scores.append([mean for _, (mean, _, last) in results if last >= FINISHED * steps])
         summaries = [f"{np.mean(s):.2f} ± {np.std(s):.2f}" if len(s) > 1 else "" for s in scores]
-        name = other.replace("cleanrl:", "CleanRL's ")
+        name = display(other)
         lines.append(
-            f"| {mine}.py | {name}.py | {cells[0]} | {cells[1]} | {summaries[0]} | {summaries[1]} | {verdict(*scores)} |"
+            f"| {mine}.py | {name} | {cells[0]} | {cells[1]} | {summaries[0]} | {summaries[1]} | {verdict(*scores)} |"
         )
     return "\n".join(lines)
 
@@ -206,12 +211,10 @@ def plots(ours: Path, cleanrl: Path, out_dir: Path, window: int = 20) -> list[Pa
             curve = curves(found.get(side, []), "step", window)
             if curve is not None:
                 grid, values = curve
-                label = side.replace("cleanrl:", "CleanRL's ") + f".py ({len(values)} seeds)"
+                label = f"{display(side)} ({len(values)} seeds)"
                 ax.plot(grid, values.mean(0), label=label)
                 ax.fill_between(grid, values.min(0), values.max(0), alpha=0.2)
-        ax.set(
-            title=f"{mine}.py beside {other.replace('cleanrl:', 'CleanRL')}", xlabel="global step", ylabel="game score"
-        )
+        ax.set(title=f"{mine}.py beside {display(other)}", xlabel="global step", ylabel="game score")
         ax.legend(loc="best", fontsize="small")
         written.append(save_figure(fig, out_dir / f"{mine}.png"))
     return written
@@ -252,11 +255,14 @@ def main(argv: list[str] | None = None):
                 "",
                 (
                     f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m benchmark.cleanrl_parity "
-                    f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {platform.node()} ({os.cpu_count()} CPU "
-                    f"cores, no GPU). Score: the mean game score of the games that end in the last {args.window:,} steps "
-                    "of each run (all lives, unclipped), per seed; the verdict compares the means with the larger of the "
-                    f"two standard deviations over seeds (ddof 0, as benchmark.scores). A run counts once it reached {FINISHED:.0%} of {args.steps:,} "
-                    "steps (runs end on whole iterations)."
+                    f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {machine()}, no GPU. "
+                    f"CleanRL's side: CleanRL {VERSION} in its own virtualenv ({', '.join(PACKAGES)}; Python 3.10), "
+                    "`python -m benchmark.cleanrl_parity run`; ours: `bash benchmark/ppo.sh parity`. Both at their "
+                    "defaults, one run at a time with `OMP_NUM_THREADS=1`.\n\n"
+                    f"Score: the mean game score of the games that end in the last {args.window:,} steps of each run "
+                    "(all lives, unclipped), per seed; the verdict compares the means with the larger of the two "
+                    f"standard deviations over seeds (ddof 0, as benchmark.scores). A run counts once it reached "
+                    f"{FINISHED:.0%} of {args.steps:,} steps (runs end on whole iterations)."
                 ),
                 "",
                 table(args.ours, args.cleanrl / "runs", args.window, args.steps),
