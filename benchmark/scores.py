@@ -39,13 +39,18 @@ REFERENCES = Path(__file__).with_name("reference.json")
 
 
 def group_runs(root: Path) -> dict[tuple[str, str], list[tuple[Path, str]]]:
-    """{(env_id, exp_name): [(run_dir, seed), ...]} for every run folder with event files below root."""
+    """{(env_id, exp_name): [(run_dir, seed), ...]} for every run folder with event files below root, each group's
+    runs in the order of their seeds (2 before 10) and start times."""
     groups = defaultdict(list)
     for run_dir in sorted({events.parent for events in root.rglob("events.out.tfevents.*")}):
         parts = run_dir.name.split("__")
         if len(parts) == 4:
             groups[(parts[0], parts[1])].append((run_dir, parts[2]))
-    return dict(sorted(groups.items()))
+
+    def order(run: tuple[Path, str]):
+        return int(run[1]) if run[1].isdigit() else 0, run[1], run[0].name
+
+    return {key: sorted(runs, key=order) for key, runs in sorted(groups.items())}
 
 
 def load_references(path: Path = REFERENCES) -> dict[tuple[str, str], dict]:

@@ -10,6 +10,7 @@ from torch.utils.tensorboard import SummaryWriter
 from benchmark.scores import (
     aggregate_table,
     block_scores,
+    group_runs,
     iqm_with_ci,
     load_references,
     normalise,
@@ -39,6 +40,14 @@ def test_table_has_last_episodes_mean_per_seed_and_mean_std_over_seeds(tmp_path)
     mean, std = map(float, re.match(r"(-?[\d.]+) ± ([\d.]+)", cells[4]).groups())
     assert abs(mean - expected.mean()) < 0.01 and abs(std - expected.std()) < 0.01
     assert cells[5] == "1,500" and float(cells[7]) == 2000  # final step and mean SPS
+
+
+def test_runs_are_in_the_order_of_their_seeds_as_numbers(tmp_path):
+    for seed in (10, 2, 1):
+        write_run(tmp_path, seed, [float(seed)] * 3, sps=100)
+    assert [seed for _, seed in group_runs(tmp_path)[("Fake-v0", "ppo")]] == ["1", "2", "10"]
+    (row,) = [line for line in table(tmp_path, last=100).splitlines() if "Fake-v0" in line]
+    assert "| 1, 2, 10 | 1.00, 2.00, 10.00 |" in row
 
 
 def write_constant_run(root, env_id, seed, value):
