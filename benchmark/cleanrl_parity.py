@@ -37,7 +37,7 @@ import numpy as np
 
 from benchmark.events import read_scalars
 from benchmark.run_seeds import make_jobs, run_jobs, summary
-from benchmark.scores import curves, group_runs, save_figure
+from benchmark.scores import FINISHED, curves, finished, group_runs, save_figure
 from benchmark.speed_vs_cleanrl import machine
 
 VERSION = "1.2.0"
@@ -158,12 +158,20 @@ def verdict(a: list[float], b: list[float]) -> str:
     return "ours higher" if gap > 0 else "ours lower: follow it to its cause"
 
 
-FINISHED = 0.99  # a run counts once it reached this share of --steps (whole iterations: 299,008 of 300,000)
+def counted(runs: list[Path], window: int, steps: int) -> tuple[dict[int, tuple], dict[int, int]]:
+    """({seed: (run folder, (score, games, last step))} of the finished runs, {seed: last step} of the unfinished
+    ones): a seed's furthest run stands for it, so a rerun supersedes a stopped one."""
+    furthest = {}
+    for run_dir in runs:
+        seed, result = int(run_dir.name.split("__")[2]), score(run_dir, window)
+        if seed not in furthest or result[2] > furthest[seed][1][2]:
+            furthest[seed] = (run_dir, result)
+    done = {seed: run for seed, run in sorted(furthest.items()) if finished(run[1][2], steps)}
+    return done, {seed: run[1][2] for seed, run in sorted(furthest.items()) if seed not in done}
 
 
 def table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
-    """Per pair, every seed of both sides; a seed's furthest run stands for it (a rerun supersedes a stopped one),
-    and an unfinished run is listed but left out of the means and the verdict."""
+    """Per pair, every seed of both sides; an unfinished run is listed but left out of the means and the verdict."""
     found = sides(ours, cleanrl)
     lines = [
         "| ours | beside | per seed, ours | per seed, beside | ours mean ± std | beside mean ± std | verdict |",
@@ -172,32 +180,23 @@ def table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
     for mine, other in PAIRS:
         cells, scores = [], []
         for side in (mine, other):
-            furthest = {}
-            for run_dir in found.get(side, []):
-                seed, result = int(run_dir.name.split("__")[2]), score(run_dir, window)
-                if seed not in furthest or result[2] > furthest[seed][2]:
-                    furthest[seed] = result
-            results = sorted(furthest.items())
-            cells.append(
-                ", ".join(
-                    f"{mean:.2f} (seed {seed}, {games} games, {last:,} steps)"
-                    if last >= FINISHED * steps
-                    else f"unfinished (seed {seed}, {last:,} steps)"
-                    for seed, (mean, games, last) in results
-                )
-                or "not run"
-            )
-            scores.append([mean for _, (mean, _, last) in results if last >= FINISHED * steps])
+            done, running = counted(found.get(side, []), window, steps)
+            listed = {seed: f"{mean:.2f} (seed {seed}, {games} games, {last:,} steps)"
+                      for seed, (_, (mean, games, last)) in done.items()}  # fmt: skip
+            listed |= {seed: f"unfinished (seed {seed}, {last:,} steps)" for seed, last in running.items()}
+            cells.append(", ".join(listed[seed] for seed in sorted(listed)) or "not run")
+            scores.append([mean for _, (mean, _, _) in done.values()])
         summaries = [f"{np.mean(s):.2f} ± {np.std(s):.2f}" if len(s) > 1 else "" for s in scores]
-        name = display(other)
         lines.append(
-            f"| {mine}.py | {name} | {cells[0]} | {cells[1]} | {summaries[0]} | {summaries[1]} | {verdict(*scores)} |"
+            f"| {mine}.py | {display(other)} | {cells[0]} | {cells[1]} | {summaries[0]} | {summaries[1]} "
+            f"| {verdict(*scores)} |"
         )
     return "\n".join(lines)
 
 
-def plots(ours: Path, cleanrl: Path, out_dir: Path, window: int = 20) -> list[Path]:
-    """One PNG per pair: both sides' mean curve over seeds (smoothed over `window` games) and their min-max band."""
+def plots(ours: Path, cleanrl: Path, out_dir: Path, steps: int, window: int = 20) -> list[Path]:
+    """One PNG per pair whose two sides have a finished run each: each side's mean curve over the seeds the table counts (smoothed over
+    `window` games) and their min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,13 +205,16 @@ def plots(ours: Path, cleanrl: Path, out_dir: Path, window: int = 20) -> list[Pa
     found, written = sides(ours, cleanrl), []
     out_dir.mkdir(parents=True, exist_ok=True)
     for mine, other in PAIRS:
+        runs = {side: [run_dir for run_dir, _ in counted(found.get(side, []), 0, steps)[0].values()]  # (no score)
+                for side in (mine, other)}  # fmt: skip
+        if not all(runs.values()):
+            continue
         fig, ax = plt.subplots(figsize=(6, 4))
-        for side in (mine, other):
-            curve = curves(found.get(side, []), "step", window)
+        for side, run_dirs in runs.items():
+            curve = curves(run_dirs, "step", window)
             if curve is not None:
                 grid, values = curve
-                label = f"{display(side)} ({len(values)} seeds)"
-                ax.plot(grid, values.mean(0), label=label)
+                ax.plot(grid, values.mean(0), label=f"{display(side)} ({len(values)} seeds)")
                 ax.fill_between(grid, values.min(0), values.max(0), alpha=0.2)
         ax.set(title=f"{mine}.py beside {display(other)}", xlabel="global step", ylabel="game score")
         ax.legend(loc="best", fontsize="small")
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None):
             ]
         )
         if args.plots:
-            for path in plots(args.ours, args.cleanrl / "runs", args.plots):
+            for path in plots(args.ours, args.cleanrl / "runs", args.plots, args.steps):
                 print(f"wrote {path}")
         if args.out:
             args.out.write_text(text + "\n")

@@ -53,6 +53,13 @@ def group_runs(root: Path) -> dict[tuple[str, str], list[tuple[Path, str]]]:
     return {key: sorted(runs, key=order) for key, runs in sorted(groups.items())}
 
 
+FINISHED = 0.99  # a run counts once it reached this share of its step budget (runs end on whole iterations)
+
+
+def finished(last_step: int, budget: int) -> bool:
+    return last_step >= FINISHED * budget
+
+
 def load_references(path: Path = REFERENCES) -> dict[tuple[str, str], dict]:
     """{(script, env_id): entry} for every env id an entry of the reference file names."""
     entries = json.loads(Path(path).read_text())["references"]

@@ -29,7 +29,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from benchmark.scores import group_runs, load_references, summarize_run
+from benchmark.scores import finished, group_runs, load_references, summarize_run
 from benchmark.scripts import import_script
 from benchmark.speed_vs_cleanrl import machine
 
@@ -42,17 +42,17 @@ PAPER = {"clip": ("clipping, epsilon = 0.2", 0.82), "adaptive_kl": ("adaptive KL
 PAPER["fixed_kl"] = ("fixed KL, beta = 1", 0.71)
 OBJECTIVES = {"clip": SCRIPT, "adaptive_kl": f"{SCRIPT}_adaptive_kl", "fixed_kl": f"{SCRIPT}_fixed_kl"}
 RANDOM_EPISODES = 20
-STEPS, FINISHED = 1_000_000, 0.99  # every study's budget; a run counts once it reached 99% of it (whole iterations)
+STEPS = 1_000_000  # every study's budget: a run counts once it has finished it (benchmark.scores.finished)
 
 
-def finished(run_dir: Path) -> bool:
-    return summarize_run(run_dir, LAST)["steps"] >= FINISHED * STEPS
+def done(run_dir: Path) -> bool:
+    return finished(summarize_run(run_dir, LAST)["steps"], STEPS)
 
 
 def runs_of(root: Path, block: str, exp_name: str, env_id: str) -> list[tuple[Path, str]]:
     """The finished run folders (and seeds) of one (env, exp_name) in one block, by seed."""
     runs = group_runs(root / block).get((env_id, exp_name), []) if (root / block).is_dir() else []
-    return sorted((run for run in runs if finished(run[0])), key=lambda run: int(run[1]))
+    return [run for run in runs if done(run[0])]
 
 
 def provenance(root: Path, name: str) -> str:
@@ -78,7 +78,7 @@ def unfinished(root: Path, blocks: list[str]) -> str:
         if (root / block).is_dir()
         for runs in group_runs(root / block).values()
         for run_dir, _ in runs
-        if not finished(run_dir)
+        if not done(run_dir)
     ]
     return f"\n\nUnfinished runs, left out of the tables: {', '.join(left)}." if left else ""
 

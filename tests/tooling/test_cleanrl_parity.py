@@ -76,3 +76,16 @@ def test_run_starts_only_the_scripts_asked_for_and_skips_the_finished_ones(tmp_p
     assert [line.split("--seed ")[1].split()[0] for line in lines] == ["1", "2"]
     assert cleanrl_parity.run(tmp_path / "venv", tmp_path / "runs", 2048, [1, 2], 1, ["ppo_atari_envpool"]) == 0
     assert len(calls.read_text().splitlines()) == 2  # both finished: not run again
+
+
+def test_the_plots_draw_only_the_runs_the_table_counts(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "cleanrl" / "runs"
+    games = [(k * 30_000, float(k)) for k in range(1, 11)]
+    for seed in (1, 2):
+        write_run(ours, f"Breakout-v5__ppo_atari_envpool__{seed}__1", games)
+        write_run(theirs, f"Breakout-v5__ppo_atari_envpool__{seed}__1", games)
+    write_run(ours, "BreakoutNoFrameskip-v4__ppo_atari_lstm__1__1", [(1_000, 1.0), (9_000, 2.0)])  # stopped early
+    write_run(theirs, "BreakoutNoFrameskip-v4__ppo_atari_lstm__1__1", games)
+    write_run(ours, "BreakoutNoFrameskip-v4__ppo_atari__1__1", games)  # the multigpu pair's other side only
+    written = cleanrl_parity.plots(ours, theirs, tmp_path / "plots", 300_000, window=1)
+    assert [path.name for path in written] == ["ppo_atari_envpool.png"]  # both sides finished: the only pair drawn
