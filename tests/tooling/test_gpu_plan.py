@@ -56,6 +56,10 @@ def test_every_command_ends_by_its_own_timeout_within_the_tool_limit(dry, tmp_pa
         [["a.whl"], ["envpool.whl", gpu.ASSETS_FILE]], gpu.CARRY.relative_to(REPO), tmp_path if dry else None
     )
     python = re.escape(sys.executable if dry else "python3")
+    # learn-more follows learn on its warm machine: no install, no check, and both fit the device time together
+    (more,) = leases.pop("learn-more")
+    assert "--step learn " in more.command and "pip install" not in more.command and "--step check" not in more.command
+    assert gpu.PRACTICE_S + leases["learn"][-1].timeout_s - gpu.PIP_S - gpu.CHECK_S + more.timeout_s <= 15 * 60
     for lease, calls in leases.items():
         for call in calls:
             limits = [int(seconds) for seconds in re.findall(r"\btimeout (\d+) ", call.command)]
