@@ -24,7 +24,8 @@
 #             (--kl-beta 1) on Hopper-v4 HalfCheetah-v4 Walker2d-v4, 1M steps (clip: the mujoco block)
 #   distribution  ppo_continuous_action.py with --distribution beta on Hopper-v4 HalfCheetah-v4 Walker2d-v4
 #             InvertedPendulum-v4, 1M steps
-#   dmc       ppo_continuous_action.py on dm_control/cartpole-swingup-v0 walker-walk-v0 cheetah-run-v0, 1M steps
+#   dmc       ppo_continuous_action.py on dm_control/cartpole-swingup-v0 walker-walk-v0 cheetah-run-v0, 1M steps,
+#             and on cartpole-swingup without --bootstrap-truncation
 #   bootstrap ppo_continuous_action.py on HalfCheetah-v4 with and without --bootstrap-truncation, seeds 1-10
 #             (BOOTSTRAP_SEEDS), and without it on Hopper-v4 Walker2d-v4 InvertedPendulum-v4 Humanoid-v4, 1M steps
 #   parity    early learning on Breakout, 300k steps (PARITY_STEPS), seeds SEEDS: CleanRL's ppo_atari.py,
@@ -173,6 +174,9 @@ for block in $BLOCKS; do
         echo "== dmc needs: dm-control, shimmy (requirements.txt)"
         bench dmc ppo_continuous_action.py 1000000 "--total-timesteps 4096" \
             dm_control/cartpole-swingup-v0 dm_control/walker-walk-v0 dm_control/cheetah-run-v0
+        # every DeepMind Control episode ends at its time limit: the bootstrap's share of the gap to CleanRL
+        nb="--no-bootstrap-truncation --exp-name ppo_continuous_action_no_bootstrap"
+        bench dmc ppo_continuous_action.py "1000000 $nb" "--total-timesteps 4096 $nb" dm_control/cartpole-swingup-v0
         ;;
     bootstrap)
         nb="--no-bootstrap-truncation --exp-name ppo_continuous_action_no_bootstrap"
