@@ -195,8 +195,8 @@ def table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
 
 
 def plots(ours: Path, cleanrl: Path, out_dir: Path, steps: int, window: int = 20) -> list[Path]:
-    """One PNG per pair whose two sides have a finished run each: each side's mean curve over the seeds the table counts (smoothed over
-    `window` games) and their min-max band."""
+    """One PNG per pair whose two sides have a finished run each: each side's mean curve over the seeds the table
+    counts (smoothed over `window` games) and their min-max band."""
     import matplotlib
 
     matplotlib.use("Agg")
