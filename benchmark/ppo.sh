@@ -28,6 +28,9 @@
 #             and on cartpole-swingup without --bootstrap-truncation
 #   bootstrap ppo_continuous_action.py on HalfCheetah-v4 with and without --bootstrap-truncation, seeds 1-10
 #             (BOOTSTRAP_SEEDS), and without it on Hopper-v4 Walker2d-v4 InvertedPendulum-v4 Humanoid-v4, 1M steps
+#   atari10m  the full 10M-step budget, seed 1 (FULL_SEEDS), on two lanes of one job each: ppo_atari_envpool.py on
+#             Pong-v5 then BeamRider-v5; ppo_atari.py on Breakout then ppo_atari_envpool.py on Breakout-v5;
+#             the table beside CleanRL's published scores: RESULTS_DIR/atari10m.md
 #   parity    early learning on Breakout, 300k steps (PARITY_STEPS), seeds SEEDS: CleanRL's ppo_atari.py,
 #             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.cleanrl_parity, its own virtualenv), then
 #             ours and ppo_atari_multigpu.py (torchrun, 2 ranks) and ppo_shared_memory_lstm.py (Atari flags);
@@ -57,7 +60,7 @@
 set -uo pipefail
 
 ALL_BLOCKS="classic mujoco atari procgen multigpu sharedmem redis"
-STUDIES="objective distribution dmc bootstrap parity"
+STUDIES="objective distribution dmc bootstrap parity atari10m"
 here=$PWD
 absolute() { if [[ $1 = /* ]]; then echo "$1"; else echo "$here/$1"; fi; }
 [[ -n ${RUNS_DIR:-} ]] && RUNS_DIR=$(absolute "$RUNS_DIR")
@@ -184,6 +187,21 @@ for block in $BLOCKS; do
         SEEDS=${BOOTSTRAP_SEEDS:-$(seq 1 10)} bench bootstrap ppo_continuous_action.py "1000000 $nb" "--total-timesteps 4096 $nb" HalfCheetah-v4
         bench bootstrap ppo_continuous_action.py "1000000 $nb" "--total-timesteps 4096 $nb" \
             Hopper-v4 Walker2d-v4 InvertedPendulum-v4 Humanoid-v4
+        ;;
+    atari10m)
+        # one job at a time in each of two lanes, side by side (a core each); Pong-v5 first, which learns soonest
+        (
+            SEEDS=${FULL_SEEDS:-1} WORKERS=1
+            (
+                bench atari10m ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Pong-v5 BeamRider-v5
+                exit $status
+            ) &
+            lane=$!
+            bench atari10m ppo_atari.py 10000000 "--total-timesteps 2048" Breakout
+            bench atari10m ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Breakout-v5
+            wait $lane || status=1
+            exit $status
+        ) || status=1
         ;;
     parity)
         steps=${PARITY_STEPS:-300000}
