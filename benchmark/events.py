@@ -6,21 +6,47 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 
 def read_timed_scalars(run_dir: str | Path) -> tuple[float, dict[str, list[tuple[int, float, float]]]]:
-    """All scalars of one run folder (every events file in it, e.g. after a resume) with their wall
-    times: (start, {tag: [(step, wall_time, value), ...]}) sorted by step, then wall time. `start` is
-    the wall time (s since the epoch) of the run's first event, the one TensorBoard writes when the run
-    opens its writer, so that wall times relative to it include the time before the first scalar."""
-    scalars: dict[str, list[tuple[int, float, float]]] = {}
-    start = float("inf")
-    for events_file in sorted(Path(run_dir).glob("events.out.tfevents.*")):
+    """All scalars of one run folder with their wall times: (start, {tag: [(step, wall_time, value), ...]}) sorted
+    by step, then wall time. `start` is the wall time (s since the epoch) of the run's first event, the one
+    TensorBoard writes when the run opens its writer, so that wall times relative to it include the time before the
+    first scalar.
+
+    A resumed run has one events file per process that wrote it (a segment). Two rules make its scalars read like
+    those of one uninterrupted run:
+    - a segment supersedes the one before it from its first scalar's step on: the steps that the earlier process
+      trained after its last checkpoint, which the resumed process trained again, are counted once, from the later
+      file;
+    - the time between two segments (the run stopped, waiting for its resume) is not training time: a later
+      segment's wall times are moved back by the gap between the earlier one's last kept event and its own start.
+    So the wall time of the last event, minus `start`, is the time the run trained (its replayed stretches excepted).
+    """
+    segments = []  # (the time the file was opened, {tag: [(step, wall_time, value), ...]}) per events file
+    for events_file in Path(run_dir).glob("events.out.tfevents.*"):
         accumulator = EventAccumulator(str(events_file), size_guidance={"scalars": 0})
         accumulator.Reload()
         try:
-            start = min(start, accumulator.FirstEventTimestamp())
+            opened = accumulator.FirstEventTimestamp()
         except ValueError:  # an empty file (a run killed as it started)
             continue
-        for tag in accumulator.Tags()["scalars"]:
-            scalars.setdefault(tag, []).extend((e.step, e.wall_time, e.value) for e in accumulator.Scalars(tag))
+        tags = accumulator.Tags()["scalars"]
+        segments.append(
+            (opened, {tag: [(e.step, e.wall_time, e.value) for e in accumulator.Scalars(tag)] for tag in tags})
+        )
+    segments.sort(key=lambda segment: segment[0])
+    first_steps = [min((p[0][0] for p in points.values() if p), default=None) for _, points in segments]
+    scalars: dict[str, list[tuple[int, float, float]]] = {}
+    shift, last_time = 0.0, None  # the stopped time so far; the previous segment's last kept wall time
+    for k, (opened, points) in enumerate(segments):
+        until = next((step for step in first_steps[k + 1 :] if step is not None), None)  # superseded from here
+        if last_time is not None:
+            shift += opened - last_time
+        last_time = opened
+        for tag, tag_points in points.items():
+            for step, wall_time, value in tag_points:
+                if until is None or step < until:
+                    scalars.setdefault(tag, []).append((step, wall_time - shift, value))
+                    last_time = max(last_time, wall_time)
+    start = segments[0][0] if segments else float("inf")
     return start, {tag: sorted(points) for tag, points in scalars.items()}
 
 
