@@ -1,0 +1,71 @@
+"""benchmark.full_budget: a row per run beside the published score, its verdict by the stated rule, an unfinished run
+marked and never judged; and the atari10m block of ppo.sh in quick mode (both lanes, every run, the table)."""
+
+import time
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from benchmark.full_budget import main, table, verdict
+from helpers import REPO
+from test_ppo_sh import ppo_sh
+
+REFERENCES = {("ppo_atari.py", "Pong"): {"mean": 20.0, "std": 0.1, "steps": 1000, "seeds": 3, "source": "page P"}}
+
+
+def write_run(root, seed, returns, last_step):
+    writer = SummaryWriter(root / f"Pong__ppo_atari__{seed}__1700000000")
+    opened = time.time()  # a game ends every 10 s from here
+    for k, value in enumerate(returns, start=1):
+        writer.add_scalar("charts/episodic_return", value, k * last_step // len(returns), walltime=opened + 10 * k)
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "score, mean, std, expected",
+    [
+        (19.1, 20.0, 0.1, "at the published level"),  # 2 * 0.1 is narrower than 5% of 20 = 1.0: the floor decides
+        (18.9, 20.0, 0.1, "below"),
+        (21.1, 20.0, 0.1, "above"),
+        (170.0, 200.0, 20.0, "at the published level"),  # 2 * 20 = 40 is wider than 5% of 200: the stds decide
+        (159.0, 200.0, 20.0, "below"),
+        (-20.5, -21.0, 0.1, "at the published level"),  # the floor of a negative mean
+    ],
+)
+def test_the_band_is_two_published_stds_with_a_floor_of_five_percent_of_the_mean(score, mean, std, expected):
+    assert verdict(score, mean, std) == expected
+
+
+def test_a_finished_run_is_judged_and_an_unfinished_one_is_marked(tmp_path):
+    write_run(tmp_path, 1, [0.0] * 50 + [19.5] * 100, last_step=1000)
+    write_run(tmp_path, 2, [0.0] * 10 + [21.0] * 10, last_step=500)
+    rows = {line.split("|")[3].strip(): line for line in table(tmp_path, 1000, 100, REFERENCES).splitlines()[2:4]}
+    assert "| 19.50 (150 episodes) | 1,000 |" in rows["1"] and rows["1"].endswith("| at the published level |")
+    assert "| 0.4 h | 1 | 20.00 ± 0.10 (1k steps, 3 seeds) |" in rows["1"]  # 150 games of 10 s, 1,000 steps
+    assert "unfinished: 10.50 (20 episodes) so far" in rows["2"] and "unfinished (50% of the budget)" in rows["2"]
+    assert not any(word in rows["2"] for word in ("above", "below", "published level"))
+
+
+def test_the_written_file_names_its_command_and_rule(tmp_path, capsys):
+    write_run(tmp_path / "runs", 1, list(np.linspace(0, 20, 120)), last_step=1000)
+    main([str(tmp_path / "runs"), "--steps", "1000", "--out", str(tmp_path / "t.md")])
+    text = (tmp_path / "t.md").read_text()
+    assert f"`python -m benchmark.full_budget {tmp_path / 'runs'} --steps 1000 --out {tmp_path / 't.md'}`" in text
+    assert "m ± max(2 s, 5% of |m|)" in text and "| ppo_atari.py | Pong | 1 |" in text
+
+
+def test_quick_atari10m_block_runs_both_lanes_and_writes_its_table(tmp_path):
+    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, QUICK="1", BLOCKS="atari10m")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in (tmp_path / "results" / "atari10m.md").read_text().splitlines() if "| 1 |" in line]
+    assert sorted(line.split("|")[2].strip() for line in rows) == [
+        "BeamRider-v5",
+        "Breakout-v5",
+        "BreakoutNoFrameskip-v4",
+        "Pong-v5",
+    ]
+    assert all("| 2,048 |" in line and "unfinished" not in line for line in rows)
+    assert (
+        (tmp_path / "results" / "atari10m" / "Breakout-v5__ppo_atari_envpool.png").read_bytes().startswith(b"\x89PNG")
+    )
