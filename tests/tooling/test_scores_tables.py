@@ -51,16 +51,13 @@ def test_runs_are_in_the_order_of_their_seeds_as_numbers(tmp_path):
     assert "| 1, 2, 10 | 1.00, 2.00, 10.00 |" in row
 
 
-def test_the_reference_cell_gives_the_budget_and_seeds_of_the_published_runs(tmp_path):
+def test_the_reference_cell_gives_the_budget_and_seeds_of_the_published_runs():
     references = load_references()
-    assert all(isinstance(entry["seeds"], int) and entry["steps"] > 0 for entry in references.values())
     # CleanRL's DeepMind Control numbers come from 8M-step runs of 10 seeds, its MuJoCo v4 ones from 1M and 3
     dmc = references[("ppo_continuous_action.py", "dm_control/walker-walk-v0")]
     assert published(dmc) == "392.51 ± 56.25 (8M steps, 10 seeds)"
-    write_run(tmp_path, 1, [500.0] * 3, sps=100)
-    (tmp_path / "Fake-v0__ppo__1__1700000000").rename(tmp_path / "CartPole-v1__ppo__1__1700000000")
-    (row,) = [line for line in table(tmp_path, last=100).splitlines() if "CartPole-v1" in line]
-    assert row.endswith("| 490.04 ± 6.12 (500k steps, 3 seeds) |")
+    hopper = references[("ppo_continuous_action.py", "Hopper-v4")]
+    assert published(hopper) == "2382.86 ± 271.74 (1M steps, 3 seeds)"
 
 
 def write_constant_run(root, env_id, seed, value):
