@@ -30,6 +30,9 @@ env and exp_name are the seeds of one row (and of one plot).
 import argparse
 import contextlib
 import json
+import shlex
+import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -349,6 +352,19 @@ def plot(
     return written
 
 
+def header(argv: list[str]) -> str:
+    """The first line of a written table: when, the command that wrote it (paths below the current folder relative
+    to it, so that the line reads as it was typed from the repository root) and the machine."""
+    from benchmark.speed_vs_cleanrl import machine
+
+    here = Path.cwd()
+    relative = [
+        str(Path(a).relative_to(here)) if Path(a).is_absolute() and here in Path(a).parents else a for a in argv
+    ]
+    written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return f"Written {written} by `python -m benchmark.scores {shlex.join(relative)}` on {machine()}."
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root", type=Path, help="folder holding run folders")
@@ -365,7 +381,7 @@ def main():
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        args.out.write_text(header(sys.argv[1:]) + "\n\n" + text + "\n")
     if args.plots:
         for path in plot(args.root, args.plots, args.window, references) + plot_profiles(
             args.root, args.plots, args.last, references

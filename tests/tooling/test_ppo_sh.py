@@ -30,7 +30,9 @@ def test_quick_classic_block_runs_every_env_and_writes_the_table_and_plots(tmp_p
     assert runs == sorted(CLASSIC)
     assert all((tmp_path / "runs" / "classic" / "logs" / "ppo" / f"{env_id}__1.log").exists() for env_id in CLASSIC)
     rows = {}
-    table, aggregates = (tmp_path / "results" / "classic.md").read_text().split("\n\n", 1)  # mean ± std, then the IQMs
+    # the command that wrote it, the mean ± std table, then the IQMs
+    header, table, aggregates = (tmp_path / "results" / "classic.md").read_text().split("\n\n", 2)
+    assert header.startswith("Written ") and "by `python -m benchmark.scores " in header and "--out " in header
     for line in table.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         if cells[0] == "ppo.py":

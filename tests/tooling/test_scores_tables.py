@@ -11,6 +11,7 @@ from benchmark.scores import (
     aggregate_table,
     block_scores,
     group_runs,
+    header,
     iqm_with_ci,
     load_references,
     normalise,
@@ -58,6 +59,13 @@ def test_the_reference_cell_gives_the_budget_and_seeds_of_the_published_runs():
     assert published(dmc) == "392.51 ± 56.25 (8M steps, 10 seeds)"
     hopper = references[("ppo_continuous_action.py", "Hopper-v4")]
     assert published(hopper) == "2382.86 ± 271.74 (1M steps, 3 seeds)"
+
+
+def test_a_written_table_names_the_command_that_wrote_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = header([str(tmp_path / "runs" / "dmc"), "--out", "results/dmc.md", "--plots", "/elsewhere/dmc"])
+    assert line.startswith("Written 20")
+    assert "by `python -m benchmark.scores runs/dmc --out results/dmc.md --plots /elsewhere/dmc` on " in line
 
 
 def write_constant_run(root, env_id, seed, value):
