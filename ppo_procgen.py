@@ -58,8 +58,8 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """the number of parallel game environments"""
     num_steps: int = 256
     """the number of steps to run in each environment per policy rollout"""
-    anneal_lr: bool = True
-    """toggle learning rate annealing for policy and value networks"""
+    anneal_lr: bool = False
+    """toggle learning rate annealing (off, as in the published Procgen setting: a constant learning rate)"""
     gamma: float = 0.999
     """the discount factor gamma"""
     gae_lambda: float = 0.95

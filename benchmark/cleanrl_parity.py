@@ -1,12 +1,13 @@
 """Early learning on Atari beside CleanRL, on this machine: CleanRL 1.2.0's Atari scripts on their own pinned stack,
 and the table that sets our scripts beside theirs (and the multi-process scripts beside our single-process ones).
 
-    python -m benchmark.cleanrl_parity build                       # once: CleanRL's virtualenv, outside git
+    python -m benchmark.cleanrl_parity build     # once: downloads CleanRL 1.2.0 and its stack (a virtualenv)
     python -m benchmark.cleanrl_parity run --runs-dir runs/benchmark/parity-cleanrl --steps 300000 --seeds 1 2
     python -m benchmark.cleanrl_parity table --ours runs/benchmark/parity --cleanrl runs/benchmark/parity-cleanrl \\
-        --out benchmark/results/parity.md --plots benchmark/results/parity
+        --out parity.md --plots parity
 
-`bash benchmark/ppo.sh parity` runs all three (the build aside) with our side's runs.
+`bash benchmark/ppo.sh parity` runs both sides (the build aside) with the seeds of results/parity.md and writes that
+table; the table reads every run in the two folders, each seed once.
 
 The build: CleanRL 1.2.0's ppo_atari.py and ppo_atari_lstm.py play through gym 0.23.1, ale-py 0.7.4 and
 Stable-Baselines3 1.2.0's Atari wrappers, as its pinned requirements say; ale-py 0.7.4 has no wheel for Python 3.11,
@@ -258,9 +259,10 @@ def main(argv: list[str] | None = None):
                 (
                     f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m benchmark.cleanrl_parity "
                     f"{' '.join(argv if argv is not None else sys.argv[1:])}` on {machine()}, no GPU. "
-                    f"CleanRL's side: CleanRL {VERSION} in its own virtualenv ({', '.join(PACKAGES)}; Python 3.10), "
-                    "`python -m benchmark.cleanrl_parity run`; ours: `bash benchmark/ppo.sh parity`. Both at their "
-                    "defaults, one run at a time with `OMP_NUM_THREADS=1`.\n\n"
+                    "Runs: `bash benchmark/ppo.sh parity`, every seed the table lists (both sides, at their defaults, "
+                    "one run at a time with `OMP_NUM_THREADS=1`). CleanRL's side runs CleanRL "
+                    f"{VERSION} in its own virtualenv ({', '.join(PACKAGES)}; Python 3.10), made once by "
+                    "`python -m benchmark.cleanrl_parity build`, which downloads them.\n\n"
                     f"Score: the mean game score of the games that end in the last {args.window:,} steps of each run "
                     "(all lives, unclipped), per seed; the verdict compares the means with the larger of the two "
                     f"standard deviations over seeds (ddof 0, as benchmark.scores). A run counts once it reached "

@@ -6,7 +6,7 @@ same random actions (no resets), its observations are recorded, and two recordin
     python -m benchmark.mujoco_versions compare a.npz b.npz
 
 `compare` prints, per task, the first step whose observation differs, the largest difference there, and the
-largest differences at steps 100 and 1,000 (docs/ppo_continuous_action.md, "The MuJoCo version").
+largest differences at steps 100 and 1,000 (benchmark/results/mujoco_versions.md).
 """
 
 import argparse
@@ -41,7 +41,7 @@ def compare(a_path: str, b_path: str):
         difference = np.abs(a[env_id] - b[env_id]).max(axis=1)
         differs = np.flatnonzero(difference > 0)
         first = f"{differs[0]} | {difference[differs[0]]:.0e}" if len(differs) else "none | 0"
-        print(f"| {env_id} | {first} | {difference[100]:.1g} | {difference[STEPS]:.1g} |")
+        print(f"| {env_id} | {first} | {difference[100]:.2g} | {difference[STEPS]:.2g} |")
 
 
 if __name__ == "__main__":

@@ -31,17 +31,19 @@
 #   atari10m  the full 10M-step budget, seed 1 (FULL_SEEDS), on two lanes of one job each: ppo_atari_envpool.py on
 #             Pong-v5 then BeamRider-v5; ppo_atari.py on Breakout then ppo_atari_envpool.py on Breakout-v5;
 #             the table beside CleanRL's published scores: RESULTS_DIR/atari10m.md
-#   parity    early learning on Breakout, 300k steps (PARITY_STEPS), seeds SEEDS: CleanRL's ppo_atari.py,
-#             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.cleanrl_parity, its own virtualenv), then
+#   parity    early learning on Breakout, 300k steps (PARITY_STEPS): CleanRL's ppo_atari.py,
+#             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.cleanrl_parity, its own virtualenv, made once
+#             with `python -m benchmark.cleanrl_parity build`, which downloads CleanRL and its stack), then
 #             ours and ppo_atari_multigpu.py (torchrun, 2 ranks) and ppo_shared_memory_lstm.py (Atari flags);
-#             the table of the pairs: RESULTS_DIR/parity.md
+#             seeds 1-3 for the ppo_atari.py pair and ppo_atari_multigpu.py, 1-2 for the others (SEEDS, when
+#             given, for all); the table of the pairs, from every run in the folders: RESULTS_DIR/parity.md
 # Every job checkpoints every 10 iterations, and the runner resumes an interrupted block where it stopped
 # (benchmark.run_seeds --resume: finished jobs are not run again, the others continue from their checkpoint):
 # run the same command again. A fresh benchmark needs a fresh RUNS_DIR.
 #
 # Variables (default):
 #   BLOCKS       the blocks to run, in this order (all of them)
-#   SEEDS        the seeds of every script and env ("1 2 3")
+#   SEEDS        the seeds of every script and env ("1 2 3"; the parity block has its own unless it is given)
 #   WORKERS      jobs at once (CPU count); the multigpu, sharedmem and redis blocks run half as many
 #                (their jobs are several processes each)
 #   RUNS_DIR     run folders go to RUNS_DIR/<block>/, one log per job to RUNS_DIR/<block>/logs/
@@ -69,6 +71,7 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 
 BLOCKS=${*:-${BLOCKS:-$ALL_BLOCKS}}
+seeds_given=${SEEDS:+yes}  # the parity block has seeds of its own unless SEEDS is given
 SEEDS=${SEEDS:-1 2 3}
 QUICK=${QUICK:-0}
 WORKERS=${WORKERS:-$(getconf _NPROCESSORS_ONLN)}  # not nproc, which obeys OMP_NUM_THREADS
@@ -214,14 +217,20 @@ for block in $BLOCKS; do
         steps=${PARITY_STEPS:-300000}
         [[ $QUICK == 1 ]] && steps=2048
         echo "== parity needs: CleanRL's own virtualenv (python -m benchmark.cleanrl_parity build), envpool, ale-py"
+        # the seeds of results/parity.md: three for the ppo_atari.py pair and ppo_atari_multigpu.py, two for the others
+        three="1 2 3" two="1 2"
+        [[ -n $seeds_given ]] && three=$SEEDS two=$SEEDS
         "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
-            --seeds $SEEDS --workers "$WORKERS" || status=1
-        bench parity ppo_atari.py "$steps" "--total-timesteps 2048" Breakout
-        bench parity ppo_atari_envpool.py "$steps" "--total-timesteps 2048" Breakout-v5
-        bench parity ppo_atari_lstm.py "$steps" "--total-timesteps 2048" Breakout
-        bench parity ppo_atari_multigpu.py "$steps" "--total-timesteps 2048" Breakout
+            --scripts ppo_atari --seeds $three --workers "$WORKERS" || status=1
+        "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
+            --scripts ppo_atari_envpool ppo_atari_lstm --seeds $two --workers "$WORKERS" || status=1
+        SEEDS=$three bench parity ppo_atari.py "$steps" "--total-timesteps 2048" Breakout
+        SEEDS=$two bench parity ppo_atari_envpool.py "$steps" "--total-timesteps 2048" Breakout-v5
+        SEEDS=$two bench parity ppo_atari_lstm.py "$steps" "--total-timesteps 2048" Breakout
+        SEEDS=$three bench parity ppo_atari_multigpu.py "$steps" "--total-timesteps 2048" Breakout
         atari_flags="--num-workers 4 --num-envs-per-worker 2 --seq-len 128 --clip-coef 0.1 --learning-rate 2.5e-4"
-        bench parity ppo_shared_memory_lstm.py "$steps $atari_flags" "--total-timesteps 2048 $atari_flags" Breakout
+        SEEDS=$two bench parity ppo_shared_memory_lstm.py "$steps $atari_flags" "--total-timesteps 2048 $atari_flags" \
+            Breakout
         "$PYTHON" -m benchmark.cleanrl_parity table --ours "$RUNS_DIR/parity" --cleanrl "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
             --out "$RESULTS_DIR/parity.md" --plots "$RESULTS_DIR/parity" || status=1
         continue  # its own table: the pairs, not the generic one

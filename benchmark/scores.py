@@ -5,12 +5,15 @@
 
 The table: per seed the mean return of the last `--last` episodes, then the mean and standard
 deviation over seeds, with steps, runtime and SPS, and the published reference beside ours where
-benchmark/reference.json has one (with its step budget; its sources are listed under the table).
+benchmark/reference.json has one (with its step budget and seed count; its sources are listed under
+the table).
 
 Beside it, the aggregates of Agarwal et al. (2021, "Deep RL at the edge of the statistical precipice"),
 computed with their library `rliable`: the interquartile mean (IQM, the mean of the middle 50% of the
 scores) with a 95% stratified-bootstrap confidence interval, per (env, script) over seeds, and per script
-over seeds and environments with scores normalised against the published reference (see `normalise`).
+over seeds and environments with scores normalised against the published reference (see `normalise`),
+where a group has at least MIN_IQM_RUNS scores: of fewer the IQM trims nothing (it is their mean, and the
+interval of 3 seeds their min-max: both in the table above), so a line under the IQM table names those groups.
 With `--plots`, a performance profile per script (`DIR/profile__<exp_name>.png`): the fraction of runs
 whose normalised score exceeds each threshold tau, with its bootstrap band.
 
@@ -27,6 +30,9 @@ env and exp_name are the seeds of one row (and of one plot).
 import argparse
 import contextlib
 import json
+import shlex
+import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -80,6 +86,14 @@ def short_steps(steps: int) -> str:
     return f"{steps:,}"
 
 
+def published(reference: dict) -> str:
+    """A reference cell: mean ± std, then the budget and seed count of CleanRL's runs, e.g. "(8M steps, 10 seeds)"."""
+    return (
+        f"{reference['mean']:.2f} ± {reference['std']:.2f} "
+        f"({short_steps(reference['steps'])} steps, {reference['seeds']} seeds)"
+    )
+
+
 def summarize_run(run_dir: Path, last: int) -> dict:
     """Mean of the last `last` episodic returns, the final step, the training time (s, final step over
     final SPS) and the final SPS of one run."""
@@ -108,15 +122,15 @@ def table(root: Path, last: int, references: dict[tuple[str, str], dict] | None 
         per_seed = ", ".join(f"{s['return']:.2f}" for s in summaries)
         means = np.array([s["return"] for s in summaries])
         reference = references.get((f"{exp_name}.py", env_id))
-        published = "—"
+        cell = "—"
         if reference:
-            published = f"{reference['mean']:.2f} ± {reference['std']:.2f} ({short_steps(reference['steps'])} steps)"
+            cell = published(reference)
             sources += [reference["source"]] * (reference["source"] not in sources)
         lines.append(
             f"| {label(exp_name)} | {env_id} | {', '.join(seed for _, seed in runs)} | {per_seed} "
             f"| {means.mean():.2f} ± {means.std():.2f} | {int(np.mean([s['steps'] for s in summaries])):,} "
             f"| {np.mean([s['runtime'] for s in summaries]):.0f} | {np.mean([s['sps'] for s in summaries]):.0f} "
-            f"| {published} |"
+            f"| {cell} |"
         )
     if sources:
         lines += ["", "Published references (CleanRL): " + "; ".join(sources) + "."]
@@ -173,30 +187,46 @@ def block_scores(root: Path, last: int, references: dict[tuple[str, str], dict])
     return blocks
 
 
+MIN_IQM_RUNS = 4  # the IQM trims a quarter of the scores at each end: of fewer than 4 it trims none
+
+
 def aggregate_table(
     root: Path, last: int, references: dict[tuple[str, str], dict] | None = None, reps: int = 10_000
 ) -> str:
-    """The IQM table: per (env, script) over seeds (raw returns), then per script over seeds and the
-    environments with a reference (normalised scores)."""
+    """The IQM tables: per (env, script) over seeds (raw returns), then per script over seeds and the
+    environments with a reference (normalised scores). A group of fewer than MIN_IQM_RUNS scores is named
+    in a line under its table instead of a row (its IQM would be its mean)."""
     references = load_references() if references is None else references
-    lines = [f"| script | env | seeds | IQM of the seeds' mean of last {last} episodes [95% CI] |", "|---|---|---|---|"]
+    rows, few = [], []
     for (env_id, exp_name), runs in group_runs(root).items():
+        if len(runs) < MIN_IQM_RUNS:
+            few.append(f"{label(exp_name)} on {env_id} ({len(runs)})")
+            continue
         scores = np.array([[summarize_run(run_dir, last)["return"]] for run_dir, _ in runs])
         iqm, low, high = iqm_with_ci(scores, reps)
-        lines.append(f"| {label(exp_name)} | {env_id} | {len(runs)} | {iqm:.2f} [{low:.2f}, {high:.2f}] |")
-    blocks = block_scores(root, last, references)
-    if blocks:
-        lines += [
-            "",
-            "| script | envs (normalised: 1 = published reference) | seeds | IQM [95% CI] |",
-            "|---|---|---|---|",
-        ]
-        for exp_name, (envs, scores) in blocks.items():
-            iqm, low, high = iqm_with_ci(scores, reps)
-            lines.append(
-                f"| {label(exp_name)} | {', '.join(envs)} | {len(scores)} | {iqm:.3f} [{low:.3f}, {high:.3f}] |"
-            )
-    return "\n".join(lines)
+        rows.append(f"| {label(exp_name)} | {env_id} | {len(runs)} | {iqm:.2f} [{low:.2f}, {high:.2f}] |")
+    header = f"| script | env | seeds | IQM of the seeds' mean of last {last} episodes [95% CI] |"
+    parts = iqm_section(header, rows, few, "seeds")
+    rows, few = [], []
+    for exp_name, (envs, scores) in block_scores(root, last, references).items():
+        if scores.size < MIN_IQM_RUNS:
+            few.append(f"{label(exp_name)} on {', '.join(envs)} ({scores.size})")
+            continue
+        iqm, low, high = iqm_with_ci(scores, reps)
+        rows.append(f"| {label(exp_name)} | {', '.join(envs)} | {len(scores)} | {iqm:.3f} [{low:.3f}, {high:.3f}] |")
+    header = "| script | envs (normalised: 1 = published reference) | seeds | IQM [95% CI] |"
+    return "\n\n".join(parts + iqm_section(header, rows, few, "seed-env scores"))
+
+
+def iqm_section(header: str, rows: list[str], few: list[str], what: str) -> list[str]:
+    """An IQM table of `rows` (where there are any), and a line naming the groups with too few scores for one."""
+    parts = ["\n".join([header, "|---|---|---|---|", *rows])] if rows else []
+    if few:
+        parts.append(
+            f"No IQM of fewer than {MIN_IQM_RUNS} {what} (it trims none of them: it would be their mean): "
+            f"{'; '.join(few)}."
+        )
+    return parts
 
 
 def plot_profiles(
@@ -322,6 +352,19 @@ def plot(
     return written
 
 
+def header(argv: list[str]) -> str:
+    """The first line of a written table: when, the command that wrote it (paths below the current folder relative
+    to it, so that the line reads as it was typed from the repository root) and the machine."""
+    from benchmark.speed_vs_cleanrl import machine
+
+    here = Path.cwd()
+    relative = [
+        str(Path(a).relative_to(here)) if Path(a).is_absolute() and here in Path(a).parents else a for a in argv
+    ]
+    written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return f"Written {written} by `python -m benchmark.scores {shlex.join(relative)}` on {machine()}."
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root", type=Path, help="folder holding run folders")
@@ -333,13 +376,12 @@ def main():
     parser.add_argument("--reps", type=int, default=10_000, help="bootstrap resamples of the IQM intervals")
     args = parser.parse_args()
     references = load_references(args.references)
-    text = (
-        table(args.root, args.last, references) + "\n\n" + aggregate_table(args.root, args.last, references, args.reps)
-    )
+    aggregates = aggregate_table(args.root, args.last, references, args.reps)
+    text = table(args.root, args.last, references) + ("\n\n" + aggregates if aggregates else "")
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        args.out.write_text(header(sys.argv[1:]) + "\n\n" + text + "\n")
     if args.plots:
         for path in plot(args.root, args.plots, args.window, references) + plot_profiles(
             args.root, args.plots, args.last, references

@@ -2,8 +2,9 @@
 distribution dmc bootstrap`: one results file per study with its tables, set beside the default's runs (the
 `mujoco` block) and the published numbers.
 
-    python -m benchmark.studies runs/benchmark                  # every study whose runs are there
-    python -m benchmark.studies runs/benchmark --only bootstrap --out-dir /tmp/studies
+    python -m benchmark.studies runs/benchmark                  # every study whose runs are there, into
+                                                                # runs/benchmark/studies/study_<name>.md
+    python -m benchmark.studies runs/benchmark --only dmc --out-dir benchmark/results   # rewrites the committed file
 
 - objective: PPO-Clip (the mujoco block), adaptive KL (d_targ 0.01) and fixed KL (beta 1) per task and seed, and
   each objective's score normalised as in the PPO paper's Table 1 (Schulman et al. 2017, section 6.1): per task
@@ -29,12 +30,11 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from benchmark.scores import finished, group_runs, load_references, summarize_run
+from benchmark.scores import finished, group_runs, load_references, published, summarize_run
 from benchmark.scripts import import_script
 from benchmark.speed_vs_cleanrl import machine
 
 SCRIPT = "ppo_continuous_action"
-RESULTS = Path(__file__).resolve().parent / "results"
 LAST = 100
 VERDICT = "## Verdict\n"  # what follows it in a results file is written by hand and kept
 # Schulman et al. 2017, Table 1 (7 MuJoCo tasks, 1M steps, 3 seeds, normalised 0 = random, 1 = best setting)
@@ -166,8 +166,8 @@ def dmc(root: Path) -> str:
     for env in ["dm_control/cartpole-swingup-v0", "dm_control/walker-walk-v0", "dm_control/cheetah-run-v0"]:
         ours = scores(runs_of(root, "dmc", SCRIPT, env.replace("/", "-")))  # (the run folder's name has no "/")
         reference = references.get((f"{SCRIPT}.py", env))
-        published = f"{reference['mean']:.2f} ± {reference['std']:.2f}" if reference else "—"
-        lines.append(f"| {env} | {per_seed(ours)} | {mean_std(ours.values())} | {published} |")
+        cell = published(reference) if reference else "—"
+        lines.append(f"| {env} | {per_seed(ours)} | {mean_std(ours.values())} | {cell} |")
     env = "dm_control/cartpole-swingup-v0"  # the bootstrap's share: every episode here ends at its time limit
     without = scores(runs_of(root, "dmc", f"{SCRIPT}_no_bootstrap", env.replace("/", "-")))
     lines.append(f"| {env} without the bootstrap | {per_seed(without)} | {mean_std(without.values())} | |")
@@ -299,12 +299,13 @@ def main(argv: list[str] | None = None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("runs", type=Path, help="the RUNS_DIR of ppo.sh (its block folders below it)")
     parser.add_argument("--only", choices=list(STUDIES), nargs="+", default=list(STUDIES))
-    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--out-dir", type=Path, help="where study_<name>.md goes (default: RUNS/studies)")
     args = parser.parse_args(argv)
+    out_dir = args.out_dir or args.runs / "studies"
     command = "python -m benchmark.studies " + " ".join(argv if argv is not None else sys.argv[1:])
     for name in args.only:
         text = provenance(args.runs, name) + STUDIES[name](args.runs) + unfinished(args.runs, BLOCKS[name])
-        print(f"wrote {write(name, text, args.out_dir, command)}")
+        print(f"wrote {write(name, text, out_dir, command)}")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ class RunSettings:
     checkpoint_every: int = 0
     """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
     resume: str | None = None
-    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and machine flags may change"""
+    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and how it runs, writes and evaluates may change"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
     eval_every: int = 0

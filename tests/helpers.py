@@ -63,7 +63,8 @@ RUNS = {  # the Args of a run of ITERATIONS iterations
     "ppo_atari_lstm": ATARI,
     "ppo_atari_multigpu": ATARI,
     "ppo_atari_envpool": dict(ENVPOOL, env_id="Breakout"),
-    "ppo_procgen": dict(ENVPOOL, env_id="starpilot"),
+    # annealed (its default is a constant rate) so that each iteration's learning rate tells a resume where it is
+    "ppo_procgen": dict(ENVPOOL, env_id="starpilot", anneal_lr=True),
     # spawned rollout workers import tests/fake_envs.py by the id's module part, which registers the id
     "ppo_shared_memory_lstm": dict(
         env_id="tests.fake_envs:MixedEnds-v0",

@@ -5,7 +5,11 @@
 - every flag in a documented command that runs one of the scripts is a flag of that script (its `--help`);
 - the README stays a landing page (at most README_MAX_LINES lines);
 - no commit hashes and no issue numbers: they belong in benchmark/results/, not in what users read;
-- every script has its page in docs/, linked from the README.
+- every script has its page in docs/, linked from the README;
+- every number in a results table of a script's page is in a results file that the page's results section links to
+  (or in benchmark/reference.json, CleanRL's published numbers), and every number of a README results row in one
+  that its script's page links to;
+- tests/README.md names every file of tests/.
 
 Each check has a test of its own that feeds it a broken example, so a check that no longer sees anything fails.
 """
@@ -290,3 +294,146 @@ def test_every_script_has_its_page_linked_from_the_readme():
     missing = [name for name in SCRIPTS if not (DOCS / f"{name}.md").is_file()]
     unlinked = [name for name in SCRIPTS if f"docs/{name}.md" not in readme_links]
     assert (missing, unlinked) == ([], [])
+
+
+# NUMBERS IN RESULTS TABLES -----------------------------------------------------------------------
+
+RESULTS = REPO / "benchmark" / "results"
+REFERENCE = REPO / "benchmark" / "reference.json"  # CleanRL's published numbers, which every results table may quote
+# a number as a table cell writes it: an optional sign, digits (thousands with commas), an optional fraction; not a
+# piece of a word, an id, a version or a range (Hopper-v4, 300k, 1.2.0, 0-100k)
+NUMBER = re.compile(r"(?<![\w.,/-])([-+]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?![\w.]|,\d)")
+
+
+def numbers(text: str) -> list[str]:
+    """The numbers of `text` worth checking: those with a fraction (scores, means, spreads) and whole numbers of
+    three digits or more (steps, games, SPS); small whole numbers (seeds, counts) say too little."""
+    found = []
+    for sign, whole, fraction in NUMBER.findall(text):
+        if fraction or len(whole.replace(",", "")) >= 3:
+            found.append(sign.replace("+", "") + whole.replace(",", "") + fraction)
+    return found
+
+
+def appears_in(number: str, source: str) -> bool:
+    """Whether `number` (as a page writes it) is a number of `source` at the page's precision: 2588.7 is in a
+    file that has 2588.69, 1,170 in one that has 1170."""
+    number = number.replace(",", "")
+    places = len(number.split(".")[1]) if "." in number else 0
+    return any(f"{float(found):.{places}f}" == f"{float(number):.{places}f}" for found in numbers_loose(source))
+
+
+def numbers_loose(text: str) -> set[str]:
+    return {sign.replace("+", "") + whole.replace(",", "") + fraction for sign, whole, fraction in NUMBER.findall(text)}
+
+
+def tables(text: str) -> list[list[list[str]]]:
+    """The Markdown tables of `text` (outside code blocks), each as its rows of cells, the header row left out."""
+    found, rows = [], []
+    for line in FENCE.sub("", text).splitlines() + [""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            found.append([row for row in rows[1:] if not all(set(cell) <= set("-: ") for cell in row)])
+            rows = []
+    return found
+
+
+def results_section(text: str) -> str:
+    """The page's results: from its heading that names results (`## Experiment results`, `## Results at a
+    glance`) to the next heading of that level."""
+    match = re.search(r"^(#{1,6}) [^\n]*[Rr]esults[^\n]*$", text, re.M)
+    if not match:
+        return ""
+    rest = text[match.end() :]
+    end = re.search(rf"^#{{1,{len(match.group(1))}}} ", rest, re.M)
+    return match.group(0) + "\n" + (rest[: end.start()] if end else rest)
+
+
+def cited_results(page: Path, section: str) -> list[Path]:
+    """The results files a page's results section links to (benchmark/results/*.md), and benchmark/reference.json."""
+    cited = [(page.parent / target.partition("#")[0]).resolve() for target in links(section)]
+    return [path for path in cited if path.suffix == ".md" and RESULTS in path.parents] + [REFERENCE]
+
+
+def unbacked_numbers(page: Path, rows: list[list[str]], sources: list[Path], skip: int = 1) -> list[str]:
+    """Every number in the cells of `rows` (after the first `skip` cells of each, which name the row) that none of
+    `sources` holds."""
+    text = "\n".join(path.read_text() for path in sources)
+    return [
+        f"{page.parent.name}/{page.name}: {number} ({' | '.join(row[:skip])}) is in none of {[p.name for p in sources]}"
+        for row in rows
+        for cell in row[skip:]
+        for number in numbers(cell)
+        if not appears_in(number, text)
+    ]
+
+
+def page_results_check(page: Path) -> list[str]:
+    section = results_section(page.read_text())
+    sources = cited_results(page, section)
+    return [problem for table in tables(section) for problem in unbacked_numbers(page, table, sources)]
+
+
+def readme_results_check(readme: Path = README) -> list[str]:
+    """Each README results row against the results files its script's page cites in its results section."""
+    problems = []
+    for table in tables(results_section(readme.read_text())):
+        for row in table:
+            script = row[0].strip("`").removesuffix(".py")
+            page = readme.parent / "docs" / f"{script}.md"
+            sources = cited_results(page, results_section(page.read_text()))
+            problems += unbacked_numbers(readme, [row], sources, skip=2)
+    return problems
+
+
+@pytest.mark.parametrize("path", sorted(DOCS.glob("ppo*.md")), ids=doc_id)
+def test_every_number_in_a_results_table_is_in_a_results_file_the_page_cites(path):
+    assert page_results_check(path) == []
+
+
+def test_every_number_in_the_readme_results_is_in_a_results_file_its_scripts_page_cites():
+    assert readme_results_check() == []
+
+
+def test_the_numbers_check_sees_a_changed_number(tmp_path):
+    assert numbers(
+        "| 2776.43 ± 150.77 | -29.46 | 1,740,800 steps (17.4%) | Hopper-v4, 300k, 1.2.0, 0-100k, seed 3 |"
+    ) == [
+        "2776.43",
+        "150.77",
+        "-29.46",
+        "1740800",
+        "17.4",
+    ]
+    assert (
+        appears_in("2588.7", "| 2588.69 |") and appears_in("1,170", "SPS 1170") and not appears_in("2588.7", "2588.6")
+    )
+    # the real page with one number changed: the check names it, and only it
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (tmp_path / "benchmark").symlink_to(REPO / "benchmark")
+    page = docs / "ppo_continuous_action.md"
+    text = (DOCS / "ppo_continuous_action.md").read_text()
+    assert "| 2776.43 ± 150.77 |" in text
+    page.write_text(text.replace("| 2776.43 ± 150.77 |", "| 2776.43 ± 105.77 |", 1))
+    (problem,) = page_results_check(page)
+    assert problem.startswith("docs/ppo_continuous_action.md: 105.77 (Hopper-v4) is in none of ['mujoco.md',")
+    # and a README row whose number is not in its script's page's results files
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "## Results at a glance\n\n| script | env | ours | CleanRL |\n|---|---|---|---|\n"
+        "| `ppo_continuous_action.py` | Hopper-v4, 1M | 2776.43 ± 150.77 (3 seeds) | 2382.86 ± 271.74 |\n"
+        "| `ppo_continuous_action.py` | Hopper-v4, 1M | 2776.43 ± 151.77 (3 seeds) | 2382.86 ± 271.74 |\n"
+    )
+    (problem,) = readme_results_check(readme)
+    assert "151.77" in problem
+
+
+def test_tests_readme_maps_every_test_file():
+    tests = REPO / "tests"
+    text = (tests / "README.md").read_text()
+    files = sorted(
+        path.name for path in [*tests.glob("*.py"), *tests.glob("tooling/*.py")] if path.name != "__init__.py"
+    )
+    assert [name for name in files if f"`{name}`" not in text] == []

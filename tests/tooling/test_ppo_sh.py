@@ -30,17 +30,27 @@ def test_quick_classic_block_runs_every_env_and_writes_the_table_and_plots(tmp_p
     assert runs == sorted(CLASSIC)
     assert all((tmp_path / "runs" / "classic" / "logs" / "ppo" / f"{env_id}__1.log").exists() for env_id in CLASSIC)
     rows = {}
-    table, aggregates = (tmp_path / "results" / "classic.md").read_text().split("\n\n", 1)  # mean ± std, then the IQMs
+    # the command that wrote it, the mean ± std table, then the IQMs
+    header, table, aggregates = (tmp_path / "results" / "classic.md").read_text().split("\n\n", 2)
+    assert header.startswith("Written ") and "by `python -m benchmark.scores " in header and "--out " in header
     for line in table.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         if cells[0] == "ppo.py":
             rows[cells[1]] = cells
-    assert "| ppo.py | Acrobot-v1, CartPole-v1, MountainCar-v0 | 1 |" in aggregates
+    # one seed: no IQM (it would trim nothing), the groups named instead
+    assert (
+        "No IQM of fewer than 4 seeds (it trims none of them: it would be their mean): ppo.py on Acrobot-v1 (1);"
+        in aggregates
+    )
+    assert (
+        "seed-env scores (it trims none of them: it would be their mean): ppo.py on Acrobot-v1, CartPole-v1, MountainCar-v0 (3)."
+        in aggregates
+    )
     assert (tmp_path / "results" / "classic" / "profile__ppo.png").read_bytes().startswith(b"\x89PNG")
     assert sorted(rows) == sorted(CLASSIC)
     for env_id, cells in rows.items():
         assert cells[2] == "1" and cells[5] == "2,048"  # one seed, the quick step budget
-    assert rows["CartPole-v1"][8] == "490.04 ± 6.12 (500k steps)"
+    assert rows["CartPole-v1"][8] == "490.04 ± 6.12 (500k steps, 3 seeds)"
     png = tmp_path / "results" / "classic" / "CartPole-v1__ppo.png"
     assert png.read_bytes().startswith(b"\x89PNG")
 

@@ -90,7 +90,7 @@ def test_table_puts_the_published_reference_beside_ours(tmp_path):
     write_linear_runs(tmp_path, "CartPole-v1")
     write_linear_runs(tmp_path, "Fake-v0")
     rows = {line.split("|")[2].strip(): line for line in table(tmp_path, last=100).splitlines() if "| ppo.py |" in line}
-    assert rows["CartPole-v1"].rstrip(" |").endswith("490.04 ± 6.12 (500k steps)")
+    assert rows["CartPole-v1"].rstrip(" |").endswith("490.04 ± 6.12 (500k steps, 3 seeds)")
     assert rows["Fake-v0"].rstrip(" |").endswith("—")
     assert "https://docs.cleanrl.dev/rl-algorithms/ppo/" in table(tmp_path, last=100)
 
@@ -107,6 +107,7 @@ def test_references_come_from_the_data_file(tmp_path):
                         "mean": 12.5,
                         "std": 1.25,
                         "steps": 2000,
+                        "seeds": 4,
                         "source": "a test",
                     }
                 ]
@@ -115,14 +116,14 @@ def test_references_come_from_the_data_file(tmp_path):
     )
     write_linear_runs(tmp_path / "runs", "Fake")
     text = table(tmp_path / "runs", last=100, references=load_references(reference_file))
-    assert "| 12.50 ± 1.25 (2k steps) |" in text and "Published references (CleanRL): a test." in text
+    assert "| 12.50 ± 1.25 (2k steps, 4 seeds) |" in text and "Published references (CleanRL): a test." in text
 
 
 def test_reference_file_entries_are_complete():
     entries = json.loads(REFERENCES.read_text())["references"]
     assert len(entries) >= 4
     for entry in entries:
-        assert set(entry) == {"script", "env_ids", "mean", "std", "steps", "source"}
+        assert set(entry) == {"script", "env_ids", "mean", "std", "steps", "seeds", "source"}
         assert entry["source"].startswith("https://docs.cleanrl.dev/rl-algorithms/ppo/")
     references = load_references()
     assert (

@@ -11,10 +11,12 @@ from benchmark.scores import (
     aggregate_table,
     block_scores,
     group_runs,
+    header,
     iqm_with_ci,
     load_references,
     normalise,
     plot_profiles,
+    published,
     table,
 )
 
@@ -48,6 +50,22 @@ def test_runs_are_in_the_order_of_their_seeds_as_numbers(tmp_path):
     assert [seed for _, seed in group_runs(tmp_path)[("Fake-v0", "ppo")]] == ["1", "2", "10"]
     (row,) = [line for line in table(tmp_path, last=100).splitlines() if "Fake-v0" in line]
     assert "| 1, 2, 10 | 1.00, 2.00, 10.00 |" in row
+
+
+def test_the_reference_cell_gives_the_budget_and_seeds_of_the_published_runs():
+    references = load_references()
+    # CleanRL's DeepMind Control numbers come from 8M-step runs of 10 seeds, its MuJoCo v4 ones from 1M and 3
+    dmc = references[("ppo_continuous_action.py", "dm_control/walker-walk-v0")]
+    assert published(dmc) == "392.51 ± 56.25 (8M steps, 10 seeds)"
+    hopper = references[("ppo_continuous_action.py", "Hopper-v4")]
+    assert published(hopper) == "2382.86 ± 271.74 (1M steps, 3 seeds)"
+
+
+def test_a_written_table_names_the_command_that_wrote_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = header([str(tmp_path / "runs" / "dmc"), "--out", "results/dmc.md", "--plots", "/elsewhere/dmc"])
+    assert line.startswith("Written 20")
+    assert "by `python -m benchmark.scores runs/dmc --out results/dmc.md --plots /elsewhere/dmc` on " in line
 
 
 def write_constant_run(root, env_id, seed, value):
@@ -86,23 +104,30 @@ def test_iqm_with_bootstrap_intervals_per_env_and_over_normalised_envs(tmp_path)
     assert iqm == 250.0 and 100.0 <= low < iqm < high <= 1000.0
     iqm, low, high = estimate(rows[("ppo.py", "Acrobot-v1")][1])
     assert iqm == -95.0 and -500.0 <= low < iqm < high <= -80.0
-    assert rows[("ppo.py", "MountainCar-v0")] == ["1", "-150.00 [-150.00, -150.00]"]  # one seed: no spread
-    # over the environments: scores normalised against the published means (490.04 and -86.36), the 8
-    # seed-env scores' middle 4 averaged. With MountainCar-v0 run by seed 1 only, the block has the seeds
-    # run on every one of its environments: seed 1
-    normalised = sorted([c / 490.04 for c in cartpole] + [1 + (a + 86.36) / 86.36 for a in acrobot])
+    # one seed, and over the environments the seeds run on every one of them (MountainCar-v0: seed 1 only), so
+    # 3 normalised scores: fewer than 4, where the IQM trims none, so no row but a line that names them
+    assert ("ppo.py", "MountainCar-v0") not in rows
+    assert not any(", " in env for _, env in rows)
+    assert (
+        "No IQM of fewer than 4 seeds (it trims none of them: it would be their mean): ppo.py on MountainCar-v0 (1)."
+        in text
+    )
+    assert (
+        "No IQM of fewer than 4 seed-env scores (it trims none of them: it would be their mean): ppo.py on "
+        "Acrobot-v1, CartPole-v1, MountainCar-v0 (3)." in text
+    )
     assert normalise(-86.36 * 2, -86.36) == 0.0 and normalise(245.02, 490.04) == 0.5
-    seeds, estimate_cell = rows[("ppo.py", "Acrobot-v1, CartPole-v1, MountainCar-v0")]
-    # seed 1's normalised scores on the three: trimming 25% of 3 scores trims none
-    seed1 = np.mean([cartpole[0] / 490.04, 1 + (acrobot[0] + 86.36) / 86.36, 1 + (-150 + 200) / 200])
-    assert seeds == "1" and estimate(estimate_cell) == pytest.approx([seed1] * 3, abs=0.0006)
-    # with the MountainCar run removed, the block has all 4 seeds of both environments
+    # with the MountainCar run removed, the block has all 4 seeds of both environments: their 8 scores normalised
+    # against the published means (490.04 and -86.36), the middle 4 averaged
+    normalised = sorted([c / 490.04 for c in cartpole] + [1 + (a + 86.36) / 86.36 for a in acrobot])
     for run in tmp_path.glob("MountainCar-v0__*"):
         shutil.rmtree(run)
     envs, scores = block_scores(tmp_path, 100, load_references())["ppo"]
     assert envs == ["Acrobot-v1", "CartPole-v1"] and scores.shape == (4, 2)
     iqm, low, high = iqm_with_ci(scores, reps=REPS)
     assert iqm == pytest.approx(np.mean(normalised[2:6]), abs=1e-9) and low < iqm < high
+    row = f"| ppo.py | Acrobot-v1, CartPole-v1 | 4 | {iqm:.3f} [{low:.3f}, {high:.3f}] |"
+    assert row in aggregate_table(tmp_path, last=100, reps=REPS)
     assert iqm_with_ci(scores, reps=REPS) == (iqm, low, high)  # a seeded bootstrap
     (profile,) = plot_profiles(tmp_path, tmp_path / "plots", 100, reps=REPS)
     assert profile.name == "profile__ppo.png" and profile.stat().st_size > 10_000

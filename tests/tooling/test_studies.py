@@ -70,3 +70,12 @@ def test_fishers_exact_test_and_the_difference_interval_as_worked_out_by_hand():
     assert (difference, low, high) == (2.0, 2.0, 2.0)  # no spread: every resample gives the same difference
     difference, low, high = studies.difference_ci([0.0, 10.0], [5.0, 5.0])
     assert difference == 0.0 and (low, high) == (-5.0, 5.0)  # the resampled first side's means are 0, 5 or 10
+
+
+def test_the_studies_go_to_the_runs_folder_unless_told_and_dmc_gives_cleanrls_budget(tmp_path, capsys):
+    write_run(tmp_path, "dmc", "dm_control-walker-walk-v0__ppo_continuous_action__1__1700000000", 400.0)
+    studies.main([str(tmp_path), "--only", "dmc"])
+    text = (tmp_path / "studies" / "study_dmc.md").read_text()  # not benchmark/results/: a reader's runs stay theirs
+    assert "| dm_control/walker-walk-v0 | 400.0 (1) | 400.00 | 392.51 ± 56.25 (8M steps, 10 seeds) |" in text
+    studies.main([str(tmp_path), "--only", "dmc", "--out-dir", str(tmp_path / "elsewhere")])
+    assert (tmp_path / "elsewhere" / "study_dmc.md").is_file()
