@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_timed_scalars
-from benchmark.scores import REFERENCES, finished, group_runs, label, load_references, plot, short_steps
+from benchmark.scores import REFERENCES, finished, group_runs, label, load_references, plot, published, short_steps
 from benchmark.speed_vs_cleanrl import machine
 
 TOLERANCE = 0.05  # of the published mean: the least band a verdict allows (a near-zero std, e.g. Pong's 0.09)
@@ -71,13 +71,9 @@ def table(root: Path, budget: int, last: int, references: dict) -> str:
     sources = []
     for (env_id, exp_name), runs in group_runs(root).items():
         reference = references.get((f"{exp_name}.py", env_id))
-        published, mean_std = "—", None
+        cell, mean_std = "—", None
         if reference:
-            seeds = f", {reference['seeds']} seeds" if reference.get("seeds") else ""
-            mean_std = (reference["mean"], reference["std"])
-            published = (
-                f"{reference['mean']:.2f} ± {reference['std']:.2f} ({short_steps(reference['steps'])} steps{seeds})"
-            )
+            cell, mean_std = published(reference), (reference["mean"], reference["std"])
             sources += [reference["source"]] * (reference["source"] not in sources)
         for run_dir, seed in runs:
             s = run_summary(run_dir, last)
@@ -91,7 +87,7 @@ def table(root: Path, budget: int, last: int, references: dict) -> str:
                 score, judged = f"unfinished: {score} so far", f"unfinished ({s['steps'] / budget:.0%} of the budget)"
             lines.append(
                 f"| {label(exp_name)} | {env_id} | {seed} | {score} | {s['steps']:,} | {hours(s['seconds'])} "
-                f"| {s['sps']:.0f} | {published} | {judged} |"
+                f"| {s['sps']:.0f} | {cell} | {judged} |"
             )
     if sources:
         lines += ["", "Published scores: " + "; ".join(sources) + "."]
