@@ -60,7 +60,7 @@ RESULTS = ROOT / "benchmark" / "results" / "side_by_side.md"
 DRY_RUN_OUT = ROOT / "runs" / "benchmark" / "side_by_side-dry-run.md"
 PACKAGES = Path.home() / ".cache" / "ppo-lab" / "side-by-side"
 # what CleanRL's and LeanRL's files need beyond ppo-lab's requirements: installed without their dependencies
-# (CleanRL's pins gym 0.23 and Python < 3.11; its file is all that is run), tensordict as of its release that runs
+# (CleanRL's pins gym 0.23 and Python < 3.11; its file is all that is run), tensordict in the version that runs
 # on torch 2.13, and pyvers, tensordict's one dependency that ppo-lab's requirements lack
 EXTRAS = [f"cleanrl=={CLEANRL_VERSION}", "tensordict==0.15.3", "pyvers==0.2.3"]
 LEANRL_FILE = "leanrl/ppo_atari_envpool_torchcompile.py"
