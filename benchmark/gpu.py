@@ -1,7 +1,7 @@
 """The GPU benchmark: on any machine with CUDA, the training speed of each script in its three modes beside its
 environments' own speed, and the tests marked `gpu`; written with the host to benchmark/results/gpu.md.
 
-    python -m benchmark.gpu                                   # every script below; about 20 minutes on one GPU
+    python -m benchmark.gpu                                   # every script below (about 20 minutes on an H200)
     python -m benchmark.gpu --scripts ppo_atari_envpool ppo --out /tmp/gpu.md
     python -m benchmark.gpu --dry-run                         # the same plan shortened, on the CPU: measures nothing
 
@@ -9,8 +9,8 @@ For each script, on its standard environment (ppo_continuous_action.py on HalfCh
 figures use), at the script's default hyperparameters:
 - the training SPS of three runs, each a fresh process: eager (`--cuda`), `--compile`, `--compile --cudagraphs`.
   Each run trains --iterations iterations (a per-script default); its SPS counts the iterations after the first
-  --warmup, where torch.compile compiles and CUDA graphs are recorded, from the wall times of the run's own
-  `charts/SPS` events. Beside it, the time from the run's start to the end of its first iteration (compilation
+  --warmup (5), where torch.compile compiles and CUDA graphs are recorded, from the wall times of the run's own
+  `charts/SPS` events. Beside it, the time from the run's first log to the end of its first iteration (compilation
   included);
 - the env-only SPS: random actions through the script's own `make_envs` (benchmark.throughput's), the ceiling of
   any training loop with these environments on this host;
@@ -44,7 +44,7 @@ from benchmark.scripts import ENV_ID, ROOT, import_script
 RESULTS = ROOT / "benchmark" / "results" / "gpu.md"
 DRY_RUN_OUT = ROOT / "runs" / "benchmark" / "gpu-dry-run.md"
 # script -> iterations per run at its defaults (batch: envpool Atari 1,024 steps, ALE Atari 1,024, Procgen 16,384,
-# CartPole 512, HalfCheetah 2,048); about 20-60 s a run on a recent GPU, compilation aside
+# CartPole 512, HalfCheetah 2,048): 5-50 s a run at the speeds of results/gpu.md (an H200), compilation aside
 ITERATIONS = {
     "ppo_atari_envpool": 60,
     "ppo_atari": 30,
@@ -245,7 +245,7 @@ def markdown(info: dict, rows: dict[str, dict], tests: list[str], iterations: di
         "## Training speed",
         "",
         f"Steps per second after the first {warmup} iterations (where torch.compile compiles and CUDA graphs are "
-        "recorded), from each run's own `charts/SPS` event times; in brackets the seconds from the run's start to "
+        "recorded), from each run's own `charts/SPS` event times; in brackets the seconds from the run's first log to "
         "the end of its first iteration, compilation included. Each run is a fresh process at the script's default "
         "hyperparameters: `python SCRIPT.py --env-id ENV --total-timesteps STEPS --cuda`, then with `--compile`, "
         "then with `--compile --cudagraphs`. Env-only: random actions through the script's own environments "

@@ -21,7 +21,7 @@ The runs, each a fresh process:
   files make (envpool's Breakout-v5 with episodic life and reward clipping, its other defaults).
 All on this environment's torch, envpool and gymnasium. CleanRL's and LeanRL's files were written for gym 0.23 and
 envpool 0.8: each runs from a copy in a temporary folder with the smallest changes that today's envpool, gymnasium and
-tensordict require (PATCHES: each is listed in the results with its reason, and a file that does not match them
+tensordict require (`patches()`: each is listed in the results with its reason, and a file that they do not fit
 exactly is refused in one line); nothing else changes. LeanRL sends its speed to Weights & Biases every 10
 iterations: a stand-in `wandb` module on its path records those calls (no account, no network).
 
@@ -30,11 +30,11 @@ last (--iterations, 60 by default: 61,440 steps), from each program's own record
 CleanRL's `charts/SPS` TensorBoard events, LeanRL's log calls at iterations 10, 20, ...); beside it, the seconds
 from the program's first log to the end of iteration 10 (compilation and CUDA-graph recording happen there).
 
---dry-run needs no GPU: 2 environments x 16 steps, 20 iterations, on the CPU, eager (ours' `--compile` run goes
-through its command with torch.compile switched off and is reported so, without a number; CleanRL's and LeanRL's are
-not run); `--compile --cudagraphs` is reported skipped (it needs CUDA). CleanRL's and LeanRL's runs are reported skipped where
-their file or packages are missing (the dry run installs nothing). It writes runs/benchmark/side_by_side-dry-run.md
-unless --out says otherwise.
+--dry-run needs no GPU: 2 environments x 16 steps, 20 iterations, on the CPU. The eager runs are run; ours'
+`--compile` run goes through its command with torch.compile switched off and is reported so, without a number, and
+LeanRL's is not run (tensordict's compiled path fails with torch.compile switched off); `--compile --cudagraphs` is
+reported skipped (it needs CUDA). CleanRL's and LeanRL's runs are reported skipped where their file or packages are
+missing (the dry run installs nothing). It writes runs/benchmark/side_by_side-dry-run.md unless --out says otherwise.
 """
 
 import argparse
@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 from benchmark import gpu
@@ -94,7 +95,8 @@ RESET = Patch(
 STEP = Patch(
     "envpool's step returns terminated and truncated apart now; done was their `or`",
     r"^(\s+)observations, rewards, dones, infos = super\(\)\.step\(action\)$",
-    r"\1observations, rewards, terminations, truncations, infos = super().step(action)\n\1dones = terminations | truncations",
+    r"\1observations, rewards, terminations, truncations, infos = super().step(action)"
+    r"\n\1dones = terminations | truncations",
 )
 SPACES_SET = Patch(
     "envpool's environments have num_envs and the single spaces now, read-only",
@@ -105,7 +107,8 @@ SPACES_SET = Patch(
 SPACES_WRAPPER = Patch(
     "gymnasium's wrappers no longer pass on the attributes they lack: the statistics wrapper takes the single spaces",
     r'^(\s+)self\.num_envs = getattr\(env, "num_envs", 1\)$',
-    r"\g<0>\n\1self.single_action_space, self.single_observation_space = env.single_action_space, env.single_observation_space",
+    r"\g<0>\n\1self.single_action_space, self.single_observation_space = "
+    r"env.single_action_space, env.single_observation_space",
 )
 DISTUTILS = Patch(
     "Python 3.12 has no distutils: its strtobool, written out",
@@ -354,16 +357,15 @@ def markdown(info: dict, runs: dict, env_sps: dict, sources: dict, applied: dict
         f"program's own record of its iterations; in brackets the seconds from its first log to the end of iteration "
         f"{WARMUP} (compilation and CUDA-graph recording included).",
         "",
-        "| mode | CleanRL's ppo_atari_envpool.py | LeanRL's ppo_atari_envpool_torchcompile.py | ours (ppo_atari_envpool.py) "
-        "| ours / LeanRL | ours / CleanRL's eager |",
+        "| mode | CleanRL's ppo_atari_envpool.py | LeanRL's ppo_atari_envpool_torchcompile.py "
+        "| ours (ppo_atari_envpool.py) | ours / LeanRL | ours / CleanRL's eager |",
         "|---|---|---|---|---|---|",
     ]
     for mode in runs["ours"]:
         ours, leanrl = runs["ours"][mode], runs["LeanRL"][mode]
         theirs = cell(cleanrl) if mode == "eager" else "(eager only)"
-        lines.append(
-            f"| {gpu.label(mode)} | {theirs} | {cell(leanrl)} | {cell(ours)} | {ratio(ours, leanrl)} | {ratio(ours, cleanrl)} |"
-        )
+        ratios = f"{ratio(ours, leanrl)} | {ratio(ours, cleanrl)}"
+        lines.append(f"| {gpu.label(mode)} | {theirs} | {cell(leanrl)} | {cell(ours)} | {ratios} |")
     best = {side: max((run for run in by_mode.values() if run.status == "ok"), key=lambda run: run.sps, default=None)
             for side, by_mode in runs.items()}  # fmt: skip
     lines.append(
@@ -451,6 +453,8 @@ def main(argv: list[str] | None = None):
                 gpu.fail(str(error))
     command = shlex.join(["python", "-m", "benchmark.side_by_side", *(argv if argv is not None else sys.argv[1:])])
     info = gpu.host(command)
+    for found in metadata.distributions(path=[str(args.packages)]):  # CleanRL's and tensordict's, where installed
+        info["packages"][found.metadata["Name"]] = found.version
     print("\n".join(gpu.host_lines(info)), flush=True)
     runs = {"CleanRL": {}, "LeanRL": {}, "ours": {}}
     for mode in args.modes:  # one mode at a time, the three sides in turn
