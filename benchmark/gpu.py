@@ -1,7 +1,7 @@
 """The GPU benchmark: on any machine with CUDA, the training speed of each script in its three modes beside its
 environments' own speed, and the tests marked `gpu`; written with the host to benchmark/results/gpu.md.
 
-    python -m benchmark.gpu                                   # every script below (about 20 minutes on an H200)
+    python -m benchmark.gpu                                   # every script below (about 20 min on an H200, est.)
     python -m benchmark.gpu --scripts ppo_atari_envpool ppo --out /tmp/gpu.md
     python -m benchmark.gpu --dry-run                         # the same plan shortened, on the CPU: measures nothing
 
