@@ -12,10 +12,77 @@
 # 3. the Python packages of requirements.txt, with that environment's pip, and ppolab itself (pip install -e .).
 # Anything missing that setup can't get is one line on stderr and exit 1. .ci/run runs this file with
 # the system's python3, so CI proves the README's setup.
+#
+# For a machine without network (docs/install.md, "Without network"):
+#   bash setup.sh --wheelhouse DIR   on a machine with network: steps 1 and 3, but the packages (requirements.txt's,
+#                                    and what `pip install -e .` builds with) are downloaded into DIR, not installed
+#       --torch-index URL            torch from this package index (e.g. https://download.pytorch.org/whl/cu128 or
+#                                    .../whl/cpu; default: pip's own, $PPO_LAB_TORCH_INDEX if set); also without
+#                                    --wheelhouse, where it installs torch from there before the rest
+#       --python-version X.Y         wheels for another Python than this one (that of the machine without network)
+#   bash setup.sh --offline DIR      on the machine without network: steps 1 to 3 from DIR alone (pip --no-index);
+#                                    missing system packages are named, not installed
+#   --keep-torch                     with any of them: the environment's own torch stays (a cluster's CUDA build);
+#                                    requirements.txt's torch is neither downloaded nor installed
 set -euo pipefail
-cd "$(dirname "$0")"
 
 fail() { echo "setup.sh: error: $*" >&2; exit 1; }
+
+# 0. The options ----------------------------------------------------------------------------------------
+usage="bash setup.sh [--wheelhouse DIR [--python-version X.Y] | --offline DIR] [--torch-index URL] [--keep-torch]"
+mode=install      # or wheelhouse, offline
+wheels=""         # their folder
+torch_index=${PPO_LAB_TORCH_INDEX:-}
+python_version="" keep_torch=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --wheelhouse | --offline)
+            [ "$mode" = install ] || fail "give one of --wheelhouse DIR and --offline DIR: $usage"
+            { [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#-}" = "$2" ]; } || fail "$1 needs a folder: $usage"
+            mode=${1#--} wheels=$2
+            shift 2 ;;
+        --torch-index)
+            { [ $# -ge 2 ] && [[ $2 =~ ^(https?|file)://. ]]; } || fail "--torch-index needs a URL, e.g. https://download.pytorch.org/whl/cu128: $usage"
+            torch_index=$2
+            shift 2 ;;
+        --python-version)
+            { [ $# -ge 2 ] && [[ $2 =~ ^3\.[0-9]+$ ]]; } || fail "--python-version needs a version such as 3.12: $usage"
+            python_version=$2
+            shift 2 ;;
+        --keep-torch) keep_torch=1; shift ;;
+        -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+        *) fail "unknown argument '$1': $usage" ;;
+    esac
+done
+if [ -n "$python_version" ] && [ "$mode" != wheelhouse ]; then
+    fail "--python-version is for --wheelhouse DIR only: $usage"
+fi
+if [ "$mode" = offline ]; then
+    [ -z "$torch_index" ] || fail "--offline installs torch from DIR: leave out --torch-index (and PPO_LAB_TORCH_INDEX)"
+    compgen -G "$wheels/*.whl" > /dev/null || fail "--offline $wheels: no wheels there (make them with bash setup.sh --wheelhouse $wheels on a machine with network)"
+    wheels=$(cd "$wheels" && pwd)
+elif [ "$mode" = wheelhouse ]; then
+    mkdir -p "$wheels" 2> /dev/null || fail "--wheelhouse $wheels: cannot make that folder"
+    wheels=$(cd "$wheels" && pwd)
+fi
+cd "$(dirname "$0")"  # (the folders above are the caller's: relative to where setup.sh was called from)
+# requirements.txt's torch line; requirements.txt without it, where the environment's own torch stays
+requirement_lines() {  # the lines of requirements.txt that are (yes) or are not (no) torch's, comments left out
+    local line
+    while IFS= read -r line || [ -n "$line" ]; do
+        line=${line%%#*}
+        line=${line//[[:space:]]/}
+        [ -n "$line" ] || continue
+        if [[ $line =~ ^torch[=\<\>~!] ]]; then [ "$1" = no ] || echo "$line"; else [ "$1" = yes ] || echo "$line"; fi
+    done < requirements.txt
+    return 0
+}
+requirements=requirements.txt
+if [ -n "$keep_torch" ]; then
+    requirements=${TMPDIR:-/tmp}/ppo-lab-requirements.$$.txt
+    trap 'rm -f "$requirements"' EXIT
+    requirement_lines no > "$requirements"
+fi
 
 # "3.11 1 1": a Python's version, whether it has ensurepip (venv needs it; on Debian/Ubuntu it comes with
 # python3.X-venv) and pip; nothing when it doesn't run
@@ -76,9 +143,14 @@ missing=()
 if [ -n "$make_venv" ] && [ "$has_ensurepip" != 1 ]; then
     missing+=("python$version-venv")  # Debian/Ubuntu ship venv's ensurepip in its own package
 fi
-ldconfig -p 2> /dev/null | grep -q libQt5Gui.so.5 || missing+=(libqt5gui5)
-command -v redis-server > /dev/null || missing+=(redis-server)
-if [ ${#missing[@]} -gt 0 ]; then
+if [ "$mode" != wheelhouse ]; then  # (downloading needs neither)
+    ldconfig -p 2> /dev/null | grep -q libQt5Gui.so.5 || missing+=(libqt5gui5)
+    command -v redis-server > /dev/null || missing+=(redis-server)
+fi
+if [ "$mode" = offline ] && [ ${#missing[@]} -gt 0 ]; then  # no apt-get without network
+    [ "${missing[0]}" != "python$version-venv" ] || fail "python$version-venv missing, and no network to install it: install it with your system's package manager, or activate a virtualenv or conda env and run setup.sh again"
+    echo "setup.sh: not installed without network: ${missing[*]} (libqt5gui5 for ppo_procgen.py, redis-server for ppo_continuous_action_redis.py): install them with your system's package manager"
+elif [ ${#missing[@]} -gt 0 ]; then
     command -v apt-get > /dev/null || fail "${missing[*]} missing, and no apt-get to install them (not Debian/Ubuntu?): install their equivalents with your system's package manager"
     # root (the usual container) has no sudo and needs none; a user needs sudo for apt-get
     if [ "$(id -u)" -eq 0 ]; then
@@ -109,7 +181,51 @@ fi
 # a path through the link .venv would break them for the environment's other projects once this folder moves
 prefix=$(cd -P .venv && pwd)
 if [ -L .venv ]; then where=".venv -> $prefix"; else where=.venv; fi
-echo "setup.sh: installing requirements.txt into $where (a few minutes the first time)"
+pip=("$prefix/bin/python" -m pip)
+quiet=(--quiet --disable-pip-version-check)
+if [ -n "$keep_torch" ] && [ "$mode" != wheelhouse ]; then
+    "$prefix/bin/python" -c "import torch" 2> /dev/null || fail "--keep-torch: $where has no torch to keep: install one first, or leave out --keep-torch"
+fi
+if [ "$mode" = wheelhouse ]; then
+    echo "setup.sh: downloading requirements.txt's packages and ppolab's build requirements into $wheels"
+    download=("${pip[@]}" download "${quiet[@]}" --dest "$wheels")
+    if [ -n "$python_version" ]; then
+        download+=(--python-version "$python_version" --only-binary=:all:)
+    fi
+    if [ -n "$torch_index" ] && [ -z "$keep_torch" ]; then  # torch first, from its index: the rest finds it there
+        "${download[@]}" --index-url "$torch_index" "$(requirement_lines yes)"
+    fi
+    # what `pip install -e .` builds with: pyproject.toml's [build-system] requires (one line, as written there)
+    build=""
+    while IFS= read -r line; do
+        if [[ $line =~ ^requires\ =\ \[(.*)\] ]]; then build=${BASH_REMATCH[1]//\"/}; fi
+    done < pyproject.toml
+    IFS=", " read -r -a build <<< "$build"
+    "${download[@]}" --find-links "$wheels" -r "$requirements" "${build[@]}"
+    # a package with no wheel comes as its source: built here, where its build requirements can be downloaded
+    for source in "$wheels"/*.tar.gz "$wheels"/*.zip; do
+        [ -e "$source" ] || continue
+        "${pip[@]}" wheel "${quiet[@]}" --no-deps --wheel-dir "$wheels" "$source"
+        rm "$source"
+    done
+    echo "setup.sh: done; on the machine without network, with this folder and $wheels: bash setup.sh --offline $wheels"
+    exit 0
+fi
+from=()
+if [ "$mode" = offline ]; then
+    from=(--no-index --find-links "$wheels")
+    echo "setup.sh: installing requirements.txt into $where from $wheels alone"
+else
+    echo "setup.sh: installing requirements.txt into $where (a few minutes the first time)"
+    if [ -n "$torch_index" ] && [ -z "$keep_torch" ]; then
+        "${pip[@]}" install "${quiet[@]}" --index-url "$torch_index" "$(requirement_lines yes)"
+    fi
+fi
 # and the package ppolab, editable (this folder's code): a script copied to any folder runs with this Python
-"$prefix/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt -e .
+if [ -n "$keep_torch" ]; then  # (-e . would ask for requirements.txt's torch)
+    "${pip[@]}" install "${quiet[@]}" "${from[@]}" -r "$requirements"
+    "${pip[@]}" install "${quiet[@]}" "${from[@]}" --no-deps -e .
+else
+    "${pip[@]}" install "${quiet[@]}" "${from[@]}" -r requirements.txt -e .
+fi
 echo "setup.sh: done; run a script with .venv/bin/python, e.g. .venv/bin/python ppo.py"

@@ -62,7 +62,7 @@ PEER_VERSION = "1.2.0"
 PEER_DIR = Path(os.environ.get("PPO_LAB_PEER_DIR") or Path.home() / ".cache" / "ppo-lab" / f"cleanrl-{PEER_VERSION}")
 # CleanRL 1.2.0's scripts with the packages of their time: ppo.py and the envpool script are written for
 # gym 0.23's API (4-tuple step, env.seed), ppo_continuous_action.py for gymnasium 0.28/0.29; mujoco
-# 2.3.7, the last 2.x release (CleanRL pins mujoco<=2.3.3, 2.3.3 in its requirements files; imageio: gymnasium
+# 2.3.7, the last 2.x version (CleanRL pins mujoco<=2.3.3, 2.3.3 in its requirements files; imageio: gymnasium
 # 0.29's MuJoCo envs import it); gym 0.23's CartPole imports pygame, whose pin in CleanRL (2.1.0) has no Python 3.11 wheel;
 # torch is ours, so that the networks' kernels are the same on both sides.
 PEER_PACKAGES = [

@@ -26,7 +26,7 @@ FAKES = {
     "id": '#!/bin/sh\necho "$FAKE_UID"\n',
     "ldconfig": '#!/bin/sh\necho "$FAKE_LIBS"\n',  # `ldconfig -p`: the shared libraries known to the loader
 }
-TOOLS = ("bash", "grep", "dirname", "basename", "env", "cat", "ln", "rm", "mkdir", "cp")
+TOOLS = ("bash", "grep", "dirname", "basename", "env", "cat", "ln", "rm", "mkdir", "cp", "sed")
 DEBIAN_VENV_ERROR = """The virtual environment was not created successfully because ensurepip is not
 available.  On Debian/Ubuntu systems, you need to install the python3-venv
 package using the following command.
@@ -58,14 +58,14 @@ esac
     return path
 
 
-def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons=None, env=None):
-    """setup.sh, copied into tmp_path/repo, as user `uid`, with the Qt runtime and redis-server installed or not and
-    the fake Pythons `pythons` ({name: fake_python kwargs}, default a Debian 12 python3) on PATH; returns the result
-    and the recorded calls, paths relative to tmp_path."""
+def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons=None, env=None, args=()):
+    """setup.sh `args`, copied into tmp_path/repo with requirements.txt and pyproject.toml, as user `uid`, with the Qt
+    runtime and redis-server installed or not and the fake Pythons `pythons` ({name: fake_python kwargs}, default a
+    Debian 12 python3) on PATH; returns the result and the recorded calls, paths relative to tmp_path."""
     repo = tmp_path / "repo"
     repo.mkdir(exist_ok=True)
-    shutil.copy(REPO / "setup.sh", repo)
-    (repo / "requirements.txt").touch()
+    for name in ("setup.sh", "requirements.txt", "pyproject.toml"):
+        shutil.copy(REPO / name, repo)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
@@ -89,7 +89,12 @@ def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons
         **(env or {}),
     )
     result = subprocess.run(
-        [str(bin_dir / "bash"), "repo/setup.sh"], cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=30
+        [str(bin_dir / "bash"), "repo/setup.sh", *args],
+        cwd=tmp_path,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     lines = calls.read_text().splitlines() if calls.exists() else []
     return result, [line.replace(f"{tmp_path}/", "") for line in lines]
@@ -359,6 +364,101 @@ def test_an_activated_environment_without_pip_gets_it_from_ensurepip(tmp_path):
     result, calls = run_setup(tmp_path, env=dict(VIRTUAL_ENV=str(tmp_path / "env")))
     assert result.returncode == 0, result.stderr
     assert calls == ["env/bin/python -c", "env/bin/python -m ensurepip --default-pip", ENV_PIP]
+
+
+# Without network: --wheelhouse DIR on a machine with network, --offline DIR on the machine without ----------------
+
+
+def wheelhouse_calls(wheels, *extra):
+    """The download of requirements.txt and of pyproject.toml's build requirements into `wheels`."""
+    download = f"repo/.venv/bin/python -m pip download --quiet --disable-pip-version-check --dest {wheels}"
+    return f"{download}{''.join(' ' + e for e in extra)} --find-links {wheels} -r requirements.txt setuptools>=68"
+
+
+def test_wheelhouse_downloads_what_the_install_would_install_and_installs_nothing(tmp_path):
+    """Neither apt-get (the system packages are the other machine's business) nor pip install."""
+    result, calls = run_setup(tmp_path, qt=False, redis=False, args=["--wheelhouse", "wheels"])
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "wheels").is_dir()  # where setup.sh was called from
+    assert calls == [PROBE, VENV, wheelhouse_calls("wheels")]  # (an absolute path: the calls' are relative)
+    assert f"bash setup.sh --offline {tmp_path}/wheels" in result.stdout
+
+
+def test_wheelhouse_takes_torch_from_the_index_given_and_wheels_for_another_python(tmp_path):
+    index = "https://download.pytorch.org/whl/cu128"
+    args = ["--wheelhouse", "wheels", "--torch-index", index, "--python-version", "3.12"]
+    result, calls = run_setup(tmp_path, args=args)
+    assert result.returncode == 0, result.stderr
+    wheels, for_312 = "wheels", "--python-version 3.12 --only-binary=:all:"
+    torch = wheelhouse_calls(wheels, for_312).split(" --find-links")[0] + f" --index-url {index} torch==2.13.0"
+    assert calls == [PROBE, VENV, torch, wheelhouse_calls(wheels, for_312)]
+
+
+def test_wheelhouse_takes_the_torch_index_from_the_environment_and_no_torch_where_it_keeps_the_one_there(tmp_path):
+    index = "https://download.pytorch.org/whl/cpu"
+    result, calls = run_setup(tmp_path, env={"PPO_LAB_TORCH_INDEX": index}, args=["--wheelhouse", "w"])
+    assert result.returncode == 0, result.stderr
+    assert calls[2].endswith(f"--index-url {index} torch==2.13.0") and len(calls) == 4
+    shutil.rmtree(tmp_path / "repo")
+    (tmp_path / "calls").unlink()
+    shutil.rmtree(tmp_path / "bin")
+    args = ["--wheelhouse", "w", "--keep-torch"]
+    result, calls = run_setup(tmp_path, env={"PPO_LAB_TORCH_INDEX": index}, args=args)
+    assert result.returncode == 0, result.stderr
+    assert len(calls) == 3 and not any("torch" in call for call in calls)
+    assert re.search(r" -r /\S+\.txt setuptools>=68$", calls[-1])  # requirements.txt less its torch line
+
+
+def test_offline_installs_from_the_folder_alone_and_names_the_system_packages_it_cannot_get(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    result, calls = run_setup(tmp_path, qt=False, redis=False, args=["--offline", str(wheels)])
+    assert result.returncode == 0, result.stderr
+    assert calls == [PROBE, VENV, PIP.replace(" -r ", " --no-index --find-links wheels -r ")]
+    assert "not installed without network: libqt5gui5 redis-server" in result.stdout
+
+
+def test_offline_keeps_the_environments_torch_when_asked(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    result, calls = run_setup(tmp_path, args=["--offline", str(wheels), "--keep-torch"])
+    assert result.returncode == 0, result.stderr
+    offline = "--quiet --disable-pip-version-check --no-index --find-links wheels"
+    assert calls[:3] == [PROBE, VENV, "repo/.venv/bin/python -c"]  # torch is there to keep
+    assert re.fullmatch(rf"repo/\.venv/bin/python -m pip install {offline} -r /\S+\.txt", calls[3]), calls[3]
+    assert calls[4:] == [f"repo/.venv/bin/python -m pip install {offline} --no-deps -e ."]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--offline"], "--offline needs a folder: bash setup.sh [--wheelhouse"),
+        (["--wheelhouse", "--keep-torch"], "--wheelhouse needs a folder: bash setup.sh [--wheelhouse"),
+        (["--offline", "empty"], "--offline empty: no wheels there (make them with bash setup.sh --wheelhouse empty"),
+        (["--wheelhouse", "a", "--offline", "b"], "give one of --wheelhouse DIR and --offline DIR: bash setup.sh"),
+        (["--torch-index", "cu128"], "--torch-index needs a URL, e.g. https://download.pytorch.org/whl/cu128: bash"),
+        (["--wheelhouse", "w", "--python-version", "312"], "--python-version needs a version such as 3.12: bash"),
+        (["--python-version", "3.12"], "--python-version is for --wheelhouse DIR only: bash setup.sh"),
+        (["--offline", "w", "--torch-index", "https://x.org/whl"], "--offline installs torch from DIR: leave out"),
+        (["--wheelhous", "w"], "unknown argument '--wheelhous': bash setup.sh [--wheelhouse DIR"),
+    ],
+)
+def test_bad_options_are_one_line_before_anything_is_done(tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "x-1-py3-none-any.whl").touch()
+    result, calls = run_setup(tmp_path, qt=False, args=args)
+    assert error_line(result).startswith(f"setup.sh: error: {message}")
+    assert calls == [] and not (tmp_path / "repo" / ".venv").exists()
+
+
+def test_help_prints_the_header_and_does_nothing(tmp_path):
+    result, calls = run_setup(tmp_path, args=["--help"])
+    assert result.returncode == 0, result.stderr
+    assert "bash setup.sh --offline DIR" in result.stdout and "--torch-index URL" in result.stdout
+    assert calls == []
 
 
 # For real: pyproject.toml, uv, .ci/run ----------------------------------------------------------------------------
