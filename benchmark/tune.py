@@ -275,6 +275,8 @@ def write_record(folder: Path, record: dict):
 def run_trial(trial, setup: Setup, storage, record: dict) -> float:
     """Runs one trial's runs and returns its value; raises Stopped (pruned, refused, failed) and lets
     KeyboardInterrupt through; the runs it started have ended when it returns or raises."""
+    if not (ROOT / f"{setup.script}.py").is_file():  # moved or deleted while the study went on: no trial can run
+        fail(f"{ROOT / setup.script}.py is gone; the same command run where it is continues the study")
     params = sample(trial, setup.space)
     flags = as_flags(params)
     record.update(params=params, command=paste(setup, flags))
