@@ -369,6 +369,9 @@ def one_trial(study, setup: Setup, storage):
     except KeyboardInterrupt:
         why = "interrupted (Ctrl-C or SIGTERM): its runs were stopped; the same command continues the study"
         raise
+    except SystemExit as e:  # fail(): its line is on the worker's stderr
+        why = f"the worker ended (exit {e.code}), its line in its output"
+        raise
     except Exception as e:
         why = f"the tuner failed: {type(e).__name__}: {one_line(e)}"
         raise
