@@ -852,12 +852,13 @@ def verdict_main(argv: list[str]):
     if failed:
         fail(f"{len(failed)} runs failed, e.g. {failed[0].name}: {last_line(failed[0].log)} (log {failed[0].log})")
     write_report(study, args.out, url)
-    section = verdict_section(study, best, args, where, runs)
+    command = "python -m benchmark.tune verdict " + shlex.join(redact(a) for a in argv)
+    section = verdict_section(study, best, args, where, runs, command)
     args.out.write_text(args.out.read_text().split(VERDICT, 1)[0] + VERDICT + section)
     print(f"verdict: {args.out}")
 
 
-def verdict_section(study, best, args, where: Path, runs: dict) -> str:
+def verdict_section(study, best, args, where: Path, runs: dict, command: str) -> str:
     """The verdict's text: the command, the rule, the table (per env and setting: per seed, mean ± std, the
     verdict) and the curves (written beside the results file)."""
     attrs = study.user_attrs
@@ -870,13 +871,13 @@ def verdict_section(study, best, args, where: Path, runs: dict) -> str:
         f"on {machine()}.",
         "",
         "```bash",
-        f"python -m benchmark.tune verdict --study {args.study} --seeds {' '.join(map(str, args.seeds))} "
-        f"--out {args.out}",
+        command,
         "```",
         "",
         "Rule: the tuned setting is *better* when its mean exceeds the defaults' by more than the larger of the two "
         "standard deviations, *worse* when it falls short by more, else there is *no clear difference*. A run's "
-        f"score: the mean return of its last {last} episodes.",
+        f"score: the mean return of its last {last} episodes; std: over the seeds, NumPy's (ddof 0), as "
+        "benchmark/scores.py's tables.",
         "",
         "| env | setting | per seed | mean ± std | verdict |",
         "|---|---|---|---|---|",
