@@ -280,6 +280,7 @@ def run_trial(trial, setup: Setup, storage, record: dict) -> float:
     params = sample(trial, setup.space)
     flags = as_flags(params)
     record.update(params=params, command=paste(setup, flags))
+    write_record(Path(record["dir"]), record)  # what the trial runs, while it runs
     trial.set_user_attr("command", record["command"])
     _, problem = check_setting(setup.module, flags + setup.flags, setup.env_ids)
     if problem:
