@@ -46,6 +46,7 @@ class Job:
     returncode: int | None = None
     resumed: bool = False  # continued from the checkpoint its log names: the log is appended to
     cwd: Path | None = None  # the job's working folder (a script that writes its runs to ./runs)
+    die_with_parent: bool = False  # SIGTERM to the job when the process that started it dies, even by SIGKILL
 
     @property
     def name(self) -> str:
@@ -81,6 +82,9 @@ def start(job: Job):
     runner, which then stops the jobs itself). A command that cannot start fails the job at once."""
     job.log.parent.mkdir(parents=True, exist_ok=True)
     job.started = time.monotonic()
+    preexec = None
+    if job.die_with_parent:  # (the package, and with it torch, imported only then)
+        from ppolab.redis_server import die_with_parent as preexec
     with open(job.log, "a" if job.resumed else "w") as log:
         log.write(f"$ {shlex.join(job.argv)}\n")
         log.flush()
@@ -93,6 +97,7 @@ def start(job: Job):
                 env=dict(os.environ, OMP_NUM_THREADS="1"),
                 cwd=job.cwd,
                 start_new_session=True,
+                preexec_fn=preexec,
             )
         except OSError as error:
             log.write(f"cannot start the command: {error}\n")

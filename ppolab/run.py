@@ -288,7 +288,9 @@ class Run:
             start_tracking(args, self.dir)
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(self.dir)
+        # events reach the file within 10 s (TensorBoard's default: 120 s), so that a reader follows the run as it
+        # goes: TensorBoard itself, and benchmark.tune, which stops a bad trial from its scores so far
+        self.writer = SummaryWriter(self.dir, flush_secs=10)
         self.writer.add_text(
             "hyperparameters",
             "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in self.hyperparameters().items()),
