@@ -6,13 +6,11 @@ script saves (`model`, `optimizer`, and a script's own, such as `obs_rms`), `ite
 `torch.load(..., weights_only=True)` reads it, so opening one never runs code from it.
 """
 
-import inspect
 import io
 import math
 import os
 import pickle
 import random
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,16 +18,12 @@ import numpy as np
 import torch
 
 from ppolab.checks import fail, flag
+from ppolab.settings import script_of
 
 # the layout of the dict checkpoint_data makes; read_checkpoint refuses others (1: before checkpoints named
 # their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and converted by
 # as_data)
 CHECKPOINT_FORMAT = 3
-
-
-def script_of(args) -> str:
-    """The file name of the script whose Args `args` are (`ppo.py`): what its checkpoints say they are from."""
-    return Path(inspect.getfile(sys.modules[type(args).__module__])).name
 
 
 def device_of(saved: dict) -> torch.device:

@@ -22,9 +22,10 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ppolab.checkpoints import device_of, read_checkpoint, restore, rng_state, script_of, set_rng_state
+from ppolab.checkpoints import device_of, read_checkpoint, restore, rng_state, set_rng_state
 from ppolab.checks import fail, program
 from ppolab.run import Run, new_run_dir
+from ppolab.settings import script_of
 
 # JOINING THE JOB AND LEAVING IT ------------------------------------------------------------------
 

@@ -62,4 +62,9 @@ class RunSettings:
 
     def __post_init__(self):
         if self.exp_name is None:  # the script's file name without .py
-            self.exp_name = Path(inspect.getfile(sys.modules[type(self).__module__])).stem
+            self.exp_name = Path(script_of(self)).stem
+
+
+def script_of(args) -> str:
+    """The file name of the script whose Args `args` are (`ppo.py`): what its checkpoints say they are from."""
+    return Path(inspect.getfile(sys.modules[type(args).__module__])).name
