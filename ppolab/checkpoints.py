@@ -190,8 +190,9 @@ def load_checkpoint(path: str, script: str) -> dict:
     return checkpoint
 
 
-# The flags a --resume may change (where and how the run goes on, and --total-timesteps to train longer or stop
-# sooner), those of them that a script has; every other flag keeps the checkpoint's value
+# The flags of every script that a --resume may change: where and how the run goes on (RunSettings' machine flags),
+# and --total-timesteps to train longer or stop sooner. A script's Args adds its own (`changeable_on_resume`, e.g.
+# ("envpool_threads",)); every other flag keeps the checkpoint's value
 CHANGEABLE_ON_RESUME = (
     "resume",
     "total_timesteps",
@@ -208,27 +209,24 @@ CHANGEABLE_ON_RESUME = (
     "eval_deterministic",
     "compile",
     "cudagraphs",
-    "numpy_update",
-    "envpool_threads",
-    "backend",
-    "device_ids",
-    "timeout",
-    "redis_url",
-    "allow_open_redis",
-    "run_id",
-    "num_samplers",
-    "sampler_timeout",
 )
+
+
+def changeable_on_resume(args) -> list[str]:
+    """The flags of `args`' script that a --resume may change: every script's (CHANGEABLE_ON_RESUME), then those its
+    Args names as its own (`Args.changeable_on_resume`), those of them that it has."""
+    names = (*CHANGEABLE_ON_RESUME, *getattr(type(args), "changeable_on_resume", ()))
+    return [name for name in names if hasattr(args, name)]
 
 
 def resume_args(args, checkpoint: dict):
     """`--resume`: the arguments the run goes on with. `args` are the run's arguments with the changes asked for
     (on the command line, ppolab.parse reads them with the checkpoint's arguments as the defaults, so a flag
-    differs from the saved value only where it was given): a flag of CHANGEABLE_ON_RESUME takes its new value,
-    any other flag that differs from the saved one is refused in one line, as is a --total-timesteps the run
-    has reached already."""
+    differs from the saved value only where it was given): a flag that may change (`changeable_on_resume`) takes
+    its new value, any other flag that differs from the saved one is refused in one line, as is a --total-timesteps
+    the run has reached already."""
     saved = type(args)(**checkpoint["args"])
-    changeable = [name for name in CHANGEABLE_ON_RESUME if hasattr(saved, name)]
+    changeable = changeable_on_resume(saved)
     for name in asdict(saved):
         given, kept = getattr(args, name), getattr(saved, name)
         if name in changeable:

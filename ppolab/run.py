@@ -227,10 +227,11 @@ class Run:
         global_step: int,
         stats: dict[str, torch.Tensor],
         learning_rate: float,
-        values: torch.Tensor,
-        returns: torch.Tensor,
         rollout_time: float,
         update_time: float,
+        *,
+        values: torch.Tensor,
+        returns: torch.Tensor,
         scalars: dict[str, float] | None = None,
         line_extra: str = "",
     ):
@@ -239,14 +240,21 @@ class Run:
         (`line_extra` ends its parenthesis of times, e.g. the Redis script's transfer and publish times)."""
         explained = explained_variance(values.numpy(), returns.numpy())
         sps = self.log_iteration(
-            iteration, global_step, stats, learning_rate, explained, rollout_time, update_time, scalars
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=learning_rate,
+            explained=explained,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            scalars=scalars,
         )
         self.line_if_due(
-            f"iteration {iteration}/{self.args.num_iterations}",
-            global_step,
-            sps,
-            iteration == self.args.num_iterations,
-            f"rollout {rollout_time:.2f}s, update {update_time:.2f}s{line_extra}",
+            head=f"iteration {iteration}/{self.args.num_iterations}",
+            global_step=global_step,
+            sps=sps,
+            last=iteration == self.args.num_iterations,
+            times=f"rollout {rollout_time:.2f}s, update {update_time:.2f}s{line_extra}",
         )
 
     def log_iteration(

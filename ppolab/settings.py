@@ -6,6 +6,7 @@ declares a setting again where its default or meaning is its own (e.g. `--torch-
 import inspect
 import sys
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 
@@ -59,6 +60,10 @@ class RunSettings:
     classic control and MuJoCo register (200 to 1,000 steps), so that only an episode that would not end is cut"""
     runs_dir: str = "runs"
     """folder under which each run writes its own folder"""
+
+    # the flags of the script's own Args that a --resume may change, besides every script's (those above that say
+    # where and how the run goes on, and --total-timesteps: ppolab.checkpoints.CHANGEABLE_ON_RESUME)
+    changeable_on_resume: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self):
         if self.exp_name is None:  # the script's file name without .py
