@@ -6,8 +6,8 @@ declares a setting again where its default or meaning is its own (e.g. `--torch-
 import inspect
 import sys
 from dataclasses import dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 
 @dataclass
