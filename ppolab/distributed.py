@@ -297,8 +297,8 @@ class DistributedRun(Run):
         explained variance from every rank's value sums, the slowest rank's rollout time as
         perf/rollout_time_max, the time in collectives as perf/comm_time, the script's own `scalars`) and, when
         due, its line (without "/N" with --preempt-fraction, which makes the number of iterations unknown).
-        `rollout_time` is rank 0's; `reports` are every rank's (`values` and `returns` of Run.iteration are
-        replaced by their value sums)."""
+        The arguments are Run.iteration's, at the same positions (`rollout_time` is rank 0's), but for its `values`
+        and `returns`: every rank's `reports` (their value sums) stand in for them, with `comm_time` after them."""
         for episode in (episode for report in reports for episode in report.episodes):
             self.episode(*episode)
         scalars = {
