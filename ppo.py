@@ -93,6 +93,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """on the CPU, run the policy step and the update step in NumPy (NumpyPolicy, NumpyUpdate: the same
     computation, faster on these small networks), each only where it computes exactly this file's code;
     off: both run in PyTorch"""
+    changeable_on_resume = ("numpy_update",)
 
     @property
     def batch_size(self) -> int:
@@ -376,6 +377,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     """PPO on args.env_id, from scratch or on from --resume's checkpoint; `run` (the package's) writes
     everything the run reports into its folder, which train returns."""
     ppolab.seed_everything(args.seed, args.torch_deterministic)  # same seed, same thread count: same numbers
+    torch.distributions.Distribution.set_default_validate_args(False)  # no argument checks: costlier than the math
     device = ppolab.pick_device(args.cuda)
 
     envs = make_envs(args, run.dir)
@@ -398,7 +400,8 @@ def train(args: Args, run: ppolab.Run) -> str:
         update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args, kl_beta)
         if device.type != "cpu":
             act = torch.compile(agent.act, mode=mode)
-    act, update = ppolab.numpy_fast_path(agent, optimizer, args, act, update)  # on the CPU, where it is the same code
+    # on the CPU, the NumPy steps where they compute the same as this code
+    act, update = ppolab.numpy_fast_path(agent=agent, optimizer=optimizer, args=args, act=act, update=update)
 
     # Rollout storage lives on the CPU as torch tensors whose memory NumPy shares: the environments'
     # arrays are copied in without conversions, and the batch moves to the device once per update.
@@ -485,12 +488,12 @@ def train(args: Args, run: ppolab.Run) -> str:
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 stats = update(
-                    b_obs[mb_inds],
-                    b_actions[mb_inds],
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    logprobs=b_logprobs[mb_inds],
+                    advantages=b_advantages[mb_inds],
+                    returns=b_returns[mb_inds],
+                    values=b_values[mb_inds],
                 )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and start == 0:
@@ -506,7 +509,16 @@ def train(args: Args, run: ppolab.Run) -> str:
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
         adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
-        run.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time)
+        run.iteration(
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=lr,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            values=values,
+            returns=returns,
+        )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)
 

@@ -401,6 +401,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     """PPO on args.env_id, from scratch or on from --resume's checkpoint; `run` (the package's) writes everything
     the run reports into its folder, which train returns."""
     ppolab.seed_everything(args.seed, args.torch_deterministic)  # same seed, same thread count: same numbers
+    torch.distributions.Distribution.set_default_validate_args(False)  # no argument checks: costlier than the math
     device = ppolab.pick_device(args.cuda)
 
     envs = make_envs(args, args.num_envs, run.dir, args.capture_video)
@@ -508,12 +509,12 @@ def train(args: Args, run: ppolab.Run) -> str:
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 stats = update(
-                    b_obs[mb_inds],
-                    b_actions[mb_inds],
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    logprobs=b_logprobs[mb_inds],
+                    advantages=b_advantages[mb_inds],
+                    returns=b_returns[mb_inds],
+                    values=b_values[mb_inds],
                 )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and start == 0:
@@ -530,7 +531,17 @@ def train(args: Args, run: ppolab.Run) -> str:
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
         adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
         perf = {"perf/act_time": act_time, "perf/env_time": env_time}  # the rollout's time, split
-        run.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time, perf)
+        run.iteration(
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=lr,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            values=values,
+            returns=returns,
+            scalars=perf,
+        )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)
 
@@ -693,8 +704,7 @@ def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *,
 
 
 def main(args: Args) -> str | list[float]:
-    """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates (returns the
-    games' scores)."""
+    """Checks the arguments, then trains (returns the run folder) or with --evaluate evaluates (returns the scores)."""
     check_args(args)
     ppolab.use_threads(args.torch_threads)
     if args.evaluate is not None:

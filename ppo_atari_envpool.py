@@ -106,6 +106,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     `runs/<run>/videos` (games 0, 1, 8, 27, ... of env 0)"""
     envpool_threads: int = 0
     """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
+    changeable_on_resume = ("envpool_threads",)
 
     @property
     def batch_size(self) -> int:
@@ -410,6 +411,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     """PPO on args.env_id, from scratch or on from --resume's checkpoint; `run` (the package's) writes
     everything the run reports into its folder, which train returns."""
     ppolab.seed_everything(args.seed, args.torch_deterministic)  # same seed, same thread count: same numbers
+    torch.distributions.Distribution.set_default_validate_args(False)  # no argument checks: costlier than the math
     device = ppolab.pick_device(args.cuda)
 
     # A resumed run reseeds its environments differently, so it does not replay the first games
@@ -513,13 +515,13 @@ def train(args: Args, run: ppolab.Run) -> str:
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
                 stats = update(
-                    b_obs[mb_inds],
-                    b_actions[mb_inds],
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
-                    b_mask[mb_inds],
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    logprobs=b_logprobs[mb_inds],
+                    advantages=b_advantages[mb_inds],
+                    returns=b_returns[mb_inds],
+                    values=b_values[mb_inds],
+                    mask=b_mask[mb_inds],
                 )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and minibatch == 0:
@@ -539,7 +541,15 @@ def train(args: Args, run: ppolab.Run) -> str:
         reset_rows = valid.numel() - int(valid.sum())
         scalars = {"debug/reset_rows": reset_rows, "perf/act_time": act_time, "perf/env_time": env_time}
         run.iteration(
-            iteration, global_step, stats, lr, values[valid], returns[valid], rollout_time, update_time, scalars
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=lr,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            values=values[valid],
+            returns=returns[valid],
+            scalars=scalars,
         )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)

@@ -435,8 +435,7 @@ def update_step(
     """One gradient step on one minibatch of whole environment sequences, (T, B, ...) each, replayed from the
     `state` they started with (recurrent detail 5; `cuts`: see `Agent.run_lstm`): forward, advantage normalisation,
     the PPO loss, backward, global gradient clipping, the optimizer step. Returns the detached statistics of
-    `ppo_loss` and `ratio_deviation`, max |ratio - 1| before the step. One function: `--compile` compiles it whole.
-    """
+    `ppo_loss` and `ratio_deviation`, max |ratio - 1| before the step. One function: `--compile` compiles it whole."""
     _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, starts, state, actions, cuts)
     if args.norm_adv:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -462,6 +461,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     """PPO on args.env_id, from scratch or on from --resume's checkpoint; `run` (the package's) writes everything
     the run reports into its folder, which train returns."""
     ppolab.seed_everything(args.seed, args.torch_deterministic)  # same seed, same thread count: same numbers
+    torch.distributions.Distribution.set_default_validate_args(False)  # no argument checks: costlier than the math
     device = ppolab.pick_device(args.cuda)
 
     envs = make_envs(args, args.num_envs, run.dir, args.capture_video)
@@ -588,15 +588,15 @@ def train(args: Args, run: ppolab.Run) -> str:
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
                 stats = update(
-                    d_obs[:, mb],
-                    d_starts[:, mb],
-                    (initial_state[0][:, mb], initial_state[1][:, mb]),
-                    d_actions[:, mb],
-                    d_logprobs[:, mb],
-                    d_advantages[:, mb],
-                    d_returns[:, mb],
-                    d_values[:, mb],
-                    cuts,
+                    obs=d_obs[:, mb],
+                    starts=d_starts[:, mb],
+                    state=(initial_state[0][:, mb], initial_state[1][:, mb]),
+                    actions=d_actions[:, mb],
+                    logprobs=d_logprobs[:, mb],
+                    advantages=d_advantages[:, mb],
+                    returns=d_returns[:, mb],
+                    values=d_values[:, mb],
+                    cuts=cuts,
                 )
                 if args.cudagraphs:
                     stats = {k: v.clone() for k, v in stats.items()}  # the next replay overwrites its outputs
@@ -613,8 +613,17 @@ def train(args: Args, run: ppolab.Run) -> str:
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
         adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
-        perf = {"perf/act_time": act_time, "perf/env_time": env_time}  # the rollout's time, split
-        run.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time, perf)
+        run.iteration(
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=lr,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            values=values,
+            returns=returns,
+            scalars={"perf/act_time": act_time, "perf/env_time": env_time},  # the rollout's time, split
+        )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)
 
@@ -725,10 +734,9 @@ class FireReset(gym.Wrapper):
 
 
 # ==================================================================================================
-# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its
-# policy plays an evaluation (carrying the recurrent state), and the entry point. The rest of a run (the
-# run folder, checkpoints and resuming, logging, Ctrl-C and full disks) is the package ppolab's; none of
-# it changes what PPO computes.
+# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks, how its policy plays an
+# evaluation (carrying the recurrent state), and the entry point. The rest of a run (the run folder, checkpoints and
+# resuming, logging, Ctrl-C and full disks) is the package ppolab's; none of it changes what PPO computes.
 # ==================================================================================================
 
 
@@ -740,13 +748,12 @@ def check_args(args: Args):
 
 
 def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *, video_prefix: str | None = None):
-    """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing and the
-    policy of `checkpoint` (a saved model, or a snapshot of the training) on the CPU, each game from the zero
-    state with its state reset where an episode starts, as in training, and returns their scores (unclipped). The
-    games and the action sampling come from `seed`, so the same model scores the same whether evaluated during
-    training, after it or later from the saved file. `video_prefix` (`--evaluate --capture-video`): records the
-    game of environment 0 (the first) with RecordVideo, the unpreprocessed RGB frames, as
-    `<video_prefix>-episode-0.mp4`."""
+    """Plays `episodes` whole games (all lives), one per environment, with the training preprocessing and the policy of
+    `checkpoint` (a saved model, or a snapshot of the training) on the CPU, each game from the zero state with its state
+    reset where an episode starts, as in training, and returns their scores (unclipped). The games and the action
+    sampling come from `seed`, so the same model scores the same whether evaluated during training, after it or later
+    from the saved file. `video_prefix` (`--evaluate --capture-video`): records the game of environment 0 (the first)
+    with RecordVideo, the unpreprocessed RGB frames, as `<video_prefix>-episode-0.mp4`."""
     args = Args(**checkpoint["args"])
     # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix;
     # a game that cannot be made here (a checkpoint from elsewhere) ends in one line
@@ -780,8 +787,7 @@ def evaluate(checkpoint: dict, episodes: int, deterministic: bool, seed: int, *,
 
 
 def main(args: Args) -> str | list[float]:
-    """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates (returns the
-    games' scores)."""
+    """Checks the arguments, then trains (returns the run folder) or with --evaluate evaluates (returns the scores)."""
     check_args(args)
     ppolab.use_threads(args.torch_threads)
     if args.evaluate is not None:

@@ -15,10 +15,11 @@ minibatch. Every rank then takes the same optimizer step and keeps the same weig
 global batch (`--num-envs` is the global count) the update is the single-process update: W processes
 buy speed, not a different algorithm (tests/test_ppo_atari_multigpu.py checks the gradient).
 
-To learn data-parallel PPO, read `train` (its distributed steps are marked DISTRIBUTED), `update_step`,
-`all_reduce_gradients`, `global_advantage_stats`, and after `train` the process layout: `broadcast_weights`,
-`RolloutReport`, `Preemption`. Below the banner: the input checks, the evaluation and `main`; the rest of a
-run, the job's plumbing included (ppolab/distributed.py), is the package ppolab's.
+To learn data-parallel PPO, read `train` (its distributed steps are marked DISTRIBUTED, and every call that all
+ranks must reach `collective`), `update_step`, `all_reduce_gradients`, `global_advantage_stats`, and after `train`
+the process layout: `broadcast_weights`, `RolloutReport`, `Preemption`. Below the banner: the input checks, the
+evaluation and `main`; the rest of a run, the job's plumbing included (ppolab/distributed.py), is the package
+ppolab's.
 
 What is special in this file (the places where distributed RL usually goes wrong):
 - torchrun gives each process RANK (global, it identifies the process everywhere: seeds, logging,
@@ -50,6 +51,7 @@ Speed and scaling: benchmark/results/speed.md, section Distributed scaling.
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -62,9 +64,8 @@ import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
 import ppolab
-from ppolab.distributed import CommTimer, DistributedRun, ValueSums, all_gather, in_the_job, init_distributed
-from ppolab.distributed import job_store, select_backend, select_device
-from ppolab.stops import launch_info
+import ppolab.distributed
+import ppolab.stops
 
 gym.register_envs(ale_py)  # registers BreakoutNoFrameskip-v4, ALE/Breakout-v5, ...
 ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
@@ -139,6 +140,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     straggler_delay: float = 0.0
     """testing aid, a fault injected for benchmarks and tests (not for training): seconds the last rank
     sleeps after each of its environment steps, which makes it a straggler"""
+    changeable_on_resume = ("backend", "device_ids", "timeout")
 
     @property
     def batch_size(self) -> int:
@@ -493,7 +495,7 @@ def update_step(
     returns: torch.Tensor,
     values: torch.Tensor,
     adv_stats: torch.Tensor,
-    comm: CommTimer,
+    comm: ppolab.distributed.CommTimer,
     comm_device: torch.device,
 ) -> dict[str, torch.Tensor]:
     """One gradient step on this rank's piece of one global minibatch: forward, advantage normalisation
@@ -504,7 +506,7 @@ def update_step(
     before the step), all as tensors.
 
     One function so that `--compile` hands it to torch.compile as it stands; the collective runs
-    eagerly between the compiled pieces (CommTimer.__call__).
+    eagerly between the compiled pieces (ppolab.distributed.CommTimer.__call__).
     """
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     if args.norm_adv:
@@ -519,6 +521,7 @@ def update_step(
         own_kl_over_target = (stats["approx_kl"] > args.target_kl).float()
     # DISTRIBUTED: the gradient and the statistics of the global minibatch, on every rank
     params = list(agent.parameters())
+    # collective: every rank calls this
     averaged = comm(
         all_reduce_gradients, params, obs.shape[0], torch.stack([*stats.values(), own_kl_over_target]), comm_device
     )
@@ -535,37 +538,38 @@ def update_step(
 
 def train(
     args: Args,
-    run: DistributedRun,
+    run: ppolab.distributed.DistributedRun,
     rank: int,
     world_size: int,
     device: torch.device,
     comm_device: torch.device,
 ) -> str:
     """One rank's PPO on args.env_id, from scratch or on from --resume's checkpoint: every rank runs this loop in
-    step with the others (the steps that involve them are marked DISTRIBUTED); rank 0 also writes everything
-    the run reports into its folder (`run`, the package's), which train returns. The collectives reduce on
-    `comm_device`."""
+    step with the others (the steps that involve them are marked DISTRIBUTED, and every call that all ranks must
+    reach `collective`); rank 0 also writes everything the run reports into its folder (`run`, the package's),
+    which train returns. The collectives reduce on `comm_device`."""
     ppolab.seed_everything(args.seed + rank, args.torch_deterministic)  # seed + r: each rank samples its own actions
+    torch.distributions.Distribution.set_default_validate_args(False)  # no argument checks: costlier than the math
 
     T, N = args.num_steps, args.num_envs // world_size  # this rank's environments
     envs = make_envs(args, N, run.dir, args.capture_video and rank == 0)
     agent = Agent(int(envs.single_action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
-    # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead). The
+    # learning rate is a tensor that annealing fills in place: a compiled step reads it as data (no recompile)
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     kl_beta = torch.tensor(args.kl_beta, device=device)  # PPO-Penalty's beta (adapt_kl_beta changes it in place)
     saved = {"model": agent, "optimizer": optimizer, "kl_beta": kl_beta}  # besides progress, RNG and args
     start_iteration, global_step = run.start(saved)  # --resume: on every rank, its RNG too; 1, 0 if new
-    broadcast_weights(agent, comm_device)  # DISTRIBUTED: every rank starts from rank 0's weights
+    broadcast_weights(agent, comm_device)  # collective: every rank calls this; all start from rank 0's weights
 
     # --compile runs the same two functions through torch.compile; --cudagraphs also records their kernels
     # in CUDA graphs and replays them (one launch per call; its outputs are reused, so the loop clones them)
-    act, update = agent.act, update_step
+    act, update = agent.act, partial(update_step, agent, optimizer, args, kl_beta)
     if args.compile or args.cudagraphs:
         mode = "reduce-overhead" if args.cudagraphs else None
-        act, update = torch.compile(agent.act, mode=mode), torch.compile(update_step, mode=mode)
+        act = torch.compile(agent.act, mode=mode)
+        update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args, kl_beta)
 
     # Rollout storage of this rank, on the CPU and shared with NumPy, as in ppo_atari.py: observations
     # uint8 and channels-last, allocated (T, N, 84, 84, 4) and viewed as (T, N, 4, 84, 84); on CUDA in
@@ -575,11 +579,8 @@ def train(
         (T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8, pin_memory=device.type == "cuda"
     ).permute(0, 1, 4, 2, 3)
     actions = torch.zeros((T, N), dtype=torch.long)
-    logprobs = torch.zeros((T, N))
-    rewards = torch.zeros((T, N))
-    dones = torch.zeros((T, N))
-    values = torch.zeros((T, N))
-    final_values = torch.zeros((T, N))  # value where an episode ended (see compute_gae)
+    # final_values: the value where an episode ended (see compute_gae)
+    logprobs, rewards, dones, values, final_values = (torch.zeros((T, N)) for _ in range(5))
     actions_np, logprobs_np, rewards_np, dones_np, values_np = (
         x.numpy() for x in (actions, logprobs, rewards, dones, values)
     )
@@ -621,7 +622,6 @@ def train(
                 final_obs.extend(infos["final_obs"][idx])
                 final_steps.extend([step] * len(idx))
                 final_envs.extend(idx)
-
             for i, episodic_return, length in finished_episodes(infos):
                 # all ranks step together: global env k's step t of this rollout is number t * num_envs + k + 1
                 episode_step = global_step + step * args.num_envs + rank * N + i + 1
@@ -655,10 +655,9 @@ def train(
         # rank 0's log). It waits for the slowest rank's rollout; it starts the update's time, and
         # comm counts the time of every collective of the update, this one included
         update_start = time.perf_counter()
-        comm = CommTimer(device, args.sync_timing)
-        reports = comm(
-            all_gather, RolloutReport(steps * N, episodes, rollout_time, ValueSums.of(values[:steps], returns))
-        )
+        comm = ppolab.distributed.CommTimer(device, args.sync_timing)
+        own = RolloutReport(steps * N, episodes, rollout_time, ppolab.distributed.ValueSums.of(values[:steps], returns))
+        reports = comm(ppolab.distributed.all_gather, own)  # collective: every rank calls this
         global_step += sum(report.steps for report in reports)
 
         # UPDATE THE NETWORK --------------------------------------------------------------------
@@ -677,24 +676,21 @@ def train(
             minibatches = torch.randperm(steps * N, device=device).tensor_split(args.num_minibatches)
             adv_stats = torch.zeros((len(minibatches), 2), device=device)
             if args.norm_adv:  # DISTRIBUTED: the advantage statistics of every global minibatch of this epoch
+                # collective: every rank calls this
                 adv_stats = comm(global_advantage_stats, b_advantages, minibatches, comm_device)
             for k, mb_inds in enumerate(minibatches):
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                stats = update(
-                    agent,
-                    optimizer,
-                    args,
-                    kl_beta,
-                    b_obs[mb_inds],
-                    b_actions[mb_inds],
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
-                    adv_stats[k],
-                    comm,
-                    comm_device,
+                stats = update(  # collective: every rank calls this; update_step all-reduces the gradients
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    logprobs=b_logprobs[mb_inds],
+                    advantages=b_advantages[mb_inds],
+                    returns=b_returns[mb_inds],
+                    values=b_values[mb_inds],
+                    adv_stats=adv_stats[k],
+                    comm=comm,
+                    comm_device=comm_device,
                 )
                 stats = {name: value.clone() for name, value in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and k == 0:
@@ -721,15 +717,24 @@ def train(
             preempted_ranks = sum(report.steps < T * N for report in reports)
             scalars = {"debug/update_epochs": epochs, "debug/preempted_ranks": preempted_ranks}
             scalars["debug/kl_stop_disagreements"] = int(kl_stop_disagreements)
-            lr, comm_time = learning_rate.item(), comm.seconds
-            run.iteration(iteration, global_step, stats, lr, reports, rollout_time, update_time, comm_time, scalars)
+            run.iteration(
+                iteration=iteration,
+                global_step=global_step,
+                stats=stats,
+                learning_rate=learning_rate.item(),
+                rollout_time=rollout_time,
+                update_time=update_time,
+                scalars=scalars,
+                reports=reports,
+                comm_time=comm.seconds,
+            )
             run.evaluate_if_due(iteration, global_step, saved)
-        run.checkpoint_if_due(iteration, global_step, saved)  # DISTRIBUTED: with every rank's random streams
+        run.checkpoint_if_due(iteration, global_step, saved)  # collective: every rank calls this; with every rank's RNG
         if global_step >= total_steps:  # the same global_step on every rank: they end together
             break
 
     envs.close()
-    run.finish(global_step, saved, iteration=iteration)  # DISTRIBUTED: first compares every rank's weights
+    run.finish(global_step, saved, iteration=iteration)  # collective: every rank calls this; weights compared first
     return run.dir
 
 
@@ -760,7 +765,7 @@ class RolloutReport(NamedTuple):
     steps: int  # transitions it collected: num_steps x its environments, fewer when preempted
     episodes: list[Episode]  # that ended in its rollout, for rank 0's log
     rollout_time: float  # seconds, for perf/rollout_time_max
-    value_sums: ValueSums  # for losses/explained_variance
+    value_sums: ppolab.distributed.ValueSums  # for losses/explained_variance
 
 
 def make_preemption(args: Args, world_size: int) -> "Preemption | None":
@@ -769,7 +774,7 @@ def make_preemption(args: Args, world_size: int) -> "Preemption | None":
     if args.preempt_fraction is None or world_size == 1:
         return None
     return Preemption(
-        job_store("finished_rollouts"),
+        ppolab.distributed.job_store("finished_rollouts"),
         after=math.ceil(args.preempt_fraction * world_size),
         min_steps=math.ceil(args.preempt_min_steps * args.num_steps),
         num_steps=args.num_steps,
@@ -977,22 +982,27 @@ def evaluate(
 def main(args: Args) -> str | list[float] | None:
     """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates on rank 0
     (returns the games' scores). Training joins the job's process group and leaves it on every path."""
-    rank, local_rank, world_size = launch_info()
+    rank, local_rank, world_size = ppolab.stops.launch_info()
     check_args(args, rank, world_size)
     ppolab.use_threads(args.torch_threads)
     if args.evaluate is not None:
         return ppolab.evaluate_file(args, evaluate, atari_id) if rank == 0 else None
 
-    device = select_device(args, local_rank)
-    backend = select_backend(args, device)
+    device = ppolab.distributed.select_device(args, local_rank)
+    backend = ppolab.distributed.select_backend(args, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    init_distributed(backend, world_size, args.timeout)
+    # collective: every rank calls this
+    ppolab.distributed.init_distributed(backend, world_size, args.timeout)
     comm_device = device if backend == "nccl" else torch.device("cpu")  # gloo reduces CPU tensors
     # every rank trains with rank 0's arguments and folder (or --resume's checkpoint, which rank 0 reads and
     # sends); rank 0 alone writes the run. Ctrl-C and refused writes end it in one line (ppolab.stops)
-    with in_the_job(rank, world_size, args.timeout), DistributedRun(args, evaluate, atari_id) as run:
-        return train(run.args, run, rank, world_size, device, comm_device)
+    with (
+        ppolab.distributed.in_the_job(rank, world_size, args.timeout),
+        # collective: every rank calls this; rank 0 sends its arguments, folder and checkpoint
+        ppolab.distributed.DistributedRun(args, evaluate, atari_id) as run,
+    ):
+        return train(args=run.args, run=run, rank=rank, world_size=world_size, device=device, comm_device=comm_device)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """on the CPU, run the policy step and the update step in NumPy (NumpyPolicy, NumpyUpdate: the same
     computation, faster on these small networks), each only where it computes exactly this file's code;
     off: both run in PyTorch"""
+    changeable_on_resume = ("numpy_update",)
 
     @property
     def batch_size(self) -> int:
@@ -181,8 +182,7 @@ class ObsNormalizer:
     """Observation normalisation and clipping (detail 5 of the continuous-control ones).
 
     `update=True` adds the observations to the statistics first (what the agent sees during training);
-    `update=False` uses frozen statistics (final observations, evaluation).
-    """
+    `update=False` uses frozen statistics (final observations, evaluation)."""
 
     def __init__(self, shape: tuple, clip: float):
         self.rms, self.clip = ppolab.RunningMeanStd(shape), clip
@@ -257,9 +257,8 @@ class Agent(nn.Module):
         The Gaussian's formulas are written out, per dimension with std = exp(logstd):
             log N(a; mean, std) = -((a - mean) / std)^2 / 2 - logstd - log(2 pi) / 2
             entropy             = 1/2 + log(2 pi) / 2 + logstd      (the same for every state)
-        They are those of `Normal`, whose object costs more than the arithmetic on a 64-sample
-        minibatch (tests/test_agent.py checks them against `Normal`).
-        """
+        They are those of `Normal`, whose object costs more than the arithmetic on a 64-sample minibatch
+        (tests/test_agent.py checks them against `Normal`)."""
         if self.distribution == "beta":
             dist = self.beta(x)
             action = dist.sample().clamp(BETA_EDGE, 1 - BETA_EDGE) if action is None else action
@@ -452,6 +451,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     """PPO on args.env_id, from scratch or on from --resume's checkpoint; `run` (the package's) writes
     everything the run reports into its folder, which train returns."""
     ppolab.seed_everything(args.seed, args.torch_deterministic)  # same seed, same thread count: same numbers
+    torch.distributions.Distribution.set_default_validate_args(False)  # no argument checks: costlier than the math
     device = ppolab.pick_device(args.cuda)
 
     envs = make_envs(args, run.dir)
@@ -460,9 +460,8 @@ def train(args: Args, run: ppolab.Run) -> str:
     agent = Agent(int(np.prod(obs_shape)), act_dim, args.distribution).to(device)
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
-    # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
+    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead). The
+    # learning rate is a tensor that annealing fills in place: a compiled step reads it as data (no recompile)
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     # what a checkpoint holds besides progress, RNG and args: the normalisation statistics too
@@ -478,7 +477,8 @@ def train(args: Args, run: ppolab.Run) -> str:
         update = partial(torch.compile(update_step, mode=mode), agent, optimizer, args, kl_beta)
         if device.type != "cpu":
             act = torch.compile(agent.act, mode=mode)
-    act, update = ppolab.numpy_fast_path(agent, optimizer, args, act, update)  # on the CPU, where it is the same code
+    # on the CPU, the NumPy steps where they compute the same as this code
+    act, update = ppolab.numpy_fast_path(agent=agent, optimizer=optimizer, args=args, act=act, update=update)
 
     # Rollout storage lives on the CPU as torch tensors whose memory NumPy shares: the environments'
     # arrays are copied in without conversions, and the batch moves to the device once per update.
@@ -573,12 +573,12 @@ def train(args: Args, run: ppolab.Run) -> str:
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 stats = update(
-                    b_obs[mb_inds],
-                    b_actions[mb_inds],
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    logprobs=b_logprobs[mb_inds],
+                    advantages=b_advantages[mb_inds],
+                    returns=b_returns[mb_inds],
+                    values=b_values[mb_inds],
                 )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and start == 0:
@@ -594,7 +594,16 @@ def train(args: Args, run: ppolab.Run) -> str:
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
         adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
-        run.iteration(iteration, global_step, stats, lr, values, returns, rollout_time, update_time)
+        run.iteration(
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=lr,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            values=values,
+            returns=returns,
+        )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)
 
@@ -657,9 +666,8 @@ def evaluate(
             x = torch.as_tensor(obs_normalizer(obs[None], update=False))
             with torch.no_grad():
                 action = agent.mean_action(x) if deterministic else agent.get_action_and_value(x)[0]
-            obs, reward, terminated, truncated, _ = env.step(
-                env_actions(action[0].numpy(), low, high, args.distribution)
-            )
+            env_action = env_actions(action[0].numpy(), low, high, args.distribution)  # as in training
+            obs, reward, terminated, truncated, _ = env.step(env_action)
             episodic_return += float(reward)
             done = terminated or truncated
         returns.append(episodic_return)

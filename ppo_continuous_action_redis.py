@@ -57,9 +57,8 @@ import torch
 import torch.nn as nn
 
 import ppolab
-from ppolab.redis_server import ServerDidNotStart, check_redis_url, connect, open_redis_host, redact
-from ppolab.redis_server import start_redis_server, stop_processes
-from ppolab.stops import resume_hint
+import ppolab.redis_server
+import ppolab.stops
 from torch.distributions.beta import Beta
 from torch.distributions.normal import Normal
 
@@ -130,6 +129,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """sampler processes the learner starts on this machine (0: only samplers started elsewhere)"""
     sampler_timeout: float = 60.0
     """the learner gives up (exit 1) after this many seconds without a chunk; a sampler waits this long for its run"""
+    changeable_on_resume = ("redis_url", "allow_open_redis", "run_id", "num_samplers", "sampler_timeout")
 
     @property
     def batch_size(self) -> int:
@@ -170,16 +170,14 @@ def flat_observations(env: gym.Env, env_id: str) -> gym.Env:
 
 
 def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
-    """A sampler's one environment as a vector environment with same-step autoreset: the step that
-    ends an episode returns the next episode's first observation and the last one arrives in
-    `info["final_obs"]`, so every stored transition is real experience. `idx`: the sampler's index
-    from 0 (only sampler 0 records videos).
+    """A sampler's one environment as a vector environment with same-step autoreset: the step that ends an episode
+    returns the next episode's first observation and the last one arrives in `info["final_obs"]`, so every stored
+    transition is real experience. `idx`: the sampler's index from 0 (only sampler 0 records videos).
 
-    RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask
-    `info["_episode"]` at the step an episode ends (see `finished_episodes`), so every finished
-    episode is logged. An unknown environment, one that cannot be made here, or one this file cannot
-    train (not a one-dimensional Box of actions and observations) is refused in one line.
-    """
+    RecordEpisodeStatistics adds `info["episode"]` (return "r", length "l") with the mask `info["_episode"]` at the
+    step an episode ends (see `finished_episodes`), so every finished episode is logged. An unknown environment, one
+    that cannot be made here, or one this file cannot train (not a one-dimensional Box of actions and observations)
+    is refused in one line."""
     ppolab.env_module(args.env_id)  # `module:Name-v0`: a module that cannot be imported, named in one line
     try:
         envs = gym.vector.SyncVectorEnv(
@@ -229,8 +227,7 @@ class ObsNormalizer:
     """Observation normalisation and clipping (detail 5 of the continuous-control ones).
 
     `update=True` adds the observations to the statistics first (what the agent sees during training);
-    `update=False` uses frozen statistics (final observations, evaluation).
-    """
+    `update=False` uses frozen statistics (final observations, evaluation)."""
 
     def __init__(self, shape: tuple, clip: float):
         self.rms, self.clip = ppolab.RunningMeanStd(shape), clip
@@ -313,9 +310,8 @@ class Agent(nn.Module):
         The Gaussian's formulas are written out, per dimension with std = exp(logstd):
             log N(a; mean, std) = -((a - mean) / std)^2 / 2 - logstd - log(2 pi) / 2
             entropy             = 1/2 + log(2 pi) / 2 + logstd      (the same for every state)
-        They are those of `Normal`, whose object costs more than the arithmetic on a 64-sample
-        minibatch (tests/test_agent.py checks them against `Normal`).
-        """
+        They are those of `Normal`, whose object costs more than the arithmetic on a 64-sample minibatch
+        (tests/test_agent.py checks them against `Normal`)."""
         if self.distribution == "beta":
             dist = self.beta(x)
             action = dist.sample().clamp(BETA_EDGE, 1 - BETA_EDGE) if action is None else action
@@ -333,9 +329,8 @@ class Agent(nn.Module):
         """The rollout's policy step: action, log-prob and value, without the entropy and the autograd
         bookkeeping that only the update needs (on these tiny batches that overhead is most of the time).
 
-        action = mean + std * eps with eps ~ N(0, 1), so (action - mean) / std is eps itself and the
-        Gaussian log-density needs no division: sum over dimensions of -eps^2/2 - log std - log(2 pi)/2.
-        """
+        action = mean + std * eps with eps ~ N(0, 1), so (action - mean) / std is eps itself and the Gaussian
+        log-density needs no division: sum over dimensions of -eps^2/2 - log std - log(2 pi)/2."""
         if self.distribution == "beta":
             dist = self.beta(x)
             action = dist.sample().clamp(BETA_EDGE, 1 - BETA_EDGE)
@@ -584,6 +579,7 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
     the samplers of `lab` (the server, and the local processes it stops when the run ends, see `redis_lab`);
     `run` (the package's) writes everything the run reports into its folder, which train returns."""
     ppolab.seed_everything(args.seed, args.torch_deterministic)  # one sampler, same seed, same threads: same numbers
+    torch.distributions.Distribution.set_default_validate_args(False)  # no argument checks: costlier than the math
     device = ppolab.pick_device(args.cuda)
 
     obs_shape, act_dim = env_spaces(args)  # of the samplers' environment, made here once to read them
@@ -679,12 +675,12 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
                 if args.cudagraphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 stats = update(
-                    b_obs[mb_inds],
-                    b_actions[mb_inds],
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    logprobs=b_logprobs[mb_inds],
+                    advantages=b_advantages[mb_inds],
+                    returns=b_returns[mb_inds],
+                    values=b_values[mb_inds],
                 )
                 stats = {k: v.clone() for k, v in stats.items()} if args.cudagraphs else stats
                 if epoch == 0 and start == 0:
@@ -718,7 +714,16 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
         }
         line = f", transfer {received.transfer_time:.2f}s, publish {publish_time:.2f}s, samplers {received.samplers}"
         run.iteration(
-            iteration, global_step, stats, lr, values, returns, rollout_time, update_time, exchange, line_extra=line
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=lr,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            values=values,
+            returns=returns,
+            scalars=exchange,
+            line_extra=line,
         )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)
@@ -758,13 +763,6 @@ def expiring(pipe: redis.client.Pipeline, *names: str) -> list:
     return pipe.execute()
 
 
-def abort(message: str):
-    """A run that cannot go on (no sampler, server gone or full): one line naming the problem, exit code 1.
-    Raised inside redis_lab, whose `finally` still stops the local samplers and server."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    raise SystemExit(1)
-
-
 class RunOver(Exception):
     """The learner ended the run or is gone: a sampler's cue to exit."""
 
@@ -799,8 +797,8 @@ class Heartbeat:
             raise RunOver("the learner is gone (its heartbeat expired)")
 
 
-def beating(beat: Heartbeat, fn, *args):
-    """`fn(*args)` while a thread keeps calling `beat`: with --compile the first call of the update step
+def beating(beat: Heartbeat, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` while a thread keeps calling `beat`: with --compile the first call of the update step
     compiles for a minute or more, far longer than a heartbeat lives (HEARTBEAT_TTL)."""
     done = threading.Event()
 
@@ -812,7 +810,7 @@ def beating(beat: Heartbeat, fn, *args):
     thread = threading.Thread(target=keep_beating)
     thread.start()
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     finally:
         done.set()
         thread.join()
@@ -824,9 +822,8 @@ def beating(beat: Heartbeat, fn, *args):
 def publish_policy(
     client: redis.Redis, run_id: str, version: int, agent: Agent, obs_normalizer: ObsNormalizer, num_chunks: int
 ) -> tuple[int, float]:
-    """Publishes `version` (weights and observation statistics) with `num_chunks` tickets for it, in one
-    transaction that also drops the tickets left of the version before. Returns the message's size and the
-    seconds it took."""
+    """Publishes `version` (weights and observation statistics) with `num_chunks` tickets for it, in one transaction
+    that also drops the tickets left of the version before. Returns the message's size and the seconds it took."""
     start = time.perf_counter()
     weights = nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
     message = encode_message(
@@ -880,7 +877,7 @@ def receive_chunks(
         popped = client.blpop([key(run_id, "chunks")], timeout=POP_TIMEOUT)
         if popped is None:
             if time.monotonic() - last_chunk > args.sampler_timeout:
-                abort(
+                ppolab.redis_server.abort(
                     f"no chunk from any sampler for {args.sampler_timeout:g} s (run {run_id}, version {version}, "
                     f"{len(chunks)}/{args.num_chunks} chunks); start samplers with: {sampler_hint}"
                 )
@@ -948,7 +945,7 @@ def wait_for_run(client: redis.Redis, run_id: str, timeout: float) -> dict:
         if info is not None and learner:
             return json.loads(info)
         if time.monotonic() > deadline:
-            abort(f"no learner of run {run_id} on the server after {timeout:g} s")
+            ppolab.redis_server.abort(f"no learner of run {run_id} on the server after {timeout:g} s")
         time.sleep(0.2)
 
 
@@ -958,7 +955,7 @@ def run_sampler(args: Args):
     Loop: pop a ticket (moved atomically into this sampler's pending list, so the learner can give a
     dead sampler's tickets to others), load its version if new, collect a chunk, push it and drop the
     ticket in one transaction (with the count of chunks sent per version and sampler)."""
-    client, run_id, sampler_id = connect(args.redis_url), args.run_id, None
+    client, run_id, sampler_id = ppolab.redis_server.connect(args.redis_url), args.run_id, None
     try:
         info = wait_for_run(client, run_id, args.sampler_timeout)
         run_args = Args(**info["args"])
@@ -1002,9 +999,7 @@ def run_sampler(args: Args):
         print(f"sampler {sampler_id}: the Redis server {OUT_OF_MEMORY}; exiting", file=sys.stderr)
         raise SystemExit(1)
     except KeyboardInterrupt:  # a sampler started by hand (local ones have their own session: no Ctrl-C)
-        print(
-            f"sampler {sampler_id}: interrupted; the learner gives its tickets to the other samplers", file=sys.stderr
-        )
+        print(f"sampler {sampler_id}: interrupted; the learner gives its tickets to other samplers", file=sys.stderr)
         raise SystemExit(130)
     finally:  # leaving: the learner gives this sampler's tickets to others at once
         if sampler_id is not None:
@@ -1020,7 +1015,7 @@ def run_sampler(args: Args):
 def sampler_command(url: str, run_id: str, python: str = "python", script: str = Path(__file__).name) -> list[str]:
     """The command that starts a sampler for this run: printed for other machines, run for local ones (with
     --allow-open-redis where the learner was given it for an open server)."""
-    allow = ["--allow-open-redis"] if open_redis_host(url) is not None else []
+    allow = ["--allow-open-redis"] if ppolab.redis_server.open_redis_host(url) is not None else []
     return [python, script, "--role", "sampler", "--redis-url", url, "--run-id", run_id, *allow]
 
 
@@ -1038,7 +1033,7 @@ class Lab:
         """Prints the command that starts a sampler of this run on another machine, runs it `count` times on
         this one, and returns it (the learner repeats it when no chunk comes)."""
         hint = shlex.join(sampler_command(self.url, self.run_id))
-        print(f"run {self.run_id} on {redact(self.url)}; samplers join with: {hint}", flush=True)
+        print(f"run {self.run_id} on {ppolab.redis_server.redact(self.url)}; samplers join with: {hint}", flush=True)
         for _ in range(count):  # each in the list as it starts: redis_lab stops every one, however the run ends
             command = sampler_command(self.url, self.run_id, sys.executable, __file__)
             self.samplers.append(subprocess.Popen(command, start_new_session=True))
@@ -1056,32 +1051,38 @@ def redis_lab(args: Args, run_dir: str):
     lab, url, server = None, args.redis_url, []
     try:
         if url is None:  # ppolab.redis_server's: on 127.0.0.1, a free port, no persistence
-            process, url = start_redis_server()
+            process, url = ppolab.redis_server.start_redis_server()
             server.append(process)
-        client = connect(url)
+        client = ppolab.redis_server.connect(url)
         if client.exists(key(run_id, "heartbeat")):
-            ppolab.fail(f"run id {run_id} is in use on {redact(url)} (its learner is alive); pass another --run-id")
+            ppolab.fail(
+                f"run id {run_id} is in use on {ppolab.redis_server.redact(url)} (its learner is alive); pass another "
+                "--run-id"
+            )
         lab = Lab(client, url, run_id)
         leftovers = list(client.scan_iter(match=key(run_id, "*")))  # of a dead learner with this run id
         if leftovers:
             client.delete(*leftovers)
         # what is saved, logged and published names the server without its password
-        args.run_id, args.redis_url = run_id, None if args.redis_url is None else redact(url)
+        args.run_id, args.redis_url = run_id, None if args.redis_url is None else ppolab.redis_server.redact(url)
         yield lab
-    except ServerDidNotStart as e:
-        abort(str(e))
+    except ppolab.redis_server.ServerDidNotStart as e:
+        ppolab.redis_server.abort(str(e))
     except (redis.ConnectionError, redis.TimeoutError) as e:
-        abort(f"lost the Redis server at {redact(url)} ({type(e).__name__}: {e})")
+        ppolab.redis_server.abort(
+            f"lost the Redis server at {ppolab.redis_server.redact(url)} ({type(e).__name__}: {e})"
+        )
     except redis.OutOfMemoryError:
-        abort(
-            f"the Redis server at {redact(url)} {OUT_OF_MEMORY}; free memory on it or raise its maxmemory (redis-cli "
-            f"CONFIG SET maxmemory ...), then resume with the same --redis-url: {resume_hint(run_dir)}"
+        ppolab.redis_server.abort(
+            f"the Redis server at {ppolab.redis_server.redact(url)} {OUT_OF_MEMORY}; free memory on it or raise its "
+            "maxmemory (redis-cli CONFIG SET maxmemory ...), then resume with the same --redis-url: "
+            f"{ppolab.stops.resume_hint(run_dir)}"
         )
     finally:  # the local samplers first (quietly, SIGTERM): none writes after the run is ended on the server
         if lab is not None:
-            stop_processes(lab.samplers)
+            ppolab.redis_server.stop_processes(lab.samplers)
             end_run(lab.client, run_id)
-        stop_processes(server)
+        ppolab.redis_server.stop_processes(server)
 
 
 # THE WIRE FORMAT ---------------------------------------------------------------------------------
@@ -1204,10 +1205,10 @@ def decode_chunk(message: bytes, run_id: str, schema: dict) -> tuple[dict, dict]
 
 
 # ==================================================================================================
-# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks (the Redis
-# flags among them), how its policy plays an evaluation, and the entry point. The rest of a run (the run
-# folder, checkpoints and resuming, logging, Ctrl-C and full disks, a redis-server of the run's own) is the
-# package ppolab's; none of it changes what PPO computes.
+# PPO ENDS HERE. What follows is what is particular to this script's run: its input checks (the Redis flags among
+# them), how its policy plays an evaluation, and the entry point. The rest of a run (the run folder, checkpoints and
+# resuming, logging, Ctrl-C and full disks, a redis-server of the run's own) is the package ppolab's; none of it
+# changes what PPO computes.
 # ==================================================================================================
 
 
@@ -1218,7 +1219,7 @@ def check_args(args: Args):
     """Bad input ends in one line before any work: the Redis flags (a sampler needs only these), then the checks
     of every script (numbers, counts, the batch, files, folders) and this file's; a learner's environment is
     made once to check that it exists, can be made here and is one this file can train."""
-    check_redis_url(args.redis_url, args.allow_open_redis)
+    ppolab.redis_server.check_redis_url(args.redis_url, args.allow_open_redis)
     if args.run_id is not None and not RUN_ID.fullmatch(args.run_id):
         ppolab.fail(f"--run-id {args.run_id!r}: use 1-64 letters, digits, '_', '.' or '-'")
     if args.role == "sampler":
@@ -1268,9 +1269,8 @@ def evaluate(
             x = torch.as_tensor(obs_normalizer(obs[None], update=False))
             with torch.no_grad():
                 action = agent.mean_action(x) if deterministic else agent.get_action_and_value(x)[0]
-            obs, reward, terminated, truncated, _ = env.step(
-                env_actions(action[0].numpy(), low, high, args.distribution)
-            )
+            env_action = env_actions(action[0].numpy(), low, high, args.distribution)  # as in training
+            obs, reward, terminated, truncated, _ = env.step(env_action)
             episodic_return += float(reward)
             done = terminated or truncated
         returns.append(episodic_return)

@@ -58,7 +58,7 @@ import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
 import ppolab
-from ppolab.processes import end_processes, how_it_ended, mib, receive, receive_from_each, send_to_all, share_memory
+import ppolab.processes
 
 gym.register_envs(ale_py)  # registers PongNoFrameskip-v4, ALE/Pong-v5, ...
 ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
@@ -625,6 +625,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     processes; `run` (the package's) writes everything the run reports into its folder, which train returns."""
     observation_space, action_space = env_spaces(args)
     ppolab.seed_everything(args.seed, args.torch_deterministic)  # same seed, same thread count: same numbers
+    torch.distributions.Distribution.set_default_validate_args(False)  # no argument checks: costlier than the math
     device = ppolab.pick_device(args.cuda)  # the learner's; each worker acts on the CPU from its own stream
 
     agent = Agent(observation_space.shape, int(action_space.n)).to(device)
@@ -654,7 +655,7 @@ def train(args: Args, run: ppolab.Run) -> str:
             # COLLECT TRAJECTORIES --------------------------------------------------------------
             # The workers step their environments with the weights published last; the learner waits
             rollout_start = time.perf_counter()
-            send_to_all(conns, Start(iteration, global_step))
+            ppolab.processes.send_to_all(conns, Start(iteration, global_step))
             replies = wait_for_workers(workers, conns, Done)
             rollout_time = time.perf_counter() - rollout_start
             global_step += args.batch_size
@@ -693,19 +694,19 @@ def train(args: Args, run: ppolab.Run) -> str:
                     if args.cudagraphs:
                         torch.compiler.cudagraph_mark_step_begin()  # a new replay: the last one's outputs are done
                     stats = update(
-                        agent,
-                        optimizer,
-                        args,
-                        kl_beta,
-                        c_obs[:, mb],
-                        c_starts[:, mb],
-                        (c_state[0][:, mb], c_state[1][:, mb]),
-                        c_actions[:, mb],
-                        c_logprobs[:, mb],
-                        c_advantages[:, mb],
-                        c_returns[:, mb],
-                        c_values[:, mb],
-                        cuts,
+                        agent=agent,
+                        optimizer=optimizer,
+                        args=args,
+                        kl_beta=kl_beta,
+                        obs=c_obs[:, mb],
+                        starts=c_starts[:, mb],
+                        state=(c_state[0][:, mb], c_state[1][:, mb]),
+                        actions=c_actions[:, mb],
+                        logprobs=c_logprobs[:, mb],
+                        advantages=c_advantages[:, mb],
+                        returns=c_returns[:, mb],
+                        values=c_values[:, mb],
+                        cuts=cuts,
                     )
                     if args.cudagraphs:  # the next replay overwrites its outputs
                         stats = {name: value.clone() for name, value in stats.items()}
@@ -736,7 +737,16 @@ def train(args: Args, run: ppolab.Run) -> str:
             }
             times = f", publish {publish_time:.4f}s"  # the end of the line's times
             run.iteration(
-                iteration, global_step, stats, lr, buffer["values"], returns, rollout_time, update_time, perf, times
+                iteration=iteration,
+                global_step=global_step,
+                stats=stats,
+                learning_rate=lr,
+                rollout_time=rollout_time,
+                update_time=update_time,
+                values=buffer["values"],
+                returns=returns,
+                scalars=perf,
+                line_extra=times,
             )
             run.evaluate_if_due(iteration, global_step, saved)
             run.checkpoint_if_due(iteration, global_step, saved)
@@ -765,9 +775,10 @@ def allocate_shared_memory(args: Args, agent: Agent, observation_space: gym.Spac
     obs_dtype = torch.uint8 if observation_space.dtype == np.uint8 else torch.float32
     buffer = allocate_shared_buffer(args, observation_space.shape, obs_dtype, agent.lstm.hidden_size)
     size = sum(p.numel() for p in agent.parameters())
-    weights = share_memory({"weights": torch.zeros(size)}, "the weights")["weights"]
+    weights = ppolab.processes.share_memory({"weights": torch.zeros(size)}, "the weights")["weights"]
     publish_weights(agent, weights)
-    sizes = f"rollout buffer {mib(buffer.values()):.2f} MiB, weights {mib([weights]):.2f} MiB"
+    buffer_mib, weights_mib = ppolab.processes.mib(buffer.values()), ppolab.processes.mib([weights])
+    sizes = f"rollout buffer {buffer_mib:.2f} MiB, weights {weights_mib:.2f} MiB"
     print(f"shared memory: {sizes}; {args.num_workers} workers x {args.num_envs_per_worker} envs", flush=True)
     return buffer, weights
 
@@ -810,7 +821,7 @@ def allocate_shared_buffer(
     buffer["last_values"] = torch.zeros(1, N)
     buffer["chunk_h"] = torch.zeros(K, N, hidden_size)
     buffer["chunk_c"] = torch.zeros(K, N, hidden_size)
-    return share_memory(buffer, "the rollout buffer")
+    return ppolab.processes.share_memory(buffer, "the rollout buffer")
 
 
 def slice_checksum(buffer: dict[str, torch.Tensor], lo: int, hi: int) -> int:
@@ -989,7 +1000,7 @@ def rollout_worker(
         carry = (next_obs, np.ones(n, dtype=np.float32), agent.initial_state(n, torch.device("cpu")))
         conn.send(Ready(worker_id))
         # the learner's commands; None once the learner is gone (its pipe closed, or this process orphaned)
-        while isinstance(command := receive(conn, parent_pid), Start):
+        while isinstance(command := ppolab.processes.receive(conn, parent_pid), Start):
             load_weights(agent, weights)
             carry, episodes, act_time, env_time = collect_rollout(
                 agent, envs, rollout, carry, args, first_step=command.global_step, first_env=lo
@@ -1035,8 +1046,8 @@ def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.
         raise SystemExit(f"{Path(sys.argv[0]).name}: error: {e}; stopped all workers") from None
     finally:  # with Stop and a moment to close their environments, else (an error, Ctrl-C) at once
         if finished:
-            send_to_all(conns, Stop())
-        end_processes(workers, grace=5.0 if finished else 0.0)
+            ppolab.processes.send_to_all(conns, Stop())
+        ppolab.processes.end_processes(workers, grace=5.0 if finished else 0.0)
         for conn in conns:
             conn.close()
 
@@ -1046,13 +1057,15 @@ def wait_for_workers(workers: list, conns: list, expected: type) -> list:
     Failed, or dies without a word (killed, crashed: its process is watched too), raises WorkerFailed naming the
     worker and its error or how it ended."""
     replies = [None] * len(workers)
-    for i, reply in receive_from_each(workers, conns):
+    for i, reply in ppolab.processes.receive_from_each(workers, conns):
         if isinstance(reply, Failed):
             print(reply.traceback, file=sys.stderr, end="")
             last_line = reply.traceback.strip().splitlines()[-1]
             raise WorkerFailed(f"rollout worker {i} failed: {last_line} (its traceback is above)")
         if reply is None:
-            raise WorkerFailed(f"rollout worker {i} (pid {workers[i].pid}) died ({how_it_ended(workers[i])})")
+            raise WorkerFailed(
+                f"rollout worker {i} (pid {workers[i].pid}) died ({ppolab.processes.how_it_ended(workers[i])})"
+            )
         assert isinstance(reply, expected) and reply.worker == i, reply
         replies[i] = reply
     return replies

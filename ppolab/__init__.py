@@ -5,11 +5,16 @@ loop) and imports this package for what never changes what PPO computes and is t
 
 - settings.py: the settings every run takes besides PPO's hyperparameters (`RunSettings`, which a script's Args
   inherits: --seed, --cuda, --track, --save-model, --checkpoint-every, --resume, --evaluate, ...);
+- command_line.py: the command line (`parse`: --resume reads the saved arguments as defaults; `use_threads`:
+  --torch-threads' limits);
 - checks.py: bad input ends in one line (`fail`, `check_args`);
-- environments.py: Gymnasium's environments checked (ids, spaces, rendering) and made, evaluation's with an end;
-- run.py: the command line (`parse`, --resume reads the saved arguments as defaults), the run folder, what
-  a run reports (TensorBoard, the per-iteration line, Weights & Biases), checkpoints and evaluations on
-  their schedule (`Run`), --evaluate of a saved model (`evaluate_file`);
+- environments.py: Gymnasium's environments checked (ids, spaces, Atari games, rendering) and made, evaluation's
+  with an end;
+- run.py: the run folder and its lock, and `Run`: what a run reports (TensorBoard, the per-iteration line),
+  checkpoints and evaluations on their schedule;
+- evaluation.py: a saved policy played on the run's evaluation seed, and --evaluate of a saved file
+  (`evaluate_file`);
+- tracking.py: the TensorBoard writer and, with --track, the Weights & Biases run;
 - checkpoints.py: checkpoints as data, written atomically, read without running code, and --resume's rules;
 - stops.py: Ctrl-C and refused writes end a run in one line that says how to resume it;
 - seeding.py: seeds, deterministic kernels, the device;
@@ -30,9 +35,11 @@ A script copied elsewhere runs wherever this package is importable (`pip install
 which `bash setup.sh` does).
 """
 
-from ppolab.checks import check_args, check_atari_game, fail
+from ppolab.checks import check_args, fail
+from ppolab.command_line import parse, use_threads
 from ppolab.environments import (
     capped,
+    check_atari_game,
     check_finite_bounds,
     check_observations,
     check_video,
@@ -41,8 +48,9 @@ from ppolab.environments import (
     make_eval_env,
     making,
 )
+from ppolab.evaluation import evaluate_file
 from ppolab.fast_path import NumpyPolicy, numpy_fast_path
-from ppolab.run import Run, evaluate_file, explained_variance, parse, use_threads
+from ppolab.run import Run, explained_variance
 from ppolab.seeding import pick_device, seed_everything
 from ppolab.settings import RunSettings
 from ppolab.statistics import RunningMeanStd

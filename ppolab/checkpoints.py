@@ -6,13 +6,11 @@ script saves (`model`, `optimizer`, and a script's own, such as `obs_rms`), `ite
 `torch.load(..., weights_only=True)` reads it, so opening one never runs code from it.
 """
 
-import inspect
 import io
 import math
 import os
 import pickle
 import random
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,16 +18,12 @@ import numpy as np
 import torch
 
 from ppolab.checks import fail, flag
+from ppolab.settings import script_of
 
 # the layout of the dict checkpoint_data makes; read_checkpoint refuses others (1: before checkpoints named
 # their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and converted by
 # as_data)
 CHECKPOINT_FORMAT = 3
-
-
-def script_of(args) -> str:
-    """The file name of the script whose Args `args` are (`ppo.py`): what its checkpoints say they are from."""
-    return Path(inspect.getfile(sys.modules[type(args).__module__])).name
 
 
 def device_of(saved: dict) -> torch.device:
@@ -196,8 +190,9 @@ def load_checkpoint(path: str, script: str) -> dict:
     return checkpoint
 
 
-# The flags a --resume may change (where and how the run goes on, and --total-timesteps to train longer or stop
-# sooner), those of them that a script has; every other flag keeps the checkpoint's value
+# The flags of every script that a --resume may change: where and how the run goes on (RunSettings' machine flags),
+# and --total-timesteps to train longer or stop sooner. A script's Args adds its own (`changeable_on_resume`, e.g.
+# ("envpool_threads",)); every other flag keeps the checkpoint's value
 CHANGEABLE_ON_RESUME = (
     "resume",
     "total_timesteps",
@@ -214,27 +209,24 @@ CHANGEABLE_ON_RESUME = (
     "eval_deterministic",
     "compile",
     "cudagraphs",
-    "numpy_update",
-    "envpool_threads",
-    "backend",
-    "device_ids",
-    "timeout",
-    "redis_url",
-    "allow_open_redis",
-    "run_id",
-    "num_samplers",
-    "sampler_timeout",
 )
+
+
+def changeable_on_resume(args) -> list[str]:
+    """The flags of `args`' script that a --resume may change: every script's (CHANGEABLE_ON_RESUME), then those its
+    Args names as its own (`Args.changeable_on_resume`), those of them that it has."""
+    names = (*CHANGEABLE_ON_RESUME, *getattr(type(args), "changeable_on_resume", ()))
+    return [name for name in names if hasattr(args, name)]
 
 
 def resume_args(args, checkpoint: dict):
     """`--resume`: the arguments the run goes on with. `args` are the run's arguments with the changes asked for
     (on the command line, ppolab.parse reads them with the checkpoint's arguments as the defaults, so a flag
-    differs from the saved value only where it was given): a flag of CHANGEABLE_ON_RESUME takes its new value,
-    any other flag that differs from the saved one is refused in one line, as is a --total-timesteps the run
-    has reached already."""
+    differs from the saved value only where it was given): a flag that may change (`changeable_on_resume`) takes
+    its new value, any other flag that differs from the saved one is refused in one line, as is a --total-timesteps
+    the run has reached already."""
     saved = type(args)(**checkpoint["args"])
-    changeable = [name for name in CHANGEABLE_ON_RESUME if hasattr(saved, name)]
+    changeable = changeable_on_resume(saved)
     for name in asdict(saved):
         given, kept = getattr(args, name), getattr(saved, name)
         if name in changeable:

@@ -175,29 +175,3 @@ def check_runs_dir(runs_dir: str):
         path = path.parent
     if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
         fail(f"--runs-dir {runs_dir} cannot be created: {path} is {'a file' if path.is_file() else 'not writable'}")
-
-
-def check_atari_game(args, env_id: str):
-    """`env_id` (the full id that --env-id names) is an Atari game of ale-py that Gymnasium can make here, with
-    what the Atari wrappers use (lives, action meanings); else one line."""
-    import gymnasium as gym
-
-    from ppolab.checkpoints import script_of
-    from ppolab.environments import env_module
-
-    try:
-        gym.spec(env_module(env_id))  # `module:Name-v0`: the module imported first, as gym.make does
-    except gym.error.Error:
-        fail(
-            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
-            "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
-            "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
-        )
-    try:
-        env = gym.make(env_id)
-        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
-        env.close()
-    except gym.error.Error as e:
-        fail(f"cannot make {env_id}: {e}")
-    if not atari:
-        fail(f"{env_id} is not an Atari game; {script_of(args)} trains Atari games only")

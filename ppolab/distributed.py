@@ -22,9 +22,10 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ppolab.checkpoints import device_of, read_checkpoint, restore, rng_state, script_of, set_rng_state
+from ppolab.checkpoints import device_of, read_checkpoint, restore, rng_state, set_rng_state
 from ppolab.checks import fail, program
 from ppolab.run import Run, new_run_dir
+from ppolab.settings import script_of
 
 # JOINING THE JOB AND LEAVING IT ------------------------------------------------------------------
 
@@ -285,16 +286,19 @@ class DistributedRun(Run):
         global_step: int,
         stats: dict[str, torch.Tensor],
         learning_rate: float,
-        reports: list,
         rollout_time: float,
         update_time: float,
-        comm_time: float,
+        *,
         scalars: dict[str, float] | None = None,
+        reports: list,
+        comm_time: float,
     ):
         """On rank 0: the episodes of every rank's report at the steps they ended, the iteration's scalars (the
         explained variance from every rank's value sums, the slowest rank's rollout time as
         perf/rollout_time_max, the time in collectives as perf/comm_time, the script's own `scalars`) and, when
-        due, its line (without "/N" with --preempt-fraction, which makes the number of iterations unknown)."""
+        due, its line (without "/N" with --preempt-fraction, which makes the number of iterations unknown).
+        The arguments are Run.iteration's, at the same positions (`rollout_time` is rank 0's), but for its `values`
+        and `returns`: every rank's `reports` (their value sums) stand in for them, with `comm_time` after them."""
         for episode in (episode for report in reports for episode in report.episodes):
             self.episode(*episode)
         scalars = {
@@ -304,15 +308,22 @@ class DistributedRun(Run):
         }
         explained = explained_variance_of([report.value_sums for report in reports])
         sps = self.log_iteration(
-            iteration, global_step, stats, learning_rate, explained, rollout_time, update_time, scalars
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=learning_rate,
+            explained=explained,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            scalars=scalars,
         )
         planned = "" if getattr(self.args, "preempt_fraction", None) is not None else f"/{self.args.num_iterations}"
         self.line_if_due(
-            f"iteration {iteration}{planned}",
-            global_step,
-            sps,
-            global_step >= self.args.num_iterations * self.args.batch_size,
-            f"rollout {rollout_time:.2f}s, update {update_time:.2f}s, comm {comm_time:.2f}s",
+            head=f"iteration {iteration}{planned}",
+            global_step=global_step,
+            sps=sps,
+            last=global_step >= self.args.num_iterations * self.args.batch_size,
+            times=f"rollout {rollout_time:.2f}s, update {update_time:.2f}s, comm {comm_time:.2f}s",
         )
 
     def evaluate_if_due(self, iteration: int, global_step: int, saved: dict):

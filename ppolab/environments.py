@@ -1,7 +1,7 @@
 """Gymnasium's environments as the scripts take them: an environment id checked (Gymnasium's `module:Name-v0` ids
-too), an environment that cannot be made here, a space a script does not support and --capture-video with an
-environment that cannot render each refused in one line before any work, and the one environment an evaluation
-plays on (`make_eval_env`), whose episodes always end."""
+too), an environment that cannot be made here, a space a script does not support, an id that is not an Atari game
+in an Atari script and --capture-video with an environment that cannot render each refused in one line before any
+work, and the one environment an evaluation plays on (`make_eval_env`), whose episodes always end."""
 
 import contextlib
 import importlib
@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from ppolab.checks import fail
+from ppolab.settings import script_of
 
 IDS = "gymnasium.pprint_registry() lists the valid ids"  # where to look for an id (env_spec's `ids`)
 
@@ -89,6 +90,27 @@ def check_finite_bounds(env_id: str, space: gym.spaces.Box, envs: gym.vector.Vec
         if envs is not None:
             envs.close()
         fail(f"--distribution beta scales actions to the bounds, and those of {env_id} are not finite: {space}")
+
+
+def check_atari_game(args, env_id: str):
+    """`env_id` (the full id that --env-id names) is an Atari game of ale-py that Gymnasium can make here, with
+    what the Atari wrappers use (lives, action meanings); else one line."""
+    try:
+        gym.spec(env_module(env_id))  # `module:Name-v0`: the module imported first, as gym.make does
+    except gym.error.Error:
+        fail(
+            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
+            "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
+            "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
+        )
+    try:
+        env = gym.make(env_id)
+        atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
+        env.close()
+    except gym.error.Error as e:
+        fail(f"cannot make {env_id}: {e}")
+    if not atari:
+        fail(f"{env_id} is not an Atari game; {script_of(args)} trains Atari games only")
 
 
 def offscreen():

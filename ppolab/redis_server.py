@@ -1,8 +1,9 @@
 """The Redis plumbing of ppo_continuous_action_redis.py that is not its lesson (the exchange of chunks and
 policies through the server is, and stays in the script): a server's URL read as written and checked before any
 connection (`open_redis_host`, `redact`, `check_redis_url`), a client checked with a PING (`connect`), a
-redis-server of the run's own (`start_redis_server`), and the local processes a run started stopped however it
-ends (`stop_processes`). Imported by that script alone: the other scripts do not need the redis client."""
+redis-server of the run's own (`start_redis_server`), the local processes a run started stopped however it ends
+(`stop_processes`), and the one line of a run that cannot go on (`abort`). Imported by that script alone: the other
+scripts do not need the redis client."""
 
 import ctypes
 import ipaddress
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from ppolab.checks import fail
+from ppolab.checks import fail, program
 
 
 def redact(url: str) -> str:
@@ -131,3 +132,10 @@ def stop_processes(processes: list[subprocess.Popen]):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def abort(message: str):
+    """A run that cannot go on (no sampler, the server gone or full): one line naming the problem, exit code 1.
+    Raised inside the script's redis_lab, whose `finally` still stops the local samplers and server."""
+    print(f"{program()}: error: {message}", file=sys.stderr)
+    raise SystemExit(1)

@@ -1,5 +1,5 @@
-"""A training run's machinery: the command line, the run folder, what the run reports (TensorBoard, the
-per-iteration line, Weights & Biases), its checkpoints, its evaluations, and --evaluate of a saved model.
+"""The run folder and `Run`: a new run's folder and its lock (`new_run_dir`, `lock_run_dir`), and `Run`, what a
+training run writes there (TensorBoard, the per-iteration line, checkpoints and evaluations on their schedule).
 
 A script's `main` makes a `Run` and its `train` calls it at a few points: `run.start(saved)` before the loop,
 then in the loop `run.episode(...)`, `run.iteration(...)`, `run.evaluate_if_due(...)`,
@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import itertools
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -20,53 +19,13 @@ from typing import Callable
 
 import numpy as np
 import torch
-import tyro
 
-from ppolab.checkpoints import (
-    checkpoint_data,
-    load_checkpoint,
-    non_finite,
-    read_checkpoint,
-    restore,
-    resume_args,
-    script_of,
-    write_checkpoint_file,
-)
+from ppolab.checkpoints import checkpoint_data, load_checkpoint, non_finite, restore, resume_args, write_checkpoint_file
 from ppolab.checks import fail, program
-from ppolab.stops import exit_on_ctrl_c, exit_on_write_error, is_write_error, resume_hint
-
-# An evaluation plays the episodes of the seed `args.seed + EVAL_SEED_OFFSET`, its own seeded stream: the same
-# episodes for every evaluation of a run, whether during training, at its end or later from the saved file
-EVAL_SEED_OFFSET = 100_000
-
-
-def parse(Args, *, from_command_line: tuple = ()):
-    """The command line as `Args`. With --resume the command line is read again with the checkpoint's
-    arguments as the defaults: a flag not given keeps the run's value, and one given means what it says, even
-    when it is the script's default (resume_args then refuses the flags that cannot change). The flags named in
-    `from_command_line` are the exception: their defaults stay the script's, whatever the checkpoint saved (where
-    this process finds the machines it works with, e.g. the Redis script's server, whose saved URL has its
-    password redacted). A file that is not a readable checkpoint is left to the run's checks, which say what is
-    wrong with it in one line."""
-    args = tyro.cli(Args)
-    if args.resume is None or not Path(args.resume).is_file():
-        return args
-    checkpoint = read_checkpoint(args.resume, script_of(args))
-    if isinstance(checkpoint, str):
-        return args
-    given = {name: getattr(args, name) for name in from_command_line}  # or the script's default
-    return tyro.cli(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
-
-
-def use_threads(torch_threads: int):
-    """--torch-threads N (0 keeps the defaults): N threads for PyTorch and for NumPy's BLAS. Left to itself
-    each splits a small product over all cores, which is slower, much slower when another process keeps a
-    core busy (benchmark/results/speed_cpu.md)."""
-    if torch_threads > 0:
-        from threadpoolctl import threadpool_limits
-
-        torch.set_num_threads(torch_threads)
-        threadpool_limits(torch_threads, user_api="blas")
+from ppolab.evaluation import evaluate_saved
+from ppolab.settings import script_of
+from ppolab.stops import exit_on_ctrl_c, exit_on_write_error, resume_hint
+from ppolab.tracking import finish_tracking, start_tracking, tensorboard_writer
 
 
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
@@ -96,48 +55,6 @@ class ProgressLine:
         mean = np.mean(self.returns) if self.returns else float("nan")
         line, self.returns = f"episodes={len(self.returns)} mean_return={mean:.2f}", []
         return line
-
-
-def evaluate_saved(
-    checkpoint: dict, evaluate: Callable, episodes: int, deterministic: bool, video_prefix: str | None = None
-) -> list[float]:
-    """The returns of `episodes` episodes played by the policy of `checkpoint` (a saved file, or a snapshot of
-    the training), through the script's `evaluate(checkpoint, episodes, deterministic, seed, *, video_prefix)`,
-    on the run's evaluation seed. PyTorch's generator is left as it was: the training's random streams do not
-    see the evaluation."""
-    seed = checkpoint["args"]["seed"] + EVAL_SEED_OFFSET
-    with torch.random.fork_rng(devices=[]):
-        return evaluate(checkpoint, episodes, deterministic, seed, video_prefix=video_prefix)
-
-
-def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str) -> list[float]:
-    """`--evaluate PATH`: scores a saved model or checkpoint on the environment it was trained on, with the
-    run's evaluation episodes (those of the evaluation reported right after training), and returns the returns.
-    With --capture-video every episode is recorded into `videos/` beside the file."""
-    path = args.evaluate
-    checkpoint = load_checkpoint(path, script_of(args))
-    problem = non_finite(checkpoint["model"])
-    if problem is not None:
-        fail(f"{path} holds weights that are not finite (model.{problem}): its run diverged; evaluate an earlier one")
-    video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
-    try:
-        returns = evaluate_saved(checkpoint, evaluate, args.eval_episodes, args.eval_deterministic, video_prefix)
-    except OSError as e:
-        if video_prefix is None or not is_write_error(e, str(Path(video_prefix).parent)):
-            raise
-        print(
-            f"{program()}: error: cannot write the videos into {Path(video_prefix).parent}: {e.strerror}",
-            file=sys.stderr,
-        )
-        raise SystemExit(1) from None
-    print(
-        f"evaluation of {path} on {env_name(checkpoint['args']['env_id'])}: {len(returns)} episodes, "
-        f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
-    )
-    if video_prefix is not None:
-        videos = sorted(Path(video_prefix).parent.glob(f"{Path(video_prefix).name}-*.mp4"))
-        print(f"videos of the evaluation in {Path(video_prefix).parent}: {', '.join(v.name for v in videos)}")
-    return returns
 
 
 def new_run_dir(args, env_name: Callable[[str], str] = str) -> tuple[str, str | None]:
@@ -286,15 +203,7 @@ class Run:
         print(f"run folder: {self.dir}\nwatch it with: tensorboard --logdir {Path(self.dir).parent}", flush=True)
         if args.track:
             start_tracking(args, self.dir)
-        from torch.utils.tensorboard import SummaryWriter
-
-        # events reach the file within 10 s (TensorBoard's default: 120 s), so that a reader follows the run as it
-        # goes: TensorBoard itself, and benchmark.tune, which stops a bad trial from its scores so far
-        self.writer = SummaryWriter(self.dir, flush_secs=10)
-        self.writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in self.hyperparameters().items()),
-        )
+        self.writer = tensorboard_writer(self.dir, self.hyperparameters())
         self.start_time, self.start_step = time.time(), global_step
 
     def start_clock(self):
@@ -318,10 +227,11 @@ class Run:
         global_step: int,
         stats: dict[str, torch.Tensor],
         learning_rate: float,
-        values: torch.Tensor,
-        returns: torch.Tensor,
         rollout_time: float,
         update_time: float,
+        *,
+        values: torch.Tensor,
+        returns: torch.Tensor,
         scalars: dict[str, float] | None = None,
         line_extra: str = "",
     ):
@@ -330,14 +240,21 @@ class Run:
         (`line_extra` ends its parenthesis of times, e.g. the Redis script's transfer and publish times)."""
         explained = explained_variance(values.numpy(), returns.numpy())
         sps = self.log_iteration(
-            iteration, global_step, stats, learning_rate, explained, rollout_time, update_time, scalars
+            iteration=iteration,
+            global_step=global_step,
+            stats=stats,
+            learning_rate=learning_rate,
+            explained=explained,
+            rollout_time=rollout_time,
+            update_time=update_time,
+            scalars=scalars,
         )
         self.line_if_due(
-            f"iteration {iteration}/{self.args.num_iterations}",
-            global_step,
-            sps,
-            iteration == self.args.num_iterations,
-            f"rollout {rollout_time:.2f}s, update {update_time:.2f}s{line_extra}",
+            head=f"iteration {iteration}/{self.args.num_iterations}",
+            global_step=global_step,
+            sps=sps,
+            last=iteration == self.args.num_iterations,
+            times=f"rollout {rollout_time:.2f}s, update {update_time:.2f}s{line_extra}",
         )
 
     def log_iteration(
@@ -435,49 +352,3 @@ class Run:
         self.writer.close()
         if args.track:
             finish_tracking(self.dir)
-
-
-# how long `--track` waits for Weights & Biases to start a run before it gives up (WANDB_INIT_TIMEOUT overrides it)
-TRACKING_TIMEOUT = 30.0
-
-
-def start_tracking(args, run_dir: str):
-    """`--track`: starts the Weights & Biases run, its files in the run folder (`wandb/`, unless WANDB_DIR says
-    elsewhere), not in the working directory. Without a network it waits TRACKING_TIMEOUT seconds at most, then
-    the run ends in one line (exit 1) and leaves no files behind."""
-    import wandb  # imported only when used
-
-    folder = os.environ.get("WANDB_DIR") or run_dir
-    timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", TRACKING_TIMEOUT))
-    try:
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=asdict(args),
-            name=Path(run_dir).name,
-            save_code=True,
-            dir=folder,
-            settings=wandb.Settings(init_timeout=timeout),
-        )
-    except Exception as e:  # wandb's errors have no common class
-        if folder == run_dir:
-            shutil.rmtree(Path(run_dir, "wandb"), ignore_errors=True)
-        reason = (str(e).splitlines() or [type(e).__name__])[0]
-        print(
-            f"{program()}: error: --track: Weights & Biases did not start a run in {timeout:g}s ({reason}); "
-            "train without --track, or offline with WANDB_MODE=offline (then `wandb sync` the run later)",
-            file=sys.stderr,
-        )
-        raise SystemExit(1) from None
-
-
-def finish_tracking(run_dir: str):
-    """`--track`: ends the Weights & Biases run, with the videos that `--capture-video` recorded under
-    `run_dir/videos` added to it first (shown in its media panel; the TensorBoard scalars are synced as
-    they are written)."""
-    import wandb  # imported only when used
-
-    for video in sorted(Path(run_dir, "videos").glob("*.mp4")):
-        wandb.log({f"videos/{video.stem}": wandb.Video(str(video), format="mp4")})
-    wandb.finish()

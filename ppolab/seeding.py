@@ -8,8 +8,7 @@ import torch
 
 def seed_everything(seed: int, torch_deterministic: bool):
     """Seeds Python's, NumPy's and PyTorch's generators; with `torch_deterministic` cuDNN picks deterministic
-    kernels and computes float32 convolutions and LSTMs in full float32, not TF32. The distributions skip their
-    argument checks, which cost more than the arithmetic on small batches."""
+    kernels and computes float32 convolutions and LSTMs in full float32, not TF32."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -17,7 +16,6 @@ def seed_everything(seed: int, torch_deterministic: bool):
     if torch_deterministic:
         torch.backends.cudnn.conv.fp32_precision = "ieee"
         torch.backends.cudnn.rnn.fp32_precision = "ieee"
-    torch.distributions.Distribution.set_default_validate_args(False)
 
 
 def pick_device(cuda: bool) -> torch.device:

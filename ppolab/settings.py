@@ -7,6 +7,7 @@ import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 
 @dataclass
@@ -60,6 +61,15 @@ class RunSettings:
     runs_dir: str = "runs"
     """folder under which each run writes its own folder"""
 
+    # the flags of the script's own Args that a --resume may change, besides every script's (those above that say
+    # where and how the run goes on, and --total-timesteps: ppolab.checkpoints.CHANGEABLE_ON_RESUME)
+    changeable_on_resume: ClassVar[tuple[str, ...]] = ()
+
     def __post_init__(self):
         if self.exp_name is None:  # the script's file name without .py
-            self.exp_name = Path(inspect.getfile(sys.modules[type(self).__module__])).stem
+            self.exp_name = Path(script_of(self)).stem
+
+
+def script_of(args) -> str:
+    """The file name of the script whose Args `args` are (`ppo.py`): what its checkpoints say they are from."""
+    return Path(inspect.getfile(sys.modules[type(args).__module__])).name

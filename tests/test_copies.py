@@ -257,6 +257,63 @@ def test_the_loop_check_sees_a_name_below_the_banner():
     assert names_below_the_banner_used_by_the_loop("ppo", edited) == {"main"}
 
 
+# THE PACKAGE'S CALLS -----------------------------------------------------------------------------
+
+
+def names_imported_from_the_package(source: str) -> list[str]:
+    """The package's names that `source` imports as its own (`from ppolab.x import y`, `import ppolab as p`), which
+    then read as the script's: a script imports `ppolab` and its modules whole and writes `ppolab.<name>`."""
+    return [
+        alias.asname or alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").split(".")[0] == "ppolab"
+        or isinstance(node, ast.Import)
+        for alias in node.names
+        if isinstance(node, ast.ImportFrom) or (alias.name.split(".")[0] == "ppolab" and alias.asname)
+    ]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_package_name_is_written_ppolab_dot_name(name):
+    assert not names_imported_from_the_package(SOURCES[name])
+
+
+def test_the_import_check_sees_a_bare_name():
+    """The check itself: a name imported from a module of the package, and the package under another name."""
+    bare = "import ppolab\nimport ppolab.stops\nfrom ppolab.stops import launch_info\nimport ppolab.distributed as d\n"
+    assert names_imported_from_the_package(bare) == ["launch_info", "d"]
+
+
+# the calls whose arguments a long positional list would hide: the package's (`ppolab.*`, the run's `run.*`) and
+# the update step's, each passed more than four arguments
+KEYWORD_CALLS = re.compile(r"(ppolab|run)\..*|update")
+
+
+def long_positional_calls(source: str) -> list[str]:
+    """The package's and the update step's calls with more than four arguments that pass more than the first (the
+    subject, e.g. `args`) by position, as `line: call`."""
+    return [
+        f"{node.lineno}: {ast.unparse(node.func)}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and KEYWORD_CALLS.fullmatch(ast.unparse(node.func))
+        and len(node.args) + len(node.keywords) > 4
+        and len(node.args) > 1
+    ]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_long_calls_of_the_package_and_the_update_step_name_their_arguments(name):
+    """`run.iteration(iteration=..., global_step=..., ...)`, not eight numbers and tensors in a row."""
+    assert not long_positional_calls(SOURCES[name])
+
+
+def test_the_keyword_check_sees_a_positional_call():
+    calls = "run.iteration(i, step, stats, lr, values=v)\nupdate(a, b, c, d, e)\nppolab.check_args(args, a=1, b=2, c=3, d=4)"
+    assert long_positional_calls(calls) == ["1: run.iteration", "2: update"]
+
+
 # NO MEASUREMENTS IN CODE -------------------------------------------------------------------------
 
 # a timing or speed figure: a number with a unit of time, SPS, or "times faster/slower"

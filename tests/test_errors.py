@@ -24,7 +24,7 @@ from helpers import default_ctrl_c, load, resume_args, script_command
 from ppolab.checkpoints import checkpoint_data, load_checkpoint, write_checkpoint_file
 from ppolab.checkpoints import resume_args as resume_args_of
 from ppolab.checks import check_tracking
-from ppolab.run import parse
+from ppolab.command_line import parse
 from scripts import MULTI_PROCESS, SCRIPTS
 
 
@@ -181,7 +181,7 @@ def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, mo
 
 
 # RESUME WITH OTHER FLAGS -------------------------------------------------------------------------
-# The rules are the package's (ppolab.checkpoints.resume_args, ppolab.run.parse), checked here with ppo.py's
+# The rules are the package's (ppolab.checkpoints.resume_args, ppolab.command_line.parse), checked here with ppo.py's
 # Args; every script resumes through them (test_contract.py resumes every script).
 
 

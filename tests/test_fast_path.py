@@ -185,13 +185,13 @@ def test_the_values_computed_after_the_rollout_belong_to_the_stored_observations
     script = importlib.import_module(name)
     real_update, calls, checked = script.update_step, [], []
 
-    def checking_update(agent, optimizer, args, kl_beta, obs, *rest):
+    def checking_update(agent, optimizer, args, kl_beta, **minibatch):  # the loop passes the minibatch by keyword
         if len(calls) % (args.update_epochs * args.num_minibatches) == 0:
             with torch.no_grad():
-                torch.testing.assert_close(agent.get_value(obs), rest[-1], rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(agent.get_value(minibatch["obs"]), minibatch["values"], rtol=1e-5, atol=1e-6)
             checked.append(len(calls))
         calls.append(1)
-        return real_update(agent, optimizer, args, kl_beta, obs, *rest)
+        return real_update(agent, optimizer, args, kl_beta, **minibatch)
 
     monkeypatch.setattr(script, "update_step", checking_update)
     script.main(make_args(script, tmp_path, numpy_update=False, save_model=False, checkpoint_every=0))

@@ -6,6 +6,7 @@ that trains like ppo_atari.py, and the named pieces of the loop (explained varia
 sums, the preemption counter, the collective timer, the clip fraction over all minibatches, the resume
 command)."""
 
+import ast
 import math
 import multiprocessing
 import os
@@ -28,6 +29,7 @@ import tyro
 import atari_fakes  # noqa: F401  (registers FakeAtari-v0)
 import ppo_atari
 import ppo_atari_multigpu as script
+import ppolab.distributed
 from ppolab.distributed import explained_variance_of
 from ppolab.stops import resume_hint
 from helpers import (
@@ -516,12 +518,12 @@ def test_explained_variance_from_every_ranks_sums_is_the_whole_batchs():
     returns = [1 + v + 0.5 * torch.randn(v.shape, generator=g) for v in values]
     y = torch.cat([r.reshape(-1) for r in returns]).double().numpy()
     y_pred = torch.cat([v.reshape(-1) for v in values]).double().numpy()
-    sums = [script.ValueSums.of(v, r) for v, r in zip(values, returns)]
+    sums = [ppolab.distributed.ValueSums.of(v, r) for v, r in zip(values, returns)]
     assert sums[0].count == 10 and sums[1].count == 6
     assert explained_variance_of(sums) == pytest.approx(1 - np.var(y - y_pred) / np.var(y), rel=1e-6)
     # one rank's sums alone give another number: the sums of every rank matter
     assert explained_variance_of(sums[:1]) != pytest.approx(explained_variance_of(sums), rel=1e-3)
-    assert math.isnan(explained_variance_of([script.ValueSums.of(torch.zeros(4), torch.ones(4))]))
+    assert math.isnan(explained_variance_of([ppolab.distributed.ValueSums.of(torch.zeros(4), torch.ones(4))]))
 
 
 def test_preemption_reads_the_counter_without_changing_it():
@@ -552,7 +554,7 @@ def test_comm_timer_synchronizes_only_when_asked_on_cuda(monkeypatch):
     cuda = torch.device("cuda", 0)
     for device, sync, expected in ((cuda, False, 0), (torch.device("cpu"), True, 0), (cuda, True, 4)):
         syncs.clear()
-        comm = script.CommTimer(device, sync)
+        comm = ppolab.distributed.CommTimer(device, sync)
         for _ in range(2):
             with comm:
                 pass
@@ -588,20 +590,76 @@ def test_ranks_sharing_a_gpu_use_gloo(monkeypatch):
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     args = script.Args()
-    assert [script.select_device(args, i) for i in range(2)] == [torch.device("cuda", 0), torch.device("cuda", 1)]
-    assert script.select_backend(args, torch.device("cuda", 0)) == "nccl"
+    assert [ppolab.distributed.select_device(args, i) for i in range(2)] == [
+        torch.device("cuda", 0),
+        torch.device("cuda", 1),
+    ]
+    assert ppolab.distributed.select_backend(args, torch.device("cuda", 0)) == "nccl"
     shared = script.Args(device_ids=[1])
-    assert script.select_device(shared, 0) == script.select_device(shared, 1) == torch.device("cuda", 1)
-    assert script.select_backend(shared, torch.device("cuda", 1)) == "gloo"
+    assert (
+        ppolab.distributed.select_device(shared, 0)
+        == ppolab.distributed.select_device(shared, 1)
+        == torch.device("cuda", 1)
+    )
+    assert ppolab.distributed.select_backend(shared, torch.device("cuda", 1)) == "gloo"
     with pytest.raises(SystemExit):
-        script.select_backend(script.Args(device_ids=[1], backend="nccl"), torch.device("cuda", 1))
-    assert script.select_device(script.Args(cuda=False), 1) == torch.device("cpu")
+        ppolab.distributed.select_backend(script.Args(device_ids=[1], backend="nccl"), torch.device("cuda", 1))
+    assert ppolab.distributed.select_device(script.Args(cuda=False), 1) == torch.device("cpu")
     # a PyTorch built without NCCL (as the CPU wheels): gloo by default, and --backend nccl is refused
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
-    assert script.select_backend(args, torch.device("cuda", 0)) == "gloo"
+    assert ppolab.distributed.select_backend(args, torch.device("cuda", 0)) == "gloo"
     with pytest.raises(SystemExit):
-        script.select_backend(script.Args(backend="nccl"), torch.device("cuda", 0))
+        ppolab.distributed.select_backend(script.Args(backend="nccl"), torch.device("cuda", 0))
 
 
 def test_evaluate_capture_video_records_the_first_game(e2e, capsys):
     assert_evaluation_videos(script, e2e["run_dir"] / "model.pt", 1, 1, capsys)
+
+
+# THE CALLS EVERY RANK MUST REACH -----------------------------------------------------------------
+
+COLLECTIVE = "# collective: every rank calls this"
+# how the script calls what every rank must reach: the run's job and its own collectives (broadcast_weights, an
+# all_gather or all_reduce through the timer `comm`, the update step's all-reduce), joining the job, DistributedRun
+# (rank 0 sends the arguments), the checkpoint (gathers every rank's random streams), the end (compares the weights)
+COLLECTIVES = {
+    "ppolab.distributed.init_distributed",
+    "ppolab.distributed.DistributedRun",
+    "broadcast_weights",
+    "comm",
+    "update",
+    "run.checkpoint_if_due",
+    "run.finish",
+}
+
+
+def unmarked_collectives(source: str) -> tuple[set[str], list[str]]:
+    """The collectives that `source` calls, and those of its calls (`line: call`) without COLLECTIVE on their line
+    or on the line above."""
+    lines = source.splitlines()
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in COLLECTIVES
+    ]
+    unmarked = [
+        f"{call.lineno}: {ast.unparse(call.func)}"
+        for call in calls
+        if COLLECTIVE not in lines[call.lineno - 1] and not lines[call.lineno - 2].strip().startswith(COLLECTIVE)
+    ]
+    return {ast.unparse(call.func) for call in calls}, unmarked
+
+
+def test_every_call_that_every_rank_must_reach_is_marked_where_it_is_called():
+    """A reader sees, where it is called, that a call must be reached by every rank (a rank that skips it leaves
+    the others waiting): each is marked with the one comment COLLECTIVE, and the comment marks nothing else."""
+    source = Path(script.__file__).read_text()
+    called, unmarked = unmarked_collectives(source)
+    assert called == COLLECTIVES  # every one of them is still called so (a renamed call would escape the check)
+    assert not unmarked
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) in COLLECTIVES]
+    assert source.count(COLLECTIVE) == len(calls)
+    # the check itself: a marker taken away is seen
+    assert unmarked_collectives(source.replace(f"  {COLLECTIVE}; weights compared first", ""))[1] == [
+        f"{next(c.lineno for c in calls if ast.unparse(c.func) == 'run.finish')}: run.finish"
+    ]

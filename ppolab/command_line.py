@@ -1,0 +1,39 @@
+"""The command line: `parse` (with --resume, the checkpoint's saved arguments are the defaults) and `use_threads`
+(--torch-threads, the thread limits of PyTorch and NumPy)."""
+
+from pathlib import Path
+
+import torch
+import tyro
+
+from ppolab.checkpoints import read_checkpoint
+from ppolab.settings import script_of
+
+
+def parse(Args, *, from_command_line: tuple = ()):
+    """The command line as `Args`. With --resume the command line is read again with the checkpoint's
+    arguments as the defaults: a flag not given keeps the run's value, and one given means what it says, even
+    when it is the script's default (resume_args then refuses the flags that cannot change). The flags named in
+    `from_command_line` are the exception: their defaults stay the script's, whatever the checkpoint saved (where
+    this process finds the machines it works with, e.g. the Redis script's server, whose saved URL has its
+    password redacted). A file that is not a readable checkpoint is left to the run's checks, which say what is
+    wrong with it in one line."""
+    args = tyro.cli(Args)
+    if args.resume is None or not Path(args.resume).is_file():
+        return args
+    checkpoint = read_checkpoint(args.resume, script_of(args))
+    if isinstance(checkpoint, str):
+        return args
+    given = {name: getattr(args, name) for name in from_command_line}  # or the script's default
+    return tyro.cli(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
+
+
+def use_threads(torch_threads: int):
+    """--torch-threads N (0 keeps the defaults): N threads for PyTorch and for NumPy's BLAS. Left to itself
+    each splits a small product over all cores, which is slower, much slower when another process keeps a
+    core busy (benchmark/results/speed_cpu.md)."""
+    if torch_threads > 0:
+        from threadpoolctl import threadpool_limits
+
+        torch.set_num_threads(torch_threads)
+        threadpool_limits(torch_threads, user_api="blas")
