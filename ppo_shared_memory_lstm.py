@@ -6,9 +6,9 @@ Run:
     python ppo_shared_memory_lstm.py --env-id Pong --num-workers 4 --num-envs-per-worker 2 --seq-len 128 \\
         --clip-coef 0.1 --learning-rate 2.5e-4 --torch-threads 2 --total-timesteps 10000000   # Atari, CNN + LSTM
 
-The defaults are for classic control (ppo.py's settings, 2 workers x 4 envs, 16-step chunks, learning rate
-1e-3: benchmark/results/more_results.md, "Memory: CartPole without velocities"); the Pong line is
-ppo_atari_lstm.py's settings, so the two files then train the same algorithm.
+The defaults are for classic control: ppo.py's hyperparameters but for 8 environments (2 workers x 4 envs),
+16-step chunks and a learning rate of 1e-3 (benchmark/results/more_results.md, "Memory: CartPole without
+velocities"); the Pong line is ppo_atari_lstm.py's settings, so the two files then train the same algorithm.
 
 What this file shows: PPO's data collection spread over processes on one machine, the algorithm unchanged.
 The learner (this process) owns the network and the optimizer; each rollout worker (a "spawn" process, one
@@ -529,7 +529,7 @@ def ppo_loss(
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
+    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass one."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -629,11 +629,9 @@ def train(args: Args, run: ppolab.Run) -> str:
     device = ppolab.pick_device(args.cuda)  # the learner's; each worker acts on the CPU from its own stream
 
     agent = Agent(observation_space.shape, int(action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees the
-    # same input every iteration and does not recompile; CUDA graphs need the step count on the device too
+    # fused: one kernel for all parameters. The learning rate is a tensor, annealed in place without a recompile
     learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     # --compile: the same update step, compiled (it runs the LSTM step by step, `cuts` None: one graph, wherever
     # episodes start); --cudagraphs also records its kernels in CUDA graphs and replays them
     update = update_step
