@@ -152,6 +152,22 @@ def test_training_loops_call_compute_gae_by_keyword(name):
     assert all(not call.args for call in calls), f"{name} passes compute_gae positional arguments"
 
 
+def optimizer_lines(source: str) -> list[str]:
+    """The lines that make the optimizer: the comment above it, the learning rate's tensor and the optimizer."""
+    lines = source.splitlines()
+    made = [i for i, line in enumerate(lines) if "optimizer = torch.optim." in line]
+    return [lines[i - 2 : i + 1] for i in made]
+
+
+def test_every_script_makes_its_optimizer_in_the_same_words():
+    """One text in every script, the comment that says why included (a copied one-liner, as the pieces are)."""
+    made = {name: optimizer_lines(SOURCES[name]) for name in SCRIPTS}
+    assert all(len(lines) == 1 for lines in made.values()), made
+    texts = {"\n".join(lines[0]) for lines in made.values()}
+    assert len(texts) == 1, texts
+    assert next(iter(texts)).lstrip().startswith("#")
+
+
 def string_constants(source: str) -> set[str]:
     return {
         node.value
