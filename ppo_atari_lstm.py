@@ -118,6 +118,7 @@ def make_env(
     idx: int,
     capture_video: bool,
     run_dir: str,
+    *,
     max_episode_steps: int = 27_000,
     video_prefix: str = "rl-video",
     video_trigger=None,
@@ -167,10 +168,8 @@ def make_envs(
     observation (the last one in `info["final_obs"]`), so no stored transition spans two episodes (Gymnasium's
     default resets on the next step, a fake transition). The games step one after the other in this process
     (faster than a process per game: benchmark/results/speed.md, Pixel scripts)."""
-    thunks = [
-        make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
-        for i in range(num_envs)
-    ]
+    extras = dict(max_episode_steps=args.max_episode_steps, video_prefix=video_prefix, video_trigger=video_trigger)
+    thunks = [make_env(atari_id(args.env_id), i, capture_video, run_dir, **extras) for i in range(num_envs)]
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 

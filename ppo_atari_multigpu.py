@@ -171,6 +171,7 @@ def make_env(
     idx: int,
     capture_video: bool,
     run_dir: str,
+    *,
     max_episode_steps: int = 27_000,
     video_prefix: str = "rl-video",
     video_trigger=None,
@@ -228,15 +229,9 @@ def make_envs(
     0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither a no-op
     nor FIRE after a lost life.
     """
-    return gym.vector.SyncVectorEnv(
-        [
-            make_env(
-                atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger
-            )
-            for i in range(num_envs)
-        ],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    extras = dict(max_episode_steps=args.max_episode_steps, video_prefix=video_prefix, video_trigger=video_trigger)
+    thunks = [make_env(atari_id(args.env_id), i, capture_video, run_dir, **extras) for i in range(num_envs)]
+    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:

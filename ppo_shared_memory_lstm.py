@@ -644,7 +644,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     # The rollout buffer and the weights, in shared memory once (the handoff rule: at THE PROCESSES), handed
     # to the workers as they start
     buffer, weights = allocate_shared_memory(args, agent, observation_space)
-    with rollout_workers(args, buffer, weights, run.dir, global_step) as (workers, conns):
+    with rollout_workers(args, buffer, weights, run.dir, start_step=global_step) as (workers, conns):
         run.start_clock()  # SPS counts from here, the workers started
         for iteration in range(start_iteration, args.num_iterations + 1):
             lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
@@ -1252,10 +1252,11 @@ def evaluate(
     max_steps, whose = args.eval_max_steps if max_steps is None else max_steps, "the checkpoint's environment "
     # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
     run_dir, name = str(Path(video_prefix or ".").parent.parent), Path(video_prefix or "rl-video").name
+    extras = dict(video_prefix=name, video_trigger=lambda e: e == 0, eval_max_steps=max_steps)
     with ppolab.making(args.env_id, whose):
         if video_prefix is not None and not is_atari(args.env_id):
             ppolab.check_video(args.env_id, whose)
-        envs = make_envs(args, episodes, run_dir, video_prefix is not None, name, lambda e: e == 0, max_steps)
+        envs = make_envs(args, episodes, run_dir, video_prefix is not None, **extras)
     agent = Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
     agent.load_state_dict(checkpoint["model"])
     torch.manual_seed(seed)

@@ -137,6 +137,14 @@ def test_make_env_takes_the_same_first_arguments_and_uses_idx():
         assert "idx" in uses, f"{name}.make_env never uses idx"
 
 
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_environments_are_made_with_the_extras_by_keyword(name):
+    """make_env's and make_envs' first four arguments are the shared ones; a variant's extras (the episode limit, the
+    video's name and trigger, ...) are named where they are passed."""
+    calls = calls_of(name, "make_env") + calls_of(name, "make_envs")
+    assert calls and not [f"{call.lineno}: {ast.unparse(call)}" for call in calls if len(call.args) > 4]
+
+
 def calls_of(name: str, function: str) -> list[ast.Call]:
     return [
         node
