@@ -9,8 +9,9 @@ implementation details of "The 37 Implementation Details of PPO" (Huang et al., 
 vectorised environments, orthogonal initialisation, Adam with eps 1e-5, learning-rate annealing,
 GAE, shuffled minibatches, advantage normalisation, the clipped surrogate objective, the clipped
 value loss, the entropy bonus, global gradient clipping, approx-KL and clip-fraction diagnostics,
-and separate actor and critic networks. PPO ends at the banner after `train`; below it is the
-machinery a run needs (input checks, checkpoints, evaluation, logging, the CPU fast path).
+and separate actor and critic networks. PPO ends at the banner after `train`; below it are this script's
+input checks, its evaluation and the entry point. The rest of a run (the run folder, checkpoints and
+resuming, logging, the CPU fast path) is the package ppolab's.
 
 What is special in this file (the places where PPO scripts usually go wrong):
 - Gymnasium 1.x vector environments reset a finished episode on the *next* step by default; that step
@@ -21,10 +22,11 @@ What is special in this file (the places where PPO scripts usually go wrong):
   `--no-bootstrap-truncation` restores the classic "truncation = termination" behaviour.
 - Checkpoints hold everything needed to resume (weights, optimizer, step, RNG states, args) and are
   data only; `--resume` continues a killed run and `--evaluate` scores a saved model.
-- On the CPU the rollout's policy step and the update step run in NumPy (`NumpyPolicy`, `NumpyUpdate`):
-  the same functions of the same weights, written out. They run only where they compute exactly the
-  code above (this Agent, this loss, Adam); an edited network, loss or optimizer is trained as written,
-  in PyTorch, and the run says so. `--no-numpy-update` uses the PyTorch code anyway.
+- On the CPU the rollout's policy step and the update step run as NumPy mirrors of `Agent.act` and
+  `update_step` (ppolab's `NumpyPolicy`, `NumpyUpdate`): the same functions of the same weights, written out.
+  They run only where they compute exactly the code here (this Agent, this loss, Adam); an edited network,
+  loss or optimizer is trained as written, in PyTorch. The run's first lines say which steps run in NumPy,
+  and why a mirror steps aside; `--no-numpy-update` runs the PyTorch code anyway.
 """
 
 import os
@@ -90,9 +92,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
 
     # This script's own run settings (those of every script: ppolab.RunSettings)
     numpy_update: bool = True
-    """on the CPU, run the policy step and the update step in NumPy (NumpyPolicy, NumpyUpdate: the same
-    computation, faster on these small networks), each only where it computes exactly this file's code;
-    off: both run in PyTorch"""
+    """on the CPU, run Agent.act and update_step as NumPy mirrors (faster) where they compute exactly this file's code (off: PyTorch)"""
     changeable_on_resume = ("numpy_update",)
 
     @property
@@ -289,7 +289,7 @@ def ppo_loss(
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
+    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass one."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -383,9 +383,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     envs = make_envs(args, run.dir)
     obs_shape = envs.single_observation_space.shape
     agent = Agent(int(np.prod(obs_shape)), int(envs.single_action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place: a compiled optimizer step reads
-    # it as data, where a Python float would be a constant of the compiled code (a recompile per update)
+    # fused: one kernel for all parameters. The learning rate is a tensor, annealed in place without a recompile
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     kl_beta = torch.tensor(args.kl_beta, device=device)  # PPO-Penalty's beta (adapt_kl_beta changes it in place)

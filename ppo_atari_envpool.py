@@ -99,11 +99,9 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
 
     # This script's own run settings (those of every script: ppolab.RunSettings)
     torch_threads: int = 2
-    """CPU threads for PyTorch (0 keeps PyTorch's default); 2 keeps up with 1 beside a busy process and is faster
-    on an idle machine (OMP_WAIT_POLICY above; benchmark/results/speed_cpu.md, seventh and eighth measurements)"""
+    """CPU threads for PyTorch and NumPy's BLAS (0 keeps their defaults)"""
     capture_video: bool = False
-    """envpool cannot render the game: this saves the agent's own 84x84 grayscale frames of env 0 as videos in
-    `runs/<run>/videos` (games 0, 1, 8, 27, ... of env 0)"""
+    """if toggled, env 0's 84x84 grayscale frames (what the agent sees) are saved as videos to `runs/<run>/videos`"""
     envpool_threads: int = 0
     """threads envpool steps the games with (0: envpool's choice, one per env up to the core count)"""
     changeable_on_resume = ("envpool_threads",)
@@ -296,7 +294,7 @@ def ppo_loss(
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
+    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass one."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -417,10 +415,9 @@ def train(args: Args, run: ppolab.Run) -> str:
     # A resumed run reseeds its environments differently, so it does not replay the first games
     envs = make_envs(args, args.num_envs, args.seed + (run.checkpoint["global_step"] if run.checkpoint else 0))
     agent = Agent(envs.action_space.n).to(device)
-    # fused: one kernel for all parameters. The learning rate is a tensor that annealing overwrites in place,
-    # so a compiled update step does not recompile; CUDA graphs need the step count on the device (capturable)
+    # fused: one kernel for all parameters. The learning rate is a tensor, annealed in place without a recompile
     learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     kl_beta = torch.tensor(args.kl_beta, device=device)  # PPO-Penalty's beta (adapt_kl_beta changes it in place)
     saved = {"model": agent, "optimizer": optimizer, "kl_beta": kl_beta}  # besides progress, RNG and args
     start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run

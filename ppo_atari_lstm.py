@@ -92,7 +92,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
 
     # This script's own run settings (those of every script: ppolab.RunSettings)
     torch_threads: int = 2
-    """CPU threads for PyTorch (0: PyTorch's default); 2: benchmark/results/speed.md, Pixel scripts"""
+    """CPU threads for PyTorch and NumPy's BLAS (0 keeps their defaults)"""
 
     @property
     def batch_size(self) -> int:
@@ -118,6 +118,7 @@ def make_env(
     idx: int,
     capture_video: bool,
     run_dir: str,
+    *,
     max_episode_steps: int = 27_000,
     video_prefix: str = "rl-video",
     video_trigger=None,
@@ -167,10 +168,8 @@ def make_envs(
     observation (the last one in `info["final_obs"]`), so no stored transition spans two episodes (Gymnasium's
     default resets on the next step, a fake transition). The games step one after the other in this process
     (faster than a process per game: benchmark/results/speed.md, Pixel scripts)."""
-    thunks = [
-        make_env(atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger)
-        for i in range(num_envs)
-    ]
+    extras = dict(max_episode_steps=args.max_episode_steps, video_prefix=video_prefix, video_trigger=video_trigger)
+    thunks = [make_env(atari_id(args.env_id), i, capture_video, run_dir, **extras) for i in range(num_envs)]
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
@@ -364,7 +363,7 @@ def ppo_loss(
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
+    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass one."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -466,9 +465,9 @@ def train(args: Args, run: ppolab.Run) -> str:
 
     envs = make_envs(args, args.num_envs, run.dir, args.capture_video)
     agent = Agent(int(envs.single_action_space.n)).to(device)
-    # fused: one kernel for all parameters. The learning rate, a tensor filled in place: no recompile per update
+    # fused: one kernel for all parameters. The learning rate is a tensor, annealed in place without a recompile
     learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     kl_beta = torch.tensor(args.kl_beta, device=device)  # PPO-Penalty's beta (adapt_kl_beta changes it in place)
     saved = {"model": agent, "optimizer": optimizer, "kl_beta": kl_beta}  # besides progress, RNG and args
     start_iteration, global_step = run.start(saved)  # --resume's checkpoint restored; 1, 0 for a new run

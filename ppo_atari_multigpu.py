@@ -119,27 +119,23 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     max_episode_steps: int = 27_000
     """agent steps after which a game is truncated (ALE stops it at 4x this many frames: the usual 108,000)"""
     preempt_fraction: float | None = None
-    """straggler preemption (DD-PPO): once this fraction of the ranks finished their rollouts, the others end theirs
-    early; the run then takes more iterations to reach --total-timesteps (off by default)"""
+    """straggler preemption (DD-PPO): once this fraction of the ranks finished their rollouts, the others end theirs early"""
     preempt_min_steps: float = 0.25
     """with --preempt-fraction: the fraction of its --num-steps a rank collects before it may be preempted"""
 
     # This script's own run settings (those of every script: ppolab.RunSettings)
     device_ids: list[int] | None = None
-    """GPUs of this machine's ranks: local rank i uses device_ids[i % len]; `--device-ids 0` puts all on GPU 0
-    (several ranks per GPU need the gloo backend); default: local rank i uses GPU i"""
+    """the GPUs of this machine's ranks: local rank i uses device_ids[i % len] (None: GPU i; ranks sharing a GPU need gloo)"""
     backend: Literal["gloo", "nccl"] | None = None
     """torch.distributed backend; default nccl on CUDA (with a PyTorch built with NCCL), else gloo"""
     timeout: float = 300.0
     """seconds a collective waits for the other ranks before the job fails (a dead or hung rank)"""
     sync_timing: bool = False
-    """if toggled, on CUDA the GPU is synchronized around every timed collective, so perf/comm_time is the
-    collectives' own time (costs two syncs per minibatch; off: ppolab.distributed.CommTimer says what is measured)"""
+    """if toggled, on CUDA perf/comm_time is the collectives' own time: the GPU is synchronized around each (two syncs per minibatch)"""
 
     # testing aids (fault injection for benchmarks/tests) -------------------------------------------
     straggler_delay: float = 0.0
-    """testing aid, a fault injected for benchmarks and tests (not for training): seconds the last rank
-    sleeps after each of its environment steps, which makes it a straggler"""
+    """a fault injected for tests and benchmarks, not for training: seconds the last rank sleeps after each environment step"""
     changeable_on_resume = ("backend", "device_ids", "timeout")
 
     @property
@@ -175,6 +171,7 @@ def make_env(
     idx: int,
     capture_video: bool,
     run_dir: str,
+    *,
     max_episode_steps: int = 27_000,
     video_prefix: str = "rl-video",
     video_trigger=None,
@@ -232,15 +229,9 @@ def make_envs(
     0 to 29 no-op frames at a reset, FIRE pressed for one frame in their place, and neither a no-op
     nor FIRE after a lost life.
     """
-    return gym.vector.SyncVectorEnv(
-        [
-            make_env(
-                atari_id(args.env_id), i, capture_video, run_dir, args.max_episode_steps, video_prefix, video_trigger
-            )
-            for i in range(num_envs)
-        ],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    extras = dict(max_episode_steps=args.max_episode_steps, video_prefix=video_prefix, video_trigger=video_trigger)
+    thunks = [make_env(atari_id(args.env_id), i, capture_video, run_dir, **extras) for i in range(num_envs)]
+    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 def finished_episodes(infos: dict) -> list[tuple[int, float, int]]:
@@ -374,7 +365,7 @@ def ppo_loss(
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
+    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass one."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -554,8 +545,7 @@ def train(
     T, N = args.num_steps, args.num_envs // world_size  # this rank's environments
     envs = make_envs(args, N, run.dir, args.capture_video and rank == 0)
     agent = Agent(int(envs.single_action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead). The
-    # learning rate is a tensor that annealing fills in place: a compiled step reads it as data (no recompile)
+    # fused: one kernel for all parameters. The learning rate is a tensor, annealed in place without a recompile
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     kl_beta = torch.tensor(args.kl_beta, device=device)  # PPO-Penalty's beta (adapt_kl_beta changes it in place)
@@ -930,8 +920,6 @@ def check_args(args: Args, rank: int, world_size: int):
             ppolab.fail("--preempt-fraction and --preempt-min-steps must be in (0, 1]")
         if math.ceil(args.preempt_min_steps * args.num_steps) * (args.num_envs // world_size) < args.num_minibatches:
             ppolab.fail("--preempt-min-steps leaves a rank fewer samples than --num-minibatches")
-    if args.backend not in (None, "gloo", "nccl"):  # from the command line tyro refuses it first
-        ppolab.fail(f"--backend must be gloo or nccl, got {args.backend}")
     if args.backend == "nccl" and not (args.cuda and torch.cuda.is_available()):
         ppolab.fail("--backend nccl needs CUDA (pass --backend gloo, or run on GPUs)")
     if args.device_ids is not None and torch.cuda.is_available():

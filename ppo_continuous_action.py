@@ -22,10 +22,11 @@ What is special in this file (the places where PPO scripts usually go wrong):
 - Observations and rewards are normalised here, not by Gymnasium wrappers: the final observation of a
   truncated episode (which no wrapper sees) is normalised before its value is taken, and the statistics
   go into every checkpoint (data only), so `--resume` continues and `--evaluate` scores as in training.
-- On the CPU the policy step and the update step run in NumPy (ppolab's `NumpyPolicy`, `NumpyUpdate`):
-  the same functions of the same weights, written out. They run only where they compute exactly the
-  code above (this Agent, this loss, Adam); an edited network, loss or optimizer is trained as written,
-  in PyTorch, and the run says so. `--no-numpy-update` uses the PyTorch code anyway.
+- On the CPU the policy step and the update step run as NumPy mirrors of `Agent.act` and `update_step`
+  (ppolab's `NumpyPolicy`, `NumpyUpdate`): the same functions of the same weights, written out. They run
+  only where they compute exactly the code here (this Agent, this loss, Adam); an edited network, loss or
+  optimizer is trained as written, in PyTorch. The run's first lines say which steps run in NumPy, and why
+  a mirror steps aside; `--no-numpy-update` runs the PyTorch code anyway.
 """
 
 import math
@@ -99,9 +100,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
 
     # This script's own run settings (those of every script: ppolab.RunSettings)
     numpy_update: bool = True
-    """on the CPU, run the policy step and the update step in NumPy (NumpyPolicy, NumpyUpdate: the same
-    computation, faster on these small networks), each only where it computes exactly this file's code;
-    off: both run in PyTorch"""
+    """on the CPU, run Agent.act and update_step as NumPy mirrors (faster) where they compute exactly this file's code (off: PyTorch)"""
     changeable_on_resume = ("numpy_update",)
 
     @property
@@ -363,7 +362,7 @@ def ppo_loss(
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
+    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass one."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -460,8 +459,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     agent = Agent(int(np.prod(obs_shape)), act_dim, args.distribution).to(device)
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     reward_scaler = RewardScaler(args.num_envs, args.gamma, args.reward_clip)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead). The
-    # learning rate is a tensor that annealing fills in place: a compiled step reads it as data (no recompile)
+    # fused: one kernel for all parameters. The learning rate is a tensor, annealed in place without a recompile
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     # what a checkpoint holds besides progress, RNG and args: the normalisation statistics too

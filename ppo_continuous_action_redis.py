@@ -73,7 +73,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_chunks: int = 8
-    """chunks per update: the batch is num_chunks x num_steps (2048 by default, as ppo_continuous_action.py)"""
+    """chunks per update: the batch is num_chunks x num_steps (2048 at the defaults)"""
     num_steps: int = 256
     """the number of steps of one sampler's environment in a chunk"""
     anneal_lr: bool = True
@@ -121,8 +121,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     redis_url: str | None = None
     """the Redis server, e.g. redis://:PASSWORD@HOST:6379/0; none: the learner starts its own on 127.0.0.1"""
     allow_open_redis: bool = False
-    """accept a --redis-url on another machine without a password: anyone who can reach an open server can
-    push chunks and weights into the run (without this flag such a URL is refused)"""
+    """accept a --redis-url on another machine without a password (anyone who can reach it can push data into the run)"""
     run_id: str | None = None
     """the run's namespace on the server (a sampler needs it; a learner picks a fresh one when not given)"""
     num_samplers: int = 2
@@ -413,7 +412,7 @@ def ppo_loss(
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
+    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass one."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -587,8 +586,7 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
     agent = Agent(obs_dim, act_dim, args.distribution).to(device)
     obs_normalizer = ObsNormalizer(obs_shape, args.obs_clip)
     reward_scaler = RewardScaler(0, args.gamma, args.reward_clip)  # the learner only scales and merges
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead). The
-    # learning rate is a tensor that annealing fills in place: a compiled step reads it as data (no recompile)
+    # fused: one kernel for all parameters. The learning rate is a tensor, annealed in place without a recompile
     learning_rate = torch.tensor(args.learning_rate, device=device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     # what a checkpoint holds besides progress, RNG and args: the statistics too, as every checkpoint has them

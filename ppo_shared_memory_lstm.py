@@ -6,9 +6,9 @@ Run:
     python ppo_shared_memory_lstm.py --env-id Pong --num-workers 4 --num-envs-per-worker 2 --seq-len 128 \\
         --clip-coef 0.1 --learning-rate 2.5e-4 --torch-threads 2 --total-timesteps 10000000   # Atari, CNN + LSTM
 
-The defaults are for classic control (ppo.py's settings, 2 workers x 4 envs, 16-step chunks, learning rate
-1e-3: benchmark/results/more_results.md, "Memory: CartPole without velocities"); the Pong line is
-ppo_atari_lstm.py's settings, so the two files then train the same algorithm.
+The defaults are for classic control: ppo.py's hyperparameters but for 8 environments (2 workers x 4 envs),
+16-step chunks and a learning rate of 1e-3 (benchmark/results/more_results.md, "Memory: CartPole without
+velocities"); the Pong line is ppo_atari_lstm.py's settings, so the two files then train the same algorithm.
 
 What this file shows: PPO's data collection spread over processes on one machine, the algorithm unchanged.
 The learner (this process) owns the network and the optimizer; each rollout worker (a "spawn" process, one
@@ -529,7 +529,7 @@ def ppo_loss(
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
     detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample, optional) keeps fixed-shape minibatches exact: only the samples where it is 1 count."""
+    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass one."""
 
     def mean(x: torch.Tensor) -> torch.Tensor:
         return x.mean() if mask is None else (x * mask).sum() / mask.sum()
@@ -629,11 +629,9 @@ def train(args: Args, run: ppolab.Run) -> str:
     device = ppolab.pick_device(args.cuda)  # the learner's; each worker acts on the CPU from its own stream
 
     agent = Agent(observation_space.shape, int(action_space.n)).to(device)
-    # fused: one kernel for all parameters instead of a loop of small ones (same update, less overhead).
-    # The learning rate is a tensor that annealing overwrites in place, so a compiled update step sees the
-    # same input every iteration and does not recompile; CUDA graphs need the step count on the device too
+    # fused: one kernel for all parameters. The learning rate is a tensor, annealed in place without a recompile
     learning_rate = torch.tensor(args.learning_rate, device=device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True, capturable=args.cudagraphs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=learning_rate, eps=1e-5, fused=True)
     # --compile: the same update step, compiled (it runs the LSTM step by step, `cuts` None: one graph, wherever
     # episodes start); --cudagraphs also records its kernels in CUDA graphs and replays them
     update = update_step
@@ -646,7 +644,7 @@ def train(args: Args, run: ppolab.Run) -> str:
     # The rollout buffer and the weights, in shared memory once (the handoff rule: at THE PROCESSES), handed
     # to the workers as they start
     buffer, weights = allocate_shared_memory(args, agent, observation_space)
-    with rollout_workers(args, buffer, weights, run.dir, global_step) as (workers, conns):
+    with rollout_workers(args, buffer, weights, run.dir, start_step=global_step) as (workers, conns):
         run.start_clock()  # SPS counts from here, the workers started
         for iteration in range(start_iteration, args.num_iterations + 1):
             lr = args.learning_rate * (1.0 - (iteration - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
@@ -1254,10 +1252,11 @@ def evaluate(
     max_steps, whose = args.eval_max_steps if max_steps is None else max_steps, "the checkpoint's environment "
     # environment 0 records its first episode to <run_dir>/videos (the videos folder's parent), named by the prefix
     run_dir, name = str(Path(video_prefix or ".").parent.parent), Path(video_prefix or "rl-video").name
+    extras = dict(video_prefix=name, video_trigger=lambda e: e == 0, eval_max_steps=max_steps)
     with ppolab.making(args.env_id, whose):
         if video_prefix is not None and not is_atari(args.env_id):
             ppolab.check_video(args.env_id, whose)
-        envs = make_envs(args, episodes, run_dir, video_prefix is not None, name, lambda e: e == 0, max_steps)
+        envs = make_envs(args, episodes, run_dir, video_prefix is not None, **extras)
     agent = Agent(envs.single_observation_space.shape, int(envs.single_action_space.n))
     agent.load_state_dict(checkpoint["model"])
     torch.manual_seed(seed)

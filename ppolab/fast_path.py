@@ -450,7 +450,8 @@ def numpy_fast_path(agent: nn.Module, optimizer: torch.optim.Optimizer, args, ac
     code: the agent, and for the update the optimizer, must be the ones it implements, recognised by their
     structure and by the fingerprints of their code (NUMPY_COMPUTES: the Agent's methods, `update_step` and the
     `ppo_loss` it calls), and a numerical check must agree. Otherwise the step stays PyTorch's and the run says
-    so in one line. Returns the policy step and the update step to use."""
+    so in one line, after the line that says which steps do run as NumPy mirrors (and how to run the PyTorch code
+    instead). Returns the policy step and the update step to use."""
     if next(agent.parameters()).device.type != "cpu" or not args.numpy_update:
         return act, update
     try:
@@ -487,6 +488,18 @@ def numpy_fast_path(agent: nn.Module, optimizer: torch.optim.Optimizer, args, ac
             )
     except Exception as e:  # the checks themselves failed on an edited agent or optimizer: not the same code
         policy_problem = update_problem = f"its check failed ({type(e).__name__}: {e})"
+    # the run's first lines: which steps run as NumPy mirrors and how to run the PyTorch code, then why a mirror
+    # steps aside
+    mirrored = [] if policy_problem else [("Agent.act", "ppolab.NumpyPolicy")]
+    mirrored += [] if args.compile or update_problem else [("update_step", "ppolab.NumpyUpdate")]
+    if mirrored:
+        functions, mirrors = (" and ".join(names) for names in zip(*mirrored))
+        verb = "runs as a NumPy mirror" if len(mirrored) == 1 else "run as NumPy mirrors"
+        print(
+            f"on the CPU {functions} {verb} ({mirrors}: the same computation, faster); --no-numpy-update runs "
+            "this file's PyTorch code",
+            flush=True,
+        )
     if not args.compile:
         if update_problem is None:
             update = NumpyUpdate(*update.args)

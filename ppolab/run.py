@@ -117,7 +117,7 @@ class Run:
         process read and made them (under torchrun, rank 0); by default the run reads and makes them itself.
         The process that `writes` the run's files holds the run folder's lock while it runs (under torchrun,
         rank 0): a --resume of a run that is still going on is refused in one line."""
-        self.script, self.evaluate, self.env_name = script_of(args), evaluate, env_name
+        self.script, self.evaluate = script_of(args), evaluate
         self.new, self.runs_dir_existed = args.resume is None, os.path.isdir(args.runs_dir)
         if args.resume is not None:
             self.checkpoint = checkpoint if checkpoint is not None else load_checkpoint(args.resume, self.script)

@@ -22,11 +22,9 @@ class RunSettings:
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 1
-    """CPU threads for PyTorch and NumPy's BLAS (0 keeps their defaults); the default is chosen in
-    benchmark/results/speed_cpu.md"""
+    """CPU threads for PyTorch and NumPy's BLAS (0 keeps their defaults)"""
     compile: bool = False
-    """torch.compile the policy step and the update step (where it pays on the CPU: benchmark/results/speed_cpu.md;
-    the way to a faster update on a GPU)"""
+    """torch.compile the policy step and the update step (the way to a faster update on a GPU)"""
     cudagraphs: bool = False
     """capture the compiled policy step and update step in CUDA graphs (CUDA only; implies --compile)"""
     track: bool = False
@@ -46,18 +44,13 @@ class RunSettings:
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
     eval_every: int = 0
-    """evaluate every this many iterations (--eval-episodes on a separate environment) and keep the best model as
-    `runs/<run>/best_model.pt` (0: never, the default: each evaluation pauses training; its cost is in
-    benchmark/results/evaluation.md)"""
+    """evaluate every this many iterations on a separate environment and keep the best model as `runs/<run>/best_model.pt` (0: never)"""
     eval_episodes: int = 10
-    """number of episodes of an evaluation (Atari: whole games, all lives)"""
+    """the number of episodes of an evaluation"""
     eval_deterministic: bool = False
-    """if toggled, evaluation takes the most probable action (the mean action, continuous) instead of sampling"""
+    """if toggled, evaluation takes the most probable action (for continuous actions, the mean) instead of sampling"""
     eval_max_steps: int = 27_000
-    """the most steps of an evaluation episode where the environment has no time limit of its own (an episode that
-    never ends would stall the run): it is cut there, and a line says so. The default is the Atari scripts' limit of
-    a game (their --max-episode-steps; the Atari and Procgen games end by themselves), far above the time limits that
-    classic control and MuJoCo register (200 to 1,000 steps), so that only an episode that would not end is cut"""
+    """an evaluation episode is cut after this many steps where the environment has no time limit of its own"""
     runs_dir: str = "runs"
     """folder under which each run writes its own folder"""
 

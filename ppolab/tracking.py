@@ -18,8 +18,8 @@ def tensorboard_writer(run_dir: str, hyperparameters: dict):
     `hyperparameters` (name -> value)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    # events reach the file within seconds rather than TensorBoard's default two minutes, so that a reader follows
-    # the run as it goes: TensorBoard itself, and benchmark.tune, which stops a bad trial from its scores so far
+    # events reach the file within flush_secs, ten seconds (TensorBoard's default: two minutes), so that a reader
+    # follows the run as it goes: TensorBoard itself, and benchmark.tune, which stops a bad trial from its scores so far
     writer = SummaryWriter(run_dir, flush_secs=10)
     writer.add_text(
         "hyperparameters",

@@ -137,6 +137,14 @@ def test_make_env_takes_the_same_first_arguments_and_uses_idx():
         assert "idx" in uses, f"{name}.make_env never uses idx"
 
 
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_environments_are_made_with_the_extras_by_keyword(name):
+    """make_env's and make_envs' first four arguments are the shared ones; a variant's extras (the episode limit, the
+    video's name and trigger, ...) are named where they are passed."""
+    calls = calls_of(name, "make_env") + calls_of(name, "make_envs")
+    assert calls and not [f"{call.lineno}: {ast.unparse(call)}" for call in calls if len(call.args) > 4]
+
+
 def calls_of(name: str, function: str) -> list[ast.Call]:
     return [
         node
@@ -150,6 +158,22 @@ def test_training_loops_call_compute_gae_by_keyword(name):
     calls = calls_of(name, "compute_gae")
     assert calls, f"{name} never calls compute_gae"
     assert all(not call.args for call in calls), f"{name} passes compute_gae positional arguments"
+
+
+def optimizer_lines(source: str) -> list[str]:
+    """The lines that make the optimizer: the comment above it, the learning rate's tensor and the optimizer."""
+    lines = source.splitlines()
+    made = [i for i, line in enumerate(lines) if "optimizer = torch.optim." in line]
+    return [lines[i - 2 : i + 1] for i in made]
+
+
+def test_every_script_makes_its_optimizer_in_the_same_words():
+    """One text in every script, the comment that says why included (a copied one-liner, as the pieces are)."""
+    made = {name: optimizer_lines(SOURCES[name]) for name in SCRIPTS}
+    assert all(len(lines) == 1 for lines in made.values()), made
+    texts = {"\n".join(lines[0]) for lines in made.values()}
+    assert len(texts) == 1, texts
+    assert next(iter(texts)).lstrip().startswith("#")
 
 
 def string_constants(source: str) -> set[str]:

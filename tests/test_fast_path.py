@@ -10,7 +10,8 @@
   these scripts compute after the rollout are the critic's values of the stored observations;
 - their NumPy update step is `update_step`: same parameters, Adam state and statistics, step after
   step; a run with it and one without agree; and a run whose `ppo_loss` no longer matches it falls
-  back to `update_step`, with a line saying so.
+  back to `update_step`, with a line saying so;
+- a run's first lines say which steps run as NumPy mirrors and how to run the PyTorch code instead.
 """
 
 import copy
@@ -300,6 +301,52 @@ def test_a_loss_replaced_at_run_time_makes_the_run_fall_back_to_update_step(name
         "NumpyUpdate steps aside, the update step runs as update_step in PyTorch: ppo_loss is not the code it computes"
     ) in capsys.readouterr().out
     assert len(calls) == ITERATIONS * args.update_epochs * args.num_minibatches
+
+
+def test_every_script_with_the_numpy_mirrors_is_listed_and_can_turn_them_off():
+    """The scripts that call ppolab.numpy_fast_path are those these tests run on, and each has --no-numpy-update."""
+    using = [name for name in SCRIPTS if "ppolab.numpy_fast_path(" in script_path(name).read_text()]
+    assert using == NUMPY_POLICY == NUMPY_UPDATE
+    assert all(importlib.import_module(name).Args(numpy_update=False).numpy_update is False for name in using)
+
+
+TO_PYTORCH = "--no-numpy-update runs this file's PyTorch code"
+
+
+@pytest.mark.parametrize("name", NUMPY_UPDATE)
+@pytest.mark.parametrize("case", ["as written", "--no-numpy-update", "another loss"])
+def test_the_first_lines_say_which_steps_run_as_numpy_mirrors(name, case, tmp_path, monkeypatch, capsys):
+    """Before its first iteration a run on the CPU says which steps run as NumPy mirrors of the file's code and how
+    to run the PyTorch code instead; then, for a mirror that steps aside, why. With --no-numpy-update it says
+    nothing of NumPy."""
+    script = importlib.import_module(name)
+    if case == "another loss":
+        real_loss = script.ppo_loss
+
+        def another_loss(*args, **kwargs):  # computes the same, but is not the code the mirror was written from
+            return real_loss(*args, **kwargs)
+
+        monkeypatch.setattr(script, "ppo_loss", another_loss)
+    args = make_args(script, tmp_path, numpy_update=case != "--no-numpy-update", save_model=False, checkpoint_every=0)
+    script.main(args)
+    lines = capsys.readouterr().out.splitlines()
+    first = lines[: next(i for i, line in enumerate(lines) if line.startswith("iteration "))]
+    said = [line for line in first if "NumPy" in line or "Numpy" in line]
+    expected = {
+        "as written": [
+            "on the CPU Agent.act and update_step run as NumPy mirrors (ppolab.NumpyPolicy and ppolab.NumpyUpdate: the "
+            "same computation, faster); " + TO_PYTORCH
+        ],
+        "--no-numpy-update": [],
+        "another loss": [
+            "on the CPU Agent.act runs as a NumPy mirror (ppolab.NumpyPolicy: the same computation, faster); "
+            + TO_PYTORCH,
+            "NumpyUpdate steps aside, the update step runs as update_step in PyTorch: ppo_loss is not the code it "
+            "computes",
+        ],
+    }
+    assert said == expected[case]
+    assert not [line for line in lines[len(first) :] if "NumPy" in line or "Numpy" in line]
 
 
 @pytest.mark.parametrize("name", NUMPY_UPDATE)
