@@ -82,7 +82,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     num_envs_per_worker: int = 4
     """the number of environments each worker steps"""
     worker_timeout: float = 600.0
-    """seconds a worker may take to start or for one rollout before the run ends naming it (600: far above a slow environment's)"""
+    """seconds a worker may take for a rollout (to start: at least 120) before the run ends naming it; 600 is far above a slow environment's"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     seq_len: int = 16
@@ -1043,7 +1043,7 @@ def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.
             child_conn.close()
             workers.append(process)
             conns.append(conn)
-        wait_for_workers(workers, conns, Ready, args.worker_timeout)
+        wait_for_workers(workers, conns, Ready, max(args.worker_timeout, ppolab.processes.START_TIMEOUT))
         yield workers, conns
         finished = True
     except WorkerFailed as e:  # one line, with the last checkpoint and the command that resumes from it

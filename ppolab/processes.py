@@ -15,6 +15,10 @@ import torch
 
 from ppolab.stops import WRITE_ERRORS
 
+# seconds a child process may take to start at least (a fresh interpreter that imports PyTorch and makes its
+# environments, slower on a busy machine), whatever shorter time it is given for its work
+START_TIMEOUT = 120.0
+
 
 def mib(tensors) -> float:
     """The size of `tensors` in MiB."""

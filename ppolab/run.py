@@ -215,7 +215,8 @@ class Run:
                         self.writer.close()
                     shutil.rmtree(self.dir, ignore_errors=True)
                 with contextlib.suppress(OSError):
-                    os.rmdir(self.dir)
+                    if os.path.exists(self.dir):
+                        os.rmdir(self.dir)
                     if not self.runs_dir_existed:
                         os.rmdir(self.args.runs_dir)
         if allocation is None:

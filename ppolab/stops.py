@@ -25,18 +25,15 @@ def launch_info() -> tuple[int, int, int]:
 def resume_hint(run_dir: str, checkpoint_every: int | None = None) -> str:
     """Where a stopped run can go on from: its last checkpoint and the command that resumes it, shell-quoted to be
     pasted as it is (under torchrun, where the checkpoint is on rank 0's machine, the job's own command with
-    --resume). Without a checkpoint, how to get one: `checkpoint_every`, the run's --checkpoint-every (None: not
-    known here)."""
+    --resume). Without a checkpoint, how to get one where the run was started without --checkpoint-every
+    (`checkpoint_every`, the run's: 0; None: not known here)."""
     checkpoint = Path(run_dir) / "checkpoint.pt"
     if checkpoint.is_file():
         command = f"python {shlex.quote(sys.argv[0])}" if launch_info()[2] == 1 else "the same torchrun command with"
         return f"last checkpoint {checkpoint}; continue with: {command} --resume {shlex.quote(str(checkpoint))}"
-    if checkpoint_every:
-        every = checkpoint_every
-        return f"no checkpoint in {run_dir} yet (--checkpoint-every {every}: the first after iteration {every})"
     if checkpoint_every == 0:
         return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
-    return f"no checkpoint in {run_dir}"
+    return f"no checkpoint in {run_dir}{' yet' if checkpoint_every else ''}"
 
 
 def error_line(message: str, run_dir: str, checkpoint_every: int | None = None) -> str:

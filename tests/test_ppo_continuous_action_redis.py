@@ -748,9 +748,10 @@ def test_a_refused_write_ends_the_learner_its_samplers_and_its_server_in_one_lin
     stderr = output(tmp_path, "learner")[1]
     run_dir = only_run_dir(tmp_path / "runs").relative_to(tmp_path)
     assert learner.returncode == 1, stderr
+    advice = " yet" if checkpoint_every else " (--checkpoint-every N writes one every N iterations)"
     assert stderr.splitlines() == [
         f"{NAME}.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
-        f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+        f"no checkpoint in {run_dir}{advice}"
     ]
     assert not list((tmp_path / run_dir).glob("*.tmp"))
     assert seen and not running(seen), "a process of the run is left"
