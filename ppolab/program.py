@@ -7,10 +7,10 @@ the script as a module). The script's last line, `ppolab.run_program(main, Args)
 program with `end`. The stages:
 
 - from the first import until `main` runs, Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed, an ssh session
-  dropped) end the program at once, in one line, with exit code 128 + the signal's number (130, 143, 129): nothing
-  was written yet;
-- while `main` runs, SIGINT is Python's KeyboardInterrupt and SIGTERM and SIGHUP raise SystemExit, so that `finally`
-  blocks run (during a run, the run's own handler, ppolab.stops, says besides how to resume it);
+  dropped) end the program at once with exit code 128 + the signal's number (130, 143, 129), Ctrl-C with one line:
+  nothing was written yet;
+- while `main` runs, SIGINT is Python's KeyboardInterrupt (one line, 130) and SIGTERM and SIGHUP raise SystemExit, so
+  that `finally` blocks run (during a run, the run's own handler, ppolab.stops, says how to resume it);
 - once `main` returned, `end` does the interpreter's exit work (other threads, atexit functions) with a handler that
   ends the program at once, then leaves with os._exit: no signal finds the process in the interpreter's own
   shutdown, where Python's handlers are gone (a SIGTERM there kills it silently; a handler that raises in an atexit
@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 # the signals that end a program, and how its line says it
@@ -72,16 +73,20 @@ stage = "starting"
 
 def on_signal(signum, frame):
     """The program's handler, by its stage. While `main` runs, SIGINT is Python's KeyboardInterrupt (code that waits
-    for it, as a Redis sampler does, still sees it), and SIGTERM and SIGHUP raise SystemExit after their line, so
-    that `finally` blocks run. Before and after `main`, the program ends at once, in one line, exit code 128 + the
-    signal's number: nothing to unwind."""
+    for it, as a Redis sampler does, still sees it; run turns it into the line), and SIGTERM and SIGHUP raise
+    SystemExit, so that `finally` blocks run. Before and after `main`, the program ends at once with exit code 128 +
+    the signal's number: nothing to unwind. Only Ctrl-C, which a person at the terminal pressed, gets a line outside
+    a run (a run's own handler, ppolab.stops, says how to resume it): SIGTERM is how a scheduler, or a learner its
+    sampler processes, ends a program, and after SIGHUP no terminal shows one."""
     if stage == "main":
+        # a video being recorded stays unfinished: no "Unable to save last video" warning while unwinding
+        warnings.filterwarnings("ignore", message=".*Unable to save last video")
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
-        say(f"{program()}: {SIGNALS[signum]}")
         raise SystemExit(128 + signum)
-    when = "while starting; nothing was written" if stage == "starting" else "while exiting; its work was done"
-    say(f"{program()}: {SIGNALS[signum]} {when}")
+    if signum == signal.SIGINT:
+        when = "while starting; nothing was written" if stage == "starting" else "while exiting; its work was done"
+        say(f"{program()}: {SIGNALS[signum]} {when}")
     flush()
     os._exit(128 + signum)
 
