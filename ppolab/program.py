@@ -1,8 +1,8 @@
 """The program that a script is, from its first import to its exit: a signal ends it at any moment with the right exit
 code and one line at most, never a traceback, and output that cannot be written stops the printing, never the work.
 
-A script imports ppolab before anything else, and ppolab's `__init__` calls `start` first when the importer is the
-program's own script (`python ppo.py`, each rank under torchrun, a Redis sampler; not a test or a tool that imports
+A script imports ppolab before the libraries (after the standard library's few modules), and ppolab's `__init__`
+calls `start` first, before it imports PyTorch, when the importer is the program's own script (`python ppo.py`, each rank under torchrun, a Redis sampler; not a test or a tool that imports
 the script as a module). The script's last line, `ppolab.run_program(main, Args)`, then runs `main` and ends the
 program with `end`. The stages:
 
