@@ -35,13 +35,12 @@ from dataclasses import dataclass
 from typing import Literal
 from functools import partial
 
+import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
-
-import ppolab
 
 
 @dataclass
@@ -126,7 +125,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
         else:
             env = gym.make(env_id)
-        return env
+        return ppolab.policy_actions(env)  # Discrete(n, start=k): the policy's action a sent as a + k
 
     return thunk
 
@@ -591,4 +590,4 @@ def main(args: Args) -> str | list[float]:
 
 
 if __name__ == "__main__":
-    main(ppolab.parse(Args))
+    ppolab.run_program(main, Args)

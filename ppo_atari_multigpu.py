@@ -55,6 +55,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import ale_py
 import gymnasium as gym
 import numpy as np
@@ -63,7 +64,6 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-import ppolab
 import ppolab.distributed
 import ppolab.stops
 
@@ -994,4 +994,4 @@ def main(args: Args) -> str | list[float] | None:
 
 
 if __name__ == "__main__":
-    main(ppolab.parse(Args))
+    ppolab.run_program(main, Args)

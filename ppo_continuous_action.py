@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
+import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 
-import ppolab
 from torch.distributions.beta import Beta
 from torch.distributions.normal import Normal
 
@@ -131,7 +131,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
         else:
             env = gym.make(env_id)
-        return flat_observations(env, env_id)
+        return ppolab.policy_actions(flat_observations(env, env_id))  # Box of integers: actions sent rounded
 
     return thunk
 
@@ -685,4 +685,4 @@ def main(args: Args) -> str | list[float]:
 
 
 if __name__ == "__main__":
-    main(ppolab.parse(Args))
+    ppolab.run_program(main, Args)

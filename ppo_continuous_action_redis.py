@@ -50,13 +50,13 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import gymnasium as gym
 import numpy as np
 import redis
 import torch
 import torch.nn as nn
 
-import ppolab
 import ppolab.redis_server
 import ppolab.stops
 from torch.distributions.beta import Beta
@@ -158,7 +158,7 @@ def make_env(env_id: str, idx: int, capture_video: bool, run_dir: str):
             env = gym.wrappers.RecordVideo(env, f"{run_dir}/videos", disable_logger=True)
         else:
             env = gym.make(env_id)
-        return flat_observations(env, env_id)
+        return ppolab.policy_actions(flat_observations(env, env_id))  # Box of integers: actions sent rounded
 
     return thunk
 
@@ -603,6 +603,7 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
     client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run.dir}), ex=RUN_TTL)
     policy_bytes, publish_time = publish_policy(client, run_id, start_iteration, agent, obs_normalizer, args.num_chunks)
     hint = lab.start_samplers(args.num_samplers)
+    beat = ppolab.redis_server.watching(lab.samplers, beat, client, run)  # a local sampler that dies ends the run
     schema = chunk_schema(args.num_steps, obs_dim, act_dim)
 
     # --compile runs the same update step through torch.compile; --cudagraphs also records its kernels in a
@@ -1074,7 +1075,7 @@ def redis_lab(args: Args, run_dir: str):
         ppolab.redis_server.abort(
             f"the Redis server at {ppolab.redis_server.redact(url)} {OUT_OF_MEMORY}; free memory on it or raise its "
             "maxmemory (redis-cli CONFIG SET maxmemory ...), then resume with the same --redis-url: "
-            f"{ppolab.stops.resume_hint(run_dir)}"
+            f"{ppolab.stops.resume_hint(run_dir, args.checkpoint_every)}"
         )
     finally:  # the local samplers first (quietly, SIGTERM): none writes after the run is ended on the server
         if lab is not None:
@@ -1294,4 +1295,4 @@ def main(args: Args) -> str | list[float] | None:
 if __name__ == "__main__":
     # a --resume reads the run's arguments from its checkpoint, but the server and the run id from this command
     # line only: the saved URL has its password redacted, and the run id is that of the learner before
-    main(ppolab.parse(Args, from_command_line=("redis_url", "allow_open_redis", "run_id")))
+    ppolab.run_program(main, Args, from_command_line=("redis_url", "allow_open_redis", "run_id"))

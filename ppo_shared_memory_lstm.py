@@ -39,7 +39,6 @@ What is special in this file:
 
 import contextlib
 import os
-import signal
 import sys
 import time
 import traceback
@@ -49,6 +48,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import ale_py
 import gymnasium as gym
 import numpy as np
@@ -57,8 +57,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
-import ppolab
 import ppolab.processes
+import ppolab.stops
 
 gym.register_envs(ale_py)  # registers PongNoFrameskip-v4, ALE/Pong-v5, ...
 ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
@@ -81,6 +81,8 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """the number of rollout worker processes"""
     num_envs_per_worker: int = 4
     """the number of environments each worker steps"""
+    worker_timeout: float = 600.0
+    """seconds a worker may take for a rollout (to start: at least 120) before the run ends naming it; 600 is far above a slow environment's"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     seq_len: int = 16
@@ -119,6 +121,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """bootstrap the value of the final observation at a time-limit truncation (off: treat it as termination)"""
     max_episode_steps: int = 27_000
     """Atari only: agent steps after which a game is truncated (ALE stops it at 4x this many frames)"""
+    changeable_on_resume = ("worker_timeout",)
 
     @property
     def num_envs(self) -> int:
@@ -212,6 +215,7 @@ def make_env(
             env = gym.make(env_id, **settings)
         if not atari:
             env = ppolab.capped(env, env_id, eval_max_steps)  # none: training, or a time limit of its own
+            env = ppolab.policy_actions(env)  # Discrete(n, start=k): the policy's action a sent as a + k
             return gym.wrappers.RecordEpisodeStatistics(HideVelocity(env) if hide_velocity else env)
         env = NoopReset(env, noop_max=30)  # ours: 1 to 30 no-op frames after a reset
         env = MaxAndSkip(env, skip=4)  # ours: the action repeated 4 frames, the max of the last two frames
@@ -654,7 +658,7 @@ def train(args: Args, run: ppolab.Run) -> str:
             # The workers step their environments with the weights published last; the learner waits
             rollout_start = time.perf_counter()
             ppolab.processes.send_to_all(conns, Start(iteration, global_step))
-            replies = wait_for_workers(workers, conns, Done)
+            replies = wait_for_workers(workers, conns, Done, args.worker_timeout)
             rollout_time = time.perf_counter() - rollout_start
             global_step += args.batch_size
 
@@ -981,7 +985,7 @@ def rollout_worker(
     """A rollout worker process: builds its environments and policy copy, replies Ready, then for
     every Start: loads the weights, collects a rollout into its slice of `buffer` and replies Done.
     Ends at Stop; on an exception replies Failed and exits with code 1."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's: it stops the workers
+    ppolab.processes.leave_signals_to_parent()  # Ctrl-C and a closed terminal are the learner's: it stops the workers
     torch.set_num_threads(1)
     envs = None
     try:
@@ -1037,11 +1041,11 @@ def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.
             child_conn.close()
             workers.append(process)
             conns.append(conn)
-        wait_for_workers(workers, conns, Ready)
+        wait_for_workers(workers, conns, Ready, max(args.worker_timeout, ppolab.processes.START_TIMEOUT))
         yield workers, conns
         finished = True
-    except WorkerFailed as e:
-        raise SystemExit(f"{Path(sys.argv[0]).name}: error: {e}; stopped all workers") from None
+    except WorkerFailed as e:  # one line, with the last checkpoint and the command that resumes from it
+        raise SystemExit(ppolab.stops.error_line(f"{e}; stopped all workers", run_dir, args.checkpoint_every)) from None
     finally:  # with Stop and a moment to close their environments, else (an error, Ctrl-C) at once
         if finished:
             ppolab.processes.send_to_all(conns, Stop())
@@ -1050,19 +1054,19 @@ def rollout_workers(args: Args, buffer: dict[str, torch.Tensor], weights: torch.
             conn.close()
 
 
-def wait_for_workers(workers: list, conns: list, expected: type) -> list:
+def wait_for_workers(workers: list, conns: list, expected: type, timeout: float) -> list:
     """One reply of type `expected` (Ready or Done) from each worker, in worker order. A worker that replies
-    Failed, or dies without a word (killed, crashed: its process is watched too), raises WorkerFailed naming the
-    worker and its error or how it ended."""
+    Failed, dies without a word (killed, crashed: its process is watched too) or sends nothing for `timeout` seconds
+    (stopped, stuck) raises WorkerFailed naming the worker and its error or how it ended."""
     replies = [None] * len(workers)
-    for i, reply in ppolab.processes.receive_from_each(workers, conns):
+    for i, reply in ppolab.processes.receive_from_each(workers, conns, timeout):
         if isinstance(reply, Failed):
             print(reply.traceback, file=sys.stderr, end="")
             last_line = reply.traceback.strip().splitlines()[-1]
             raise WorkerFailed(f"rollout worker {i} failed: {last_line} (its traceback is above)")
         if reply is None:
             raise WorkerFailed(
-                f"rollout worker {i} (pid {workers[i].pid}) died ({ppolab.processes.how_it_ended(workers[i])})"
+                f"rollout worker {i} (pid {workers[i].pid}) {ppolab.processes.how_it_ended(workers[i], timeout)}"
             )
         assert isinstance(reply, expected) and reply.worker == i, reply
         replies[i] = reply
@@ -1291,4 +1295,4 @@ def main(args: Args) -> str | list[float]:
 
 
 if __name__ == "__main__":
-    main(ppolab.parse(Args))
+    ppolab.run_program(main, Args)

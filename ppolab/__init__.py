@@ -3,6 +3,10 @@
 Every script holds its whole PPO variant (arguments, environments, network, GAE, loss, update, training
 loop) and imports this package for what never changes what PPO computes and is the same in every script:
 
+- program.py: the program a script is, from its first import to its exit (imported first, before PyTorch): a
+  signal at any moment ends it in one line at most with the right exit code, and output that cannot be written
+  (a closed pipe, a full disk, a terminal gone) stops the printing, never the work; `run_program` in
+  command_line.py runs a script's main within it;
 - settings.py: the settings every run takes besides PPO's hyperparameters (`RunSettings`, which a script's Args
   inherits: --seed, --cuda, --track, --save-model, --checkpoint-every, --resume, --evaluate, ...);
 - command_line.py: the command line (`parse`: --resume reads the saved arguments as defaults; `use_threads`:
@@ -35,8 +39,14 @@ A script copied elsewhere runs wherever this package is importable (`pip install
 which `bash setup.sh` does).
 """
 
+# first, before anything imports PyTorch: the program's signals and output, from the script's first import on
+from ppolab import program
+
+if program.importer_is_the_program():
+    program.start()
+
 from ppolab.checks import check_args, fail
-from ppolab.command_line import parse, use_threads
+from ppolab.command_line import parse, run_program, use_threads
 from ppolab.environments import (
     capped,
     check_atari_game,
@@ -47,6 +57,7 @@ from ppolab.environments import (
     env_spec,
     make_eval_env,
     making,
+    policy_actions,
 )
 from ppolab.evaluation import evaluate_file
 from ppolab.fast_path import NumpyPolicy, numpy_fast_path
@@ -79,7 +90,9 @@ __all__ = [
     "making",
     "numpy_fast_path",
     "parse",
+    "policy_actions",
     "pick_device",
+    "run_program",
     "seed_everything",
     "use_threads",
 ]

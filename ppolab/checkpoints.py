@@ -11,6 +11,8 @@ import math
 import os
 import pickle
 import random
+import zipfile
+import zlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -137,15 +139,37 @@ FORMAT_2_NUMPY = [
 ]
 
 
+def damaged(path: str) -> str | None:
+    """What is wrong with the torch archive (a zip file) at `path`, in words, if its bytes are not those that were
+    written: an entry whose CRC-32 (which the archive holds for each entry) does not match its bytes, or a broken
+    archive structure. None where every entry checks. torch.load itself does not check them: a tensor's bytes
+    changed on the disk would be read as they are."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every entry, checking its CRC-32
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as e:
+        return f"its archive is broken ({e})"
+    return None if bad is None else f"the CRC-32 of its entry {bad} does not match its bytes"
+
+
 def read_checkpoint(path: str, script: str) -> dict | str:
-    """Reads a checkpoint written by `script` (`ppo.py`), as data only: torch.load with weights_only=True
-    rebuilds tensors, numbers, strings, lists and dicts and refuses anything else, so opening a file never runs
-    code from it. Returns the problem, in words, if the file is not a checkpoint (empty or truncated, holding
-    code or other objects, of another script, of another format)."""
+    """Reads a checkpoint written by `script` (`ppo.py`), as data only: its bytes checked first (the CRC-32 of each
+    entry of a torch archive, `damaged`), then torch.load with weights_only=True, which rebuilds tensors, numbers, strings, lists
+    and dicts and refuses anything else, so opening a file never runs code from it. Returns the problem, in words,
+    if the file is not a checkpoint (empty or truncated, damaged, holding code or other objects, of another
+    script, of another format)."""
     head = b""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
+            complete = zipfile.is_zipfile(f)  # a zip archive ends with the record of its directory: not a truncated one
+        if head == b"PK\x03\x04" and complete:
+            problem = damaged(path)
+            if problem is not None:
+                return (
+                    f"{path} is damaged: {problem} (its bytes changed after it was written, on the disk or in a "
+                    "copy); nothing in it was used: use another checkpoint, or a copy of this one that is whole"
+                )
         try:
             checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:  # format 2 holds NumPy arrays: allowed for this read, nothing else

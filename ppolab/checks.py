@@ -10,10 +10,7 @@ from pathlib import Path
 
 import torch
 
-
-def program() -> str:
-    """The name a line to the user starts with: the script's file name (`ppo.py`)."""
-    return Path(sys.argv[0]).name
+from ppolab.program import program  # (the name a line starts with; every module takes it from here)
 
 
 def fail(message: str):

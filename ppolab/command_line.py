@@ -1,11 +1,14 @@
-"""The command line: `parse` (with --resume, the checkpoint's saved arguments are the defaults) and `use_threads`
-(--torch-threads, the thread limits of PyTorch and NumPy)."""
+"""The command line: `parse` (with --resume, the checkpoint's saved arguments are the defaults), `run_program` (a
+script's entry point: its main, run as the program, ppolab.program) and `use_threads` (--torch-threads, the thread
+limits of PyTorch and NumPy)."""
 
+import sys
 from pathlib import Path
 
 import torch
 import tyro
 
+from ppolab import program
 from ppolab.checkpoints import read_checkpoint
 from ppolab.settings import script_of
 
@@ -26,6 +29,15 @@ def parse(Args, *, from_command_line: tuple = ()):
         return args
     given = {name: getattr(args, name) for name in from_command_line}  # or the script's default
     return tyro.cli(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
+
+
+def run_program(main, Args, **options):
+    """A script's entry point (`ppolab.run_program(main, Args)`, its last line): the command line read as `Args`
+    (`parse`, with its `options`), then `main(args)`, then the program's exit (ppolab.program.run): a signal at any
+    moment ends it with the right exit code and one line at most, never a traceback."""
+    # the script's own process, when its top level calls this (not a tool that runs it with runpy)
+    owner = sys._getframe(1).f_back is None
+    program.run(lambda: main(parse(Args, **options)), owner=owner)
 
 
 def use_threads(torch_threads: int):

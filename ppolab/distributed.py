@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ppolab.checkpoints import device_of, read_checkpoint, restore, rng_state, set_rng_state
 from ppolab.checks import fail, program
-from ppolab.run import Run, new_run_dir
+from ppolab.run import Run, new_run_dir, resume_dir
 from ppolab.settings import script_of
 
 # JOINING THE JOB AND LEAVING IT ------------------------------------------------------------------
@@ -252,15 +252,23 @@ class DistributedRun(Run):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         sent = None
         if self.rank == 0:
-            if args.resume is not None:
+            if args.resume is not None:  # in its own folder, or a branch in a new one (resume_dir)
                 checkpoint, run_dir, problem = read_checkpoint(args.resume, script_of(args)), None, None
+                if not isinstance(checkpoint, str):
+                    run_dir, problem = resume_dir(args, checkpoint)
             else:
                 checkpoint, (run_dir, problem) = None, new_run_dir(args, env_name)
             sent = args, checkpoint, run_dir, checkpoint if isinstance(checkpoint, str) else problem
         args, checkpoint, run_dir, problem = from_rank0(sent)
         if problem:
             fail(problem)  # on every rank: each says why the job ends
-        super().__init__(args, evaluate, env_name, checkpoint=checkpoint, run_dir=run_dir, writes=self.rank == 0)
+        try:
+            super().__init__(args, evaluate, env_name, checkpoint=checkpoint, run_dir=run_dir, writes=self.rank == 0)
+        except SystemExit:  # a refused resume leaves no branch folder behind
+            if self.rank == 0 and args.resume is not None and run_dir != str(Path(args.resume).parent):
+                with contextlib.suppress(OSError):
+                    os.rmdir(run_dir)
+            raise
 
     def start(self, saved: dict, *, rng: bool = True) -> tuple[int, int]:
         """Every rank restores `saved` from --resume's checkpoint and, with `rng`, its own random streams where

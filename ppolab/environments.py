@@ -1,7 +1,8 @@
 """Gymnasium's environments as the scripts take them: an environment id checked (Gymnasium's `module:Name-v0` ids
 too), an environment that cannot be made here, a space a script does not support, an id that is not an Atari game
 in an Atari script and --capture-video with an environment that cannot render each refused in one line before any
-work, and the one environment an evaluation plays on (`make_eval_env`), whose episodes always end."""
+work, actions that the policy's numbers map onto exactly (`policy_actions`), and the one environment an evaluation
+plays on (`make_eval_env`), whose episodes always end."""
 
 import contextlib
 import importlib
@@ -69,6 +70,48 @@ def making(env_id: str, whose: str = ""):
         fail(f"cannot make {whose}{env_id} here: {described(e)}")
 
 
+class ActionsFromZero(gym.ActionWrapper):
+    """A `Discrete(n, start=k)` environment as the policy sees it: `Discrete(n)`, actions 0 to n - 1 (a categorical
+    policy's), each shifted by k on its way to the environment, so the environment gets exactly its own k to
+    k + n - 1."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.start = env.action_space.start
+        self.action_space = gym.spaces.Discrete(env.action_space.n)
+
+    def action(self, action):
+        return action + self.start
+
+
+class RoundedActions(gym.ActionWrapper):
+    """An environment whose Box actions are integers (an integer dtype) as the policy sees it: a float32 Box of the
+    same bounds; each action rounded to the nearest integer, clipped to the bounds and cast to the environment's
+    dtype on its way there. The policy learns, and is scored, on the actions the environment took."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.action_space
+        self.action_space = gym.spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32))
+
+    def action(self, action):
+        space = self.env.action_space
+        return np.clip(np.rint(action), space.low, space.high).astype(space.dtype)
+
+
+def policy_actions(env: gym.Env) -> gym.Env:
+    """`env` with actions the policy's outputs map onto exactly: a `Discrete(n, start=k)` shifted to 0 to n - 1
+    (ActionsFromZero), a Box of integers rounded and clipped (RoundedActions); any other environment as it is (no
+    wrapper, no cost). A script's `make_env` and the evaluation's environment (make_eval_env) pass every
+    environment through it."""
+    space = env.action_space
+    if isinstance(space, gym.spaces.Discrete) and space.start != 0:
+        return ActionsFromZero(env)
+    if isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.integer):
+        return RoundedActions(env)
+    return env
+
+
 def check_observations(env_id: str, space: gym.Space, envs: gym.vector.VectorEnv | None = None):
     """The MLP scripts (and the shared-memory script's classic-control path) observe vectors: a one-dimensional Box.
     Another space (a Dict, a Tuple, a Discrete, an image) ends in one line, `envs` closed first, as an action space
@@ -106,11 +149,14 @@ def check_atari_game(args, env_id: str):
     try:
         env = gym.make(env_id)
         atari = hasattr(env.unwrapped, "ale") and hasattr(env.unwrapped, "get_action_meanings")
+        space = env.action_space
         env.close()
     except gym.error.Error as e:
         fail(f"cannot make {env_id}: {e}")
     if not atari:
         fail(f"{env_id} is not an Atari game; {script_of(args)} trains Atari games only")
+    if not isinstance(space, gym.spaces.Discrete) or space.start != 0:  # (ale-py's games: actions 0 to n - 1)
+        fail(f"{env_id} has action space {space}; {script_of(args)} trains Discrete actions from 0 (ale-py's games)")
 
 
 def offscreen():
@@ -175,19 +221,21 @@ def capped(env: gym.Env, env_id: str, max_steps: int | None) -> gym.Env:
 def make_eval_env(env_id: str, video_prefix: str | None, max_steps: int) -> gym.Env:
     """The one environment of an evaluation of a policy trained on `env_id` (the scripts with a single evaluation
     environment of Gymnasium's). Its episodes always end: `max_steps` (--eval-max-steps) cuts them where it has
-    no time limit of its own (capped). `video_prefix` (`--evaluate --capture-video`): every episode is
+    no time limit of its own (capped); its actions are the policy's (policy_actions). `video_prefix` (`--evaluate --capture-video`): every episode is
     recorded as `<video_prefix>-episode-<k>.mp4`, the rendering checked first (check_video). An environment that
     cannot be made here ends in one line naming it (`making`)."""
     whose = "the checkpoint's environment "
     if video_prefix is None:
         with making(env_id, whose):
-            return capped(gym.make(env_id), env_id, max_steps)
+            return policy_actions(capped(gym.make(env_id), env_id, max_steps))
     check_video(env_id, whose)
     env = capped(gym.make(env_id, render_mode="rgb_array"), env_id, max_steps)
-    return gym.wrappers.RecordVideo(
-        env,
-        str(Path(video_prefix).parent),
-        name_prefix=Path(video_prefix).name,
-        episode_trigger=lambda episode: True,
-        disable_logger=True,
+    return policy_actions(
+        gym.wrappers.RecordVideo(
+            env,
+            str(Path(video_prefix).parent),
+            name_prefix=Path(video_prefix).name,
+            episode_trigger=lambda episode: True,
+            disable_logger=True,
+        )
     )

@@ -36,9 +36,12 @@ def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str
     With --capture-video every episode is recorded into `videos/` beside the file."""
     path = args.evaluate
     checkpoint = load_checkpoint(path, script_of(args))
-    problem = non_finite(checkpoint["model"])
+    # what the policy plays with: its weights and its statistics (observation normalisation, ...), not the optimizer
+    played = {name: value for name, value in checkpoint.items() if name not in ("optimizer", "rng", "args")}
+    problem = non_finite(played)
     if problem is not None:
-        fail(f"{path} holds weights that are not finite (model.{problem}): its run diverged; evaluate an earlier one")
+        what = "weights" if problem.startswith("model.") else "statistics"
+        fail(f"{path} holds {what} that are not finite ({problem}): its run diverged; evaluate an earlier one")
     video_prefix = str(Path(path).parent / "videos" / f"{Path(path).stem}-eval") if args.capture_video else None
     try:
         returns = evaluate_saved(

@@ -1,7 +1,7 @@
 """The plumbing of ppo_shared_memory_lstm.py's worker processes that is not its lesson (imported by it alone): tensors
 moved into shared memory with a refused write reported as one (ppolab.stops), messages that do not wait forever for
-a process that died, and processes ended within a grace period. What the processes exchange, and when, is the
-script's."""
+a process that died or stopped answering, the terminal's signals left to the parent, and processes ended within a
+grace period. What the processes exchange, and when, is the script's."""
 
 import os
 import re
@@ -14,6 +14,10 @@ from typing import Iterator
 import torch
 
 from ppolab.stops import WRITE_ERRORS
+
+# seconds a child process may take to start at least (a fresh interpreter that imports PyTorch and makes its
+# environments, slower on a busy machine), whatever shorter time it is given for its work
+START_TIMEOUT = 120.0
 
 
 def mib(tensors) -> float:
@@ -61,14 +65,25 @@ def send_to_all(conns: list, message):
             pass
 
 
-def receive_from_each(processes: list, conns: list) -> Iterator[tuple[int, object]]:
+def leave_signals_to_parent():
+    """In a child process: Ctrl-C (SIGINT) and a closed terminal (SIGHUP), which the terminal sends to every process
+    of its group, are the parent's, which stops its children itself; the child ignores them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def receive_from_each(processes: list, conns: list, timeout: float | None = None) -> Iterator[tuple[int, object]]:
     """One message from each child process (`conns[i]`: the parent's end of the pipe of `processes[i]`), as
-    (i, message) in the order they arrive, or (i, None) for a process that ended without one (`how_it_ended`).
-    Waits on the pipes and on the processes themselves (their sentinels), so a process that dies without a word
-    (killed, crashed) is noticed at once."""
+    (i, message) in the order they arrive, or (i, None) for a process that ended without one or that sent none
+    within `timeout` seconds (None: no limit) of the call (`how_it_ended` says which). Waits on the pipes and on the
+    processes themselves (their sentinels), so a process that dies without a word (killed, crashed) is noticed at
+    once, and one that stopped (SIGSTOP, a step of its environment that never returns, a deadlock) once its time
+    is up."""
     pending = set(range(len(processes)))
+    deadline = None if timeout is None else time.monotonic() + timeout
     while pending:
-        wait([conns[i] for i in pending] + [processes[i].sentinel for i in pending], timeout=1.0)
+        left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+        wait([conns[i] for i in pending] + [processes[i].sentinel for i in pending], timeout=left)
         for i in sorted(pending):
             message = None
             if conns[i].poll():  # read before looking at the exit code: a last message may come just before the exit
@@ -79,12 +94,19 @@ def receive_from_each(processes: list, conns: list) -> Iterator[tuple[int, objec
             if message is not None or processes[i].exitcode is not None:
                 pending.discard(i)
                 yield i, message
+        if deadline is not None and time.monotonic() >= deadline:
+            for i in sorted(pending):
+                pending.discard(i)
+                yield i, None
 
 
-def how_it_ended(process) -> str:
-    """`signal SIGKILL` or `exit code 1`: how an ended process ended."""
+def how_it_ended(process, timeout: float | None = None) -> str:
+    """Why `process` sent nothing (receive_from_each): `died (signal SIGKILL)`, `died (exit code 1)`, or, still
+    running, that it sent nothing within `timeout` seconds."""
     code = process.exitcode
-    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    if code is None:
+        return f"sent nothing for {timeout:g} s (stopped, or stuck: in a step of its environment, a deadlock)"
+    return f"died (signal {signal.Signals(-code).name})" if code < 0 else f"died (exit code {code})"
 
 
 def end_processes(processes: list, grace: float):

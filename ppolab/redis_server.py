@@ -1,8 +1,8 @@
 """The Redis plumbing of ppo_continuous_action_redis.py that is not its lesson (the exchange of chunks and
 policies through the server is, and stays in the script): a server's URL read as written and checked before any
 connection (`open_redis_host`, `redact`, `check_redis_url`), a client checked with a PING (`connect`), a
-redis-server of the run's own (`start_redis_server`), the local processes a run started stopped however it ends
-(`stop_processes`), and the one line of a run that cannot go on (`abort`). Imported by that script alone: the other
+redis-server of the run's own (`start_redis_server`), the local processes a run started watched while it goes on
+(`watching`) and stopped however it ends (`stop_processes`), and the one line of a run that cannot go on (`abort`). Imported by that script alone: the other
 scripts do not need the redis client."""
 
 import ctypes
@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -132,6 +133,30 @@ def stop_processes(processes: list[subprocess.Popen]):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def watching(processes: list[subprocess.Popen], beat, client: redis.Redis, run):
+    """The learner's heartbeat `beat`, which its waits and its update call often, watching besides the local
+    `processes` (the samplers it started): one that ends while the run goes on ends the run at once (`abort`), in one
+    line naming it and how it ended, with where `run` (ppolab's Run) can be resumed from; not a minute later as a
+    sampler that sends nothing. A sampler that ended because the server is gone leaves that to the server's own error
+    (a ping first). Looks at most every quarter second, from the main thread (a thread that beats for it, see
+    the script's `beating`, only beats)."""
+    last = [0.0]
+
+    def beat_and_watch():
+        beat()
+        if threading.current_thread() is not threading.main_thread() or time.monotonic() - last[0] < 0.25:
+            return
+        last[0] = time.monotonic()
+        for k, process in enumerate(processes):
+            code = process.poll()
+            if code is not None:
+                client.ping()  # the server gone: its own error (ConnectionError), which the learner reports
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                abort(f"local sampler {k} (pid {process.pid}) died ({how}) while the run went on; {run.resume_hint()}")
+
+    return beat_and_watch
 
 
 def abort(message: str):

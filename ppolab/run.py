@@ -10,6 +10,8 @@ import contextlib
 import fcntl
 import itertools
 import os
+import re
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -20,9 +22,18 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ppolab.checkpoints import checkpoint_data, load_checkpoint, non_finite, restore, resume_args, write_checkpoint_file
-from ppolab.checks import fail, program
+from ppolab.checkpoints import (
+    checkpoint_data,
+    load_checkpoint,
+    non_finite,
+    read_checkpoint,
+    restore,
+    resume_args,
+    write_checkpoint_file,
+)
+from ppolab.checks import fail, flag, program
 from ppolab.evaluation import evaluate_saved
+from ppolab.program import release
 from ppolab.settings import script_of
 from ppolab.stops import exit_on_ctrl_c, exit_on_write_error, resume_hint
 from ppolab.tracking import finish_tracking, start_tracking, tensorboard_writer
@@ -59,13 +70,17 @@ class ProgressLine:
 
 def new_run_dir(args, env_name: Callable[[str], str] = str) -> tuple[str, str | None]:
     """Makes a new run's folder, `<--runs-dir>/<env>__<--exp-name>__<--seed>__<the time in seconds>`, and returns
-    it with the problem in words (None: none). The folder is claimed by creating it, which only one process can:
-    a run that started in the same second with the same name gets the next free `-2`, `-3`, ... instead of
-    sharing it."""
-    name = f"{env_name(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    base = f"{args.runs_dir}/{name.replace('/', '-').replace(':', '-')}"
+    it with the problem in words (None: none)."""
+    return claim_run_dir(args.runs_dir, f"{env_name(args.env_id)}__{args.exp_name}__{args.seed}__{int(time.time())}")
+
+
+def claim_run_dir(runs_dir: str, name: str) -> tuple[str, str | None]:
+    """Makes the folder `<runs_dir>/<name>` and returns it with the problem in words (None: none). The folder is
+    claimed by creating it, which only one process can: a run that started in the same second with the same name
+    gets the next free `-2`, `-3`, ... instead of sharing it."""
+    base = f"{runs_dir}/{name.replace('/', '-').replace(':', '-')}"
     try:
-        Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
+        Path(runs_dir).mkdir(parents=True, exist_ok=True)
         for k in itertools.count(1):
             run_dir = base if k == 1 else f"{base}-{k}"
             with contextlib.suppress(FileExistsError):
@@ -73,6 +88,40 @@ def new_run_dir(args, env_name: Callable[[str], str] = str) -> tuple[str, str | 
                 return run_dir, None
     except OSError as e:
         return base, f"cannot create the run folder {base}: {e.strerror or e} (pass another --runs-dir)"
+
+
+def newer_work(path: str, checkpoint: dict, script: str) -> str | None:
+    """Why a --resume of `path` (its `checkpoint`, read) cannot go on in the folder of `path` without overwriting
+    newer work there, in words; None where it can: `path` is the folder's own `checkpoint.pt` (where a run writes
+    its latest), and the folder's `model.pt`, if there is one, is not further on than it (a run that goes on writes
+    both anew; its `best_model.pt` stays unless an evaluation beats it). A model.pt that cannot be read counts as
+    further on."""
+    path = Path(path)
+    if path.name != "checkpoint.pt":
+        latest = path.parent / "checkpoint.pt"
+        newer = f" (its checkpoint.pt is)" if latest.is_file() else ""
+        return f"{path.name} is not the latest checkpoint of {path.parent}{newer}"
+    model = path.parent / "model.pt"
+    if model.is_file():
+        saved = read_checkpoint(str(model), script)
+        if isinstance(saved, str) or saved["global_step"] > checkpoint["global_step"]:
+            step = "" if isinstance(saved, str) else f" (global step {saved['global_step']})"
+            return f"{model} is further on{step} than {path.name} (global step {checkpoint['global_step']})"
+    return None
+
+
+def resume_dir(args, checkpoint: dict, writes: bool = True) -> tuple[str, str | None]:
+    """The folder a --resume of `args.resume` (its `checkpoint`, read) goes on in, and the problem in words (None:
+    none). The folder of the file where the run continues there (`newer_work` finds nothing newer); otherwise a new
+    run folder under --runs-dir, named after the folder of the file and the iteration it branches from
+    (`<folder>__from-iteration-<i>`), made by the process that `writes`: the newer files stay as they were."""
+    source = str(Path(args.resume).parent)
+    if newer_work(args.resume, checkpoint, script_of(args)) is None:
+        return source, None
+    name = f"{Path(source).absolute().name}__from-iteration-{checkpoint['iteration']}"
+    if not writes:
+        return f"{args.runs_dir}/{name}", None
+    return claim_run_dir(args.runs_dir, name)
 
 
 def lock_run_dir(run_dir: str) -> tuple[int | None, str | None]:
@@ -113,16 +162,23 @@ class Run:
         run_dir: str | None = None,
         writes: bool = True,
     ):
-        """`checkpoint` (--resume's, read) and `run_dir` (a new run's folder, made by new_run_dir) where another
-        process read and made them (under torchrun, rank 0); by default the run reads and makes them itself.
-        The process that `writes` the run's files holds the run folder's lock while it runs (under torchrun,
-        rank 0): a --resume of a run that is still going on is refused in one line."""
+        """`checkpoint` (--resume's, read) and `run_dir` (a new run's folder, made by new_run_dir, or a resumed run's,
+        chosen by resume_dir) where another process read and made them (under torchrun, rank 0); by default the run
+        reads and makes them itself. The process that `writes` the run's files holds the run folder's lock while it
+        runs (under torchrun, rank 0): a --resume of a run that is still going on is refused in one line.
+
+        A --resume goes on in the folder of its file where that is the folder's latest checkpoint, else in a new
+        run folder, a branch that leaves the newer files as they are (resume_dir)."""
         self.script, self.evaluate = script_of(args), evaluate
         self.new, self.runs_dir_existed = args.resume is None, os.path.isdir(args.runs_dir)
         if args.resume is not None:
             self.checkpoint = checkpoint if checkpoint is not None else load_checkpoint(args.resume, self.script)
-            self.args, self.dir = resume_args(args, self.checkpoint), str(Path(args.resume).parent)
-            if writes and not os.access(self.dir, os.W_OK | os.X_OK):
+            self.args = resume_args(args, self.checkpoint)
+            self.dir, problem = (run_dir, None) if run_dir is not None else resume_dir(self.args, self.checkpoint)
+            if problem:
+                fail(problem)
+            self.new = self.dir != str(Path(args.resume).parent)  # a branch: a new run folder
+            if writes and not self.new and not os.access(self.dir, os.W_OK | os.X_OK):
                 fail(f"--resume: cannot write into the run folder {self.dir}: resume from a copy of it elsewhere")
         else:
             self.checkpoint, self.args, self.dir = None, args, run_dir
@@ -138,25 +194,40 @@ class Run:
         self.writer, self.progress, self.best_return = None, ProgressLine(), float("-inf")
         self.episode_returns = []  # of the episodes that ended in this iteration
         self.exits = contextlib.ExitStack()
+        self.wrote = False  # an iteration logged or a file written: the folder holds the run's work
 
     def __enter__(self):
-        exit_on_ctrl_c(self.dir)
-        self.exits.enter_context(exit_on_write_error(self.dir))
+        self.exits.callback(release, exit_on_ctrl_c(self.dir, self.args.checkpoint_every))
+        self.exits.enter_context(exit_on_write_error(self.dir, self.args.checkpoint_every))
         # no warning from NumPy at each NaN or overflow of a diverging run: the run says so itself, in one line
         self.exits.enter_context(np.errstate(all="ignore"))
         return self
 
     def __exit__(self, *exception):
+        allocation = allocation_failure(exception[1])
         if self.lock is not None:
             os.close(self.lock)  # the lock goes with it (also for a resume in this same process)
             if exception[0] is not None and self.new:
                 # a new run that ended before it wrote anything leaves no folder: its own, and --runs-dir if it
-                # made it and it is empty
+                # made it and it is empty; one that could not allocate its memory, not even its first logs
+                if allocation is not None and not self.wrote:
+                    if self.writer is not None:
+                        self.writer.close()
+                    shutil.rmtree(self.dir, ignore_errors=True)
                 with contextlib.suppress(OSError):
-                    os.rmdir(self.dir)
+                    if os.path.exists(self.dir):
+                        os.rmdir(self.dir)
                     if not self.runs_dir_existed:
                         os.rmdir(self.args.runs_dir)
-        return self.exits.__exit__(*exception)
+        if allocation is None:
+            return self.exits.__exit__(*exception)
+        self.exits.__exit__(None, None, None)
+        print(f"{program()}: error: {allocation}; {sizes(self.args)}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+    def resume_hint(self) -> str:
+        """Where this run can go on from: its last checkpoint and the command that resumes it (ppolab.stops)."""
+        return resume_hint(self.dir, self.args.checkpoint_every)
 
     def diverged(self, iteration: int, what: str):
         """Ends the run in one line, exit code 1, when a number it computed is no longer finite: nothing
@@ -165,7 +236,7 @@ class Run:
         print(
             f"{program()}: error: iteration {iteration}: {what} is not finite: the training diverged (the usual "
             "sources: NaN or infinite observations or rewards from the environment, rewards too large for float32, "
-            f"a learning rate too large); nothing non-finite was saved; {resume_hint(self.dir)}",
+            f"a learning rate too large); nothing non-finite was saved; {self.resume_hint()}",
             file=sys.stderr,
             flush=True,
         )
@@ -178,6 +249,7 @@ class Run:
         if problem is not None:
             self.diverged(iteration, f"{problem}, which {name} would hold,")
         write_checkpoint_file(checkpoint, f"{self.dir}/{name}")
+        self.wrote = True
 
     def start(self, saved: dict, *, rng: bool = True) -> tuple[int, int]:
         """Before the loop: restores `saved` (name -> object with state_dict(): `model`, `optimizer`, ...: what
@@ -185,12 +257,33 @@ class Run:
         folder and its logs. Returns the first iteration and the global step (1 and 0 for a new run)."""
         start_iteration, global_step = restore(self.checkpoint, saved, rng=rng)
         if self.checkpoint is not None:
+            where = ""
+            if self.new:  # (`newer_work` in the writing process, which has the files: under torchrun, rank 0)
+                why = newer_work(self.args.resume, self.checkpoint, self.script)
+                where = f", in a new run folder ({why}; {Path(self.args.resume).parent} stays as it is)"
             print(
                 f"resumed from {self.args.resume} at iteration {self.checkpoint['iteration']}, global step "
-                f"{global_step}"
+                f"{global_step}{where}"
             )
+            self.best_return = self.best_so_far()
         self.open_logs(global_step)
         return start_iteration, global_step
+
+    def best_so_far(self) -> float:
+        """The evaluation score of the run folder's `best_model.pt` (-inf without one, or in a new folder), so that a
+        resumed run replaces it only with a better one: as the file says (`eval_return`), or, in a file written
+        before files said it, as evaluate_saved scores it again (the same episodes: the same score)."""
+        path = Path(self.dir) / "best_model.pt"
+        if self.new or not self.args.eval_every or not path.is_file():
+            return float("-inf")
+        best = read_checkpoint(str(path), self.script)
+        if isinstance(best, str):
+            return float("-inf")  # (not a best model of this script: replaced by the first evaluation)
+        if "eval_return" in best:
+            return float(best["eval_return"])
+        return float(
+            np.mean(evaluate_saved(best, self.evaluate, self.args.eval_episodes, self.args.eval_deterministic))
+        )
 
     def open_logs(self, global_step: int):
         """Creates the run folder (or says in one line why it cannot) and its TensorBoard writer; starts
@@ -271,7 +364,7 @@ class Run:
         """An iteration's scalars at `global_step` (`explained`: the critic's explained variance); returns the
         run's steps per second so far. The update's statistics, copied from the device here anyway, must be finite:
         else the run ends (`diverged`) after logging them."""
-        writer = self.writer
+        writer, self.wrote = self.writer, True
         stats = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
         first_ratio_deviation = stats.pop("ratio_deviation")
         sps = int((global_step - self.start_step) / (time.time() - self.start_time))
@@ -329,7 +422,7 @@ class Run:
         self.log_evaluation(returns, global_step)
         if np.mean(returns) > self.best_return:
             self.best_return = float(np.mean(returns))
-            self.write(snapshot, "best_model.pt", iteration)
+            self.write({**snapshot, "eval_return": self.best_return}, "best_model.pt", iteration)
         print(
             f"evaluation at global_step={global_step}: mean return {np.mean(returns):.2f} (best, in "
             f"best_model.pt: {self.best_return:.2f}; {time.perf_counter() - eval_start:.1f}s)",
@@ -352,3 +445,24 @@ class Run:
         self.writer.close()
         if args.track:
             finish_tracking(self.dir)
+
+
+def allocation_failure(error: BaseException | None) -> str | None:
+    """What an error that says memory could not be allocated asked for, in words (`cannot allocate 596.05 GiB of
+    memory`); None for any other error."""
+    text = str(error)
+    if isinstance(error, MemoryError) or isinstance(error, torch.OutOfMemoryError):
+        pass
+    elif not (isinstance(error, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    size = f"{int(asked[1]) / 2**30:.2f} GiB of " if asked else ""
+    where = " on the GPU" if isinstance(error, torch.OutOfMemoryError) else ""
+    return f"cannot allocate {size}memory{where} for the run"
+
+
+def sizes(args) -> str:
+    """The flags that size a run's rollout and batch, with their values, and what to do."""
+    names = [name for name in ("num_workers", "num_envs_per_worker", "num_envs", "num_chunks", "num_steps")]
+    given = [f"{flag(name)} {getattr(args, name)}" for name in names if name in args.__dataclass_fields__]
+    return f"its rollout is {' x '.join(given)} steps: pass smaller ones"

@@ -1,9 +1,10 @@
-"""How a run ends when it is stopped: Ctrl-C, or a write the file system refuses. One line on stderr that says
-where the last checkpoint is and how to resume from it, and an exit code; never a traceback."""
+"""How a run ends when it is stopped: Ctrl-C, SIGTERM, SIGHUP, or a write the file system refuses. One line on
+stderr that says where the last checkpoint is and how to resume from it, and an exit code; never a traceback."""
 
 import contextlib
 import errno
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -11,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from ppolab.checks import program
+from ppolab.program import SIGNALS, catch, say
 
 
 def launch_info() -> tuple[int, int, int]:
@@ -20,34 +22,43 @@ def launch_info() -> tuple[int, int, int]:
     )
 
 
-def resume_hint(run_dir: str) -> str:
-    """Where a stopped run can go on from: its last checkpoint and the command that resumes it (under torchrun,
-    where the checkpoint is on rank 0's machine, the job's own command with --resume)."""
+def resume_hint(run_dir: str, checkpoint_every: int | None = None) -> str:
+    """Where a stopped run can go on from: its last checkpoint and the command that resumes it, shell-quoted to be
+    pasted as it is (under torchrun, where the checkpoint is on rank 0's machine, the job's own command with
+    --resume). Without a checkpoint, how to get one where the run was started without --checkpoint-every
+    (`checkpoint_every`, the run's: 0; None: not known here)."""
     checkpoint = Path(run_dir) / "checkpoint.pt"
     if checkpoint.is_file():
-        command = f"python {sys.argv[0]}" if launch_info()[2] == 1 else "the same torchrun command with"
-        return f"last checkpoint {checkpoint}; continue with: {command} --resume {checkpoint}"
-    return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+        command = f"python {shlex.quote(sys.argv[0])}" if launch_info()[2] == 1 else "the same torchrun command with"
+        return f"last checkpoint {checkpoint}; continue with: {command} --resume {shlex.quote(str(checkpoint))}"
+    if checkpoint_every == 0:
+        return f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+    return f"no checkpoint in {run_dir}{' yet' if checkpoint_every else ''}"
 
 
-def exit_on_ctrl_c(run_dir: str):
+def error_line(message: str, run_dir: str, checkpoint_every: int | None = None) -> str:
+    """A run's fatal error as its one line: the message, then where the run can go on from (resume_hint)."""
+    return f"{program()}: error: {message}; {resume_hint(run_dir, checkpoint_every)}"
+
+
+def exit_on_ctrl_c(run_dir: str, checkpoint_every: int | None = None) -> dict:
     """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
     how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback; SIGTERM,
-    what schedulers (Slurm, Kubernetes) send first, does the same with exit code 143 (128 + SIGTERM).
-    It raises SystemExit, so `finally` blocks still run (closing environments, stopping processes). Under
-    torchrun each rank gets the signal and prints its line, naming its rank."""
+    what schedulers (Slurm, Kubernetes) send first, does the same with exit code 143 (128 + SIGTERM), and SIGHUP
+    (the terminal closed, an ssh session dropped) with 129, its line written where it still can be (not where
+    SIGHUP was ignored when the program started: `nohup`). It raises SystemExit, so `finally` blocks still run
+    (closing environments, stopping processes). Under torchrun each rank gets the signal and prints its line,
+    naming its rank. Returns the handlers it replaced (ppolab.program.release puts them back)."""
     rank, _, world_size = launch_info()
 
     def handler(signum, frame):
         who = "" if world_size == 1 else f"rank {rank}: "
-        what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
-        print(f"{program()}: {who}{what}: {resume_hint(run_dir)}", file=sys.stderr, flush=True)
+        say(f"{program()}: {who}{SIGNALS[signum]}: {resume_hint(run_dir, checkpoint_every)}")
         # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
         warnings.filterwarnings("ignore", message=".*Unable to save last video")
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    return catch(handler)
 
 
 # what a file system answers a write it refuses wherever the file is: no space left, a file larger than allowed
@@ -81,7 +92,7 @@ def quiet_write_errors(run_dir: str):
 
 
 @contextlib.contextmanager
-def exit_on_write_error(run_dir: str):
+def exit_on_write_error(run_dir: str, checkpoint_every: int | None = None):
     """A checkpoint, the model or the TensorBoard events that cannot be written (disk full, file too large,
     read-only, the run folder deleted or made unwritable) end the run as Ctrl-C does: one line on stderr naming
     the file, the error and the last good checkpoint with the command that resumes it, and exit code 1
@@ -94,10 +105,6 @@ def exit_on_write_error(run_dir: str):
             raise
         # (TensorBoard's writer names its file in bytes)
         file = os.fsdecode(e.filename) if e.filename else f"the TensorBoard events in {run_dir}"
-        print(
-            f"{program()}: error: cannot write {file}: {e.strerror}; {resume_hint(run_dir)}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(error_line(f"cannot write {file}: {e.strerror}", run_dir, checkpoint_every), file=sys.stderr, flush=True)
         warnings.filterwarnings("ignore", message=".*Unable to save last video")  # as on Ctrl-C
         raise SystemExit(1) from None

@@ -4,6 +4,7 @@
 import os
 import shutil
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,13 +31,15 @@ def tensorboard_writer(run_dir: str, hyperparameters: dict):
 
 def start_tracking(args, run_dir: str):
     """`--track`: starts the Weights & Biases run, its files in the run folder (`wandb/`, unless WANDB_DIR says
-    elsewhere), not in the working directory. Without a network it waits TRACKING_TIMEOUT seconds at most, then
+    elsewhere), not in the working directory. Without a network it gives up after TRACKING_TIMEOUT seconds, then
     the run ends in one line (exit 1) and leaves no files behind. Started before the TensorBoard writer, whose
-    scalars it syncs."""
+    scalars it syncs. The line says how long it waited: Weights & Biases adds its own checks (its login asks the
+    server for the user) to the timeout."""
     import wandb  # imported only when used
 
     folder = os.environ.get("WANDB_DIR") or run_dir
     timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", TRACKING_TIMEOUT))
+    started = time.monotonic()
     try:
         wandb.init(
             project=args.wandb_project_name,
@@ -52,8 +55,9 @@ def start_tracking(args, run_dir: str):
         if folder == run_dir:
             shutil.rmtree(Path(run_dir, "wandb"), ignore_errors=True)
         reason = (str(e).splitlines() or [type(e).__name__])[0]
+        waited = f"{time.monotonic() - started:.0f}s, its timeout {timeout:g}s (WANDB_INIT_TIMEOUT) and its checks"
         print(
-            f"{program()}: error: --track: Weights & Biases did not start a run in {timeout:g}s ({reason}); "
+            f"{program()}: error: --track: Weights & Biases did not start a run in {waited} ({reason}); "
             "train without --track, or offline with WANDB_MODE=offline (then `wandb sync` the run later)",
             file=sys.stderr,
         )

@@ -130,3 +130,15 @@ class MixedEndsAtari(FakeAtariEnv):
 
 if "MixedEndsAtari-v0" not in gym.registry:
     gym.register("MixedEndsAtari-v0", entry_point=MixedEndsAtari)
+
+
+class OffsetActionsAtari(FakeAtariEnv):
+    """The game above with its actions numbered from 1 (`Discrete(4, start=1)`), as no ale-py game numbers them."""
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        self.action_space = gym.spaces.Discrete(len(self.meanings), start=1)
+
+
+if "OffsetActionsAtari-v0" not in gym.registry:
+    gym.register("OffsetActionsAtari-v0", entry_point=OffsetActionsAtari)

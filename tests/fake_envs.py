@@ -145,6 +145,33 @@ class BoundsEnv(gym.Env):
         return np.full(2, self.t / FIXED_LENGTH, np.float32), -abs(float(action[0]) + 1), False, False, {}
 
 
+class StrictActionsEnv(gym.Env):
+    """Actions in a space that a policy's numbers do not cover as they are: `Discrete(3, start=1)` (actions 1, 2, 3)
+    or, with `integers`, a Box of int64 ([-2, 0] to [2, 4]). An action outside the space (0, or a float) raises, so
+    a run that trains on it never sent one; `taken` keeps every action it got. Episodes of FIXED_LENGTH steps; the
+    reward is the first action's value, so a policy can learn something."""
+
+    def __init__(self, integers: bool = False):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        if integers:
+            self.action_space = gym.spaces.Box(np.array([-2, 0]), np.array([2, 4]), dtype=np.int64)
+        else:
+            self.action_space = gym.spaces.Discrete(3, start=1)
+        self.t, self.taken = 0, []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} outside the action space {self.action_space}")
+        self.taken.append(action)
+        self.t += 1
+        return np.full(2, self.t / FIXED_LENGTH, np.float32), float(np.ravel(action)[0]), False, False, {}
+
+
 # the observation spaces of SpaceEnv's ids: `<name>Obs-v0` (Discrete actions), `<name>ObsBox-v0` (Box actions)
 ODD_SPACES = {
     "Dict": gym.spaces.Dict({"position": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "flag": gym.spaces.Discrete(2)}),
@@ -158,7 +185,8 @@ def register_fake_envs():
     """Registers the environments above (idempotent). Importing this module as `tests.fake_envs`
     registers them too, so an id like `tests.fake_envs:MixedEnds-v0` works in spawned processes.
     `Endless*-v0` is ConstantEnv without a time limit: its episodes never end. `NoDisplay*-v0` cannot render here,
-    `FixedLength*-v0` cannot render at all. `Bounds-v0`: BoundsEnv (`Unbounded-v0` without bounds)."""
+    `FixedLength*-v0` cannot render at all. `Bounds-v0`: BoundsEnv (`Unbounded-v0` without bounds). `OffsetActions-v0`
+    and `IntegerActions-v0`: StrictActionsEnv, its Discrete(3, start=1) and its Box of integers."""
     for suffix, continuous in (("", False), ("Box", True)):
         for env_id, entry_point, kwargs, limit in (
             (f"FixedLength{suffix}-v0", FixedLengthEnv, dict(length=FIXED_LENGTH, continuous=continuous), None),
@@ -176,6 +204,9 @@ def register_fake_envs():
     for env_id, kwargs in (("Bounds-v0", {}), ("Unbounded-v0", {"unbounded": True})):
         if env_id not in gym.registry:
             gym.register(env_id, entry_point=BoundsEnv, kwargs=kwargs, max_episode_steps=FIXED_LENGTH)
+    for env_id, kwargs in (("OffsetActions-v0", {}), ("IntegerActions-v0", {"integers": True})):
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=StrictActionsEnv, kwargs=kwargs, max_episode_steps=FIXED_LENGTH)
 
 
 register_fake_envs()

@@ -3,14 +3,20 @@
 module that cannot be imported, an observation space a script does not support, --capture-video with an environment
 that cannot render, and --evaluate of a checkpoint whose environment cannot be made here. And evaluations end where
 the environment never does: --eval-max-steps cuts an episode of an environment without a time limit of its own,
-with a line that says so, and leaves alone one that has its own."""
+with a line that says so, and leaves alone one that has its own. And actions the policy does not number as the
+environment does (a Discrete space with a start, a Box of integers) reach it inside its space, in every script that
+takes them, or are refused in one line (an Atari game whose actions do not start at 0)."""
 
 import importlib
 from dataclasses import asdict
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
+import ppolab
+from fake_envs import FIXED_LENGTH
 from helpers import read_scalars
 from scripts import SCRIPTS
 
@@ -190,3 +196,73 @@ def test_a_run_on_an_environment_that_never_ends_ends_with_the_line(name, tmp_pa
     assert [value for _, value in read_scalars(run_dir)["eval/episodic_return"]] == [25.0] * 6
     returns = script.main(script.Args(evaluate=f"{run_dir}/model.pt", eval_episodes=2, eval_max_steps=7, cuda=False))
     assert returns == [7.0, 7.0] and capsys.readouterr().out.count(CUT.format(7, fields["env_id"])) == 2
+
+
+# ACTIONS INSIDE THE SPACE ------------------------------------------------------------------------
+# StrictActionsEnv (tests/fake_envs.py) raises at an action outside its space: a Discrete(3, start=1), whose actions
+# are 1 to 3 where a categorical policy numbers them 0 to 2, and a Box of integers, where a Gaussian policy gives
+# floats. ppolab.policy_actions maps the policy's actions onto them exactly (shifted by the start; rounded and clipped)
+
+
+def strict_env(name: str) -> str:
+    return f"tests.fake_envs:{'IntegerActions' if name in CONTINUOUS else 'OffsetActions'}-v0"
+
+
+def test_the_policys_actions_reach_the_environment_shifted_or_rounded_and_clipped():
+    offset = ppolab.policy_actions(gym.make(strict_env("ppo")))
+    assert offset.action_space == gym.spaces.Discrete(3)
+    offset.reset(seed=0)
+    for action in (0, 2, 1):
+        offset.step(np.int64(action))
+    assert offset.unwrapped.taken == [1, 3, 2]
+    rounded = ppolab.policy_actions(gym.make(strict_env("ppo_continuous_action")))
+    assert rounded.action_space.dtype == np.float32
+    assert (rounded.action_space.low.tolist(), rounded.action_space.high.tolist()) == ([-2, 0], [2, 4])
+    rounded.reset(seed=0)
+    for action in ([0.4, 3.6], [-9.0, 9.0], [1.5, -0.2]):
+        rounded.step(np.array(action, np.float32))
+    assert [taken.tolist() for taken in rounded.unwrapped.taken] == [[0, 4], [-2, 4], [2, 0]]
+    plain = gym.make("CartPole-v1")
+    assert ppolab.policy_actions(plain) is plain  # nothing to map: as it is, no wrapper and no cost
+
+
+@pytest.mark.parametrize("name", ["ppo", "ppo_continuous_action"])
+def test_a_run_trains_and_evaluates_on_actions_it_does_not_number_as_the_environment_does(name, tmp_path):
+    """A run on StrictActionsEnv trains to its end and evaluates its model without an action outside the space."""
+    script = importlib.import_module(name)
+    fields = dict(env_id=strict_env(name), cuda=False, num_envs=2, num_steps=16, num_minibatches=2)
+    fields.update(update_epochs=1, total_timesteps=64, eval_episodes=2, save_model=True, runs_dir=str(tmp_path))
+    run_dir = script.main(script.Args(**fields))
+    assert len(read_scalars(run_dir)["charts/episodic_return"]) >= 64 // FIXED_LENGTH - 2
+    assert len(script.main(script.Args(evaluate=f"{run_dir}/model.pt", eval_episodes=2, cuda=False))) == 2
+
+
+@pytest.mark.parametrize("name", ["ppo_shared_memory_lstm", "ppo_continuous_action_redis"])
+def test_the_multi_process_scripts_give_their_processes_and_evaluations_the_mapped_actions(name):
+    """The workers' and the samplers' environments (each script's make_envs) and the evaluation's take the policy's
+    actions: a Discrete(3) from 0, a float Box of the same bounds, stepped without an action outside the space."""
+    script = importlib.import_module(name)
+    args = script.Args(env_id=strict_env(name), cuda=False)
+    envs = script.make_envs(args, 1, "") if name == "ppo_shared_memory_lstm" else script.make_envs(args, "", 0)
+    envs.reset(seed=0)
+    if name == "ppo_shared_memory_lstm":
+        assert envs.single_action_space == gym.spaces.Discrete(3)
+        actions, agent = np.array([2]), script.Agent((2,), 3)
+    else:
+        assert envs.single_action_space.dtype == np.float32
+        actions, agent = np.array([[1.7, 0.2]], np.float32), script.Agent(2, 2)
+    envs.step(actions)
+    envs.close()
+    checkpoint = {"args": asdict(args), "model": agent.state_dict()}
+    if name in CONTINUOUS:
+        checkpoint["obs_rms"] = script.ObsNormalizer((2,), args.obs_clip).rms.state_dict()
+    assert script.evaluate(checkpoint, 2, False, 0) == pytest.approx(script.evaluate(checkpoint, 2, False, 0))
+
+
+@pytest.mark.parametrize("name", ALE)
+def test_an_atari_game_whose_actions_do_not_start_at_0_is_refused_in_one_line(name, capsys, tmp_path):
+    """ale-py numbers a game's actions from 0, and so do the Atari scripts' wrappers; a game that does not is
+    refused before any work."""
+    env_id = "tests.atari_fakes:OffsetActionsAtari-v0"
+    line = refusal(name, capsys, tmp_path, env_id=env_id)
+    assert f"{env_id} has action space Discrete(4, start=1); {name}.py trains Discrete actions from 0" in line

@@ -1,5 +1,5 @@
 """Every bad input and every interruption ends in one line, on every script: checkpoints of another
-script, of an older format, truncated or empty; --resume with other flags; --track without a login;
+script, of an older format, truncated, empty or damaged (their CRC-32s); --resume with other flags; --track without a login;
 Ctrl-C (a real SIGINT, with children and a video recorder running). The bad numbers and folders are
 in test_cli.py's in-process cases."""
 
@@ -10,8 +10,10 @@ import resource
 import shlex
 import shutil
 import signal
+import struct
 import subprocess
 import time
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -70,21 +72,64 @@ def damaged_files(name: str, folder: Path) -> dict[str, tuple[Path, list[str]]]:
     truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
     empty.write_bytes(b"")
     torch.save({"model": {}, "args": {}, "iteration": 1}, old)  # the keys of a checkpoint before format 2
+    tensor, pickled = folder / "tensor.pt", folder / "pickled.pt"
+    tensor.write_bytes(damage(whole, "data/0"))  # a tensor's bytes: torch.load reads them as they are
+    pickled.write_bytes(damage(whole, "data.pkl"))
     return {
         "truncated": (truncated, ["truncated.pt", "truncated", "not a complete checkpoint"]),
         "empty": (empty, ["empty.pt", "not a complete checkpoint"]),
         "old_format": (old, ["old.pt", "from before format 2"]),
+        "damaged_tensor": (tensor, ["tensor.pt is damaged: the CRC-32 of its entry whole/data/0 does not match"]),
+        "damaged_pickle": (pickled, ["pickled.pt is damaged: the CRC-32 of its entry whole/data.pkl does not match"]),
     }
 
 
-@pytest.mark.parametrize("case", ["truncated", "empty", "old_format"])
+def damage(path: Path, entry: str) -> bytes:
+    """The bytes of the torch archive at `path` with 100 bytes of its entry `<root>/<entry>` (or all of them, if
+    fewer) set to 0xff, as a disk or a copy may damage them: the archive's structure and sizes stay as they were."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        (info,) = [info for info in archive.infolist() if info.filename.endswith(f"/{entry}")]
+    name_length, extra_length = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
+    start = info.header_offset + 30 + name_length + extra_length  # after its local header
+    size = min(100, info.file_size)
+    data[start : start + size] = b"\xff" * size
+    return bytes(data)
+
+
+def test_torch_load_itself_reads_a_damaged_tensor_as_it_is(tmp_path):
+    """Why the reader checks the archive's CRC-32s: torch.load does not, and gives the damaged numbers."""
+    path, words = damaged_files("ppo", tmp_path)["damaged_tensor"]
+    assert (
+        torch.load(path, weights_only=True)["padding"][:25].isnan().all()
+    )  # 0xffffffff as float32: NaN, and a CRC-32 that does not match
+
+
+@pytest.mark.parametrize("case", ["truncated", "empty", "old_format", "damaged_tensor", "damaged_pickle"])
 def test_a_damaged_or_old_checkpoint_is_refused_saying_what_it_is(every_script, case, tmp_path, monkeypatch, capsys):
+    """--evaluate of every script: one line, exit 2; a file whose bytes changed on the disk says it is damaged, and
+    which entry (a damaged data.pkl is not taken for one holding code)."""
     monkeypatch.chdir(tmp_path)
     path, words = damaged_files(every_script.__name__, tmp_path)[case]
     line = refusal(every_script, capsys, evaluate=str(path))
     for word in words:
         assert word in line
-    assert "Errno" not in line
+    assert "Errno" not in line and "holds code" not in line
+
+
+def test_resume_refuses_a_damaged_checkpoint_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """--resume reads through the same reader (as torchrun's rank 0 does for every rank): a run folder whose
+    checkpoint.pt was damaged is refused in one line and stays as it was."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = Path(ppo.main(ppo.Args(runs_dir=str(tmp_path / "runs"), total_timesteps=128, num_steps=32,
+                                     num_envs=2, checkpoint_every=1, cuda=False)))  # fmt: skip
+    checkpoint = run_dir / "checkpoint.pt"
+    checkpoint.write_bytes(damage(checkpoint, "data/0"))
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    capsys.readouterr()
+    line = refusal(ppo, capsys, resume=str(checkpoint))
+    assert f"{checkpoint} is damaged: the CRC-32 of its entry archive/data/0 does not match" in line
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
 
 
 def test_a_checkpoint_is_flushed_before_its_rename_and_stale_temporary_files_go(tmp_path, monkeypatch):

@@ -1,11 +1,15 @@
 """A run that goes wrong says so and loses nothing (the package's Run, every script's): a diverged training ends
-in one line and never replaces a finite checkpoint with a non-finite one, and --evaluate refuses a model that is
-not finite; two runs started in the same second get their own folders; a live run holds its folder, so a
---resume of it is refused; SIGTERM ends a run as Ctrl-C does; a run folder deleted or made unwritable, and Weights
-& Biases without a network, end in one line."""
+in one line and never replaces a finite checkpoint with a non-finite one, and --evaluate refuses a model or
+statistics that are not finite; two runs started in the same second get their own folders; a live run holds its
+folder, so a --resume of it is refused; a resume from a file that is not its folder's latest checkpoint goes on in
+a new folder, and one in its folder keeps its best model; SIGTERM ends a run as Ctrl-C does; a rollout too large
+for memory, a run folder deleted or made unwritable, and Weights & Biases without a network, end in one line; the
+line's resume command is quoted for the shell."""
 
 import errno
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,6 +26,7 @@ import ppo_continuous_action
 from helpers import load, only_run_dir, resume_args, run_script, script_command, start_script
 from ppolab.checkpoints import checkpoint_data, non_finite, write_checkpoint_file
 from ppolab.run import Run, new_run_dir
+from ppolab.stops import resume_hint
 
 SMALL = dict(num_envs=2, num_steps=32, num_minibatches=2, update_epochs=1, cuda=False)
 
@@ -97,6 +102,42 @@ def test_evaluate_refuses_a_model_that_is_not_finite(tmp_path, capsys):
     assert f"{path} holds weights that are not finite (model.critic.2.bias)" in one_error_line(capsys)
 
 
+def test_evaluate_refuses_observation_statistics_that_are_not_finite(tmp_path, capsys):
+    """The weights finite, the observation normalisation's variance not: the policy would see NaN observations."""
+    script = ppo_continuous_action
+    agent, obs_rms = script.Agent(4, 2), script.ObsNormalizer((4,), 10.0).rms
+    obs_rms.var[1] = np.nan
+    path = tmp_path / "model.pt"
+    write_checkpoint_file(checkpoint_data({"model": agent, "obs_rms": obs_rms}, script.Args(), 1, 512), str(path))
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(script.Args(evaluate=str(path), cuda=False))
+    assert exit_info.value.code == 2
+    assert f"{path} holds statistics that are not finite (obs_rms.var)" in one_error_line(capsys)
+
+
+def test_the_line_of_a_stopped_run_without_a_checkpoint_yet_does_not_advise_the_flag_it_was_given(tmp_path, capsys):
+    """--checkpoint-every 100 and a run that diverges at iteration 7: no checkpoint yet, and the line does not say
+    "--checkpoint-every N writes one" (the advice for a run started without it)."""
+    args = ppo.Args(env_id="NanAfterCartPole-v0", runs_dir=str(tmp_path), total_timesteps=20 * 64, checkpoint_every=100,
+                    **SMALL)  # fmt: skip
+    with pytest.raises(SystemExit):
+        ppo.main(args)
+    assert one_error_line(capsys).endswith(
+        f"nothing non-finite was saved; no checkpoint in {only_run_dir(tmp_path)} yet"
+    )
+
+
+def test_the_resume_command_is_quoted_for_the_shell(tmp_path):
+    """A run folder whose path has a space and a quote in it: the printed command, pasted into a shell, gives the
+    path as one argument."""
+    run_dir = tmp_path / "my runs" / "it's a run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoint.pt").write_bytes(b"")
+    hint = resume_hint(str(run_dir), 1)
+    command = hint.split("; continue with: ")[1]
+    assert shlex.split(command)[-2:] == ["--resume", str(run_dir / "checkpoint.pt")]
+
+
 # ONE RUN, ONE FOLDER -----------------------------------------------------------------------------
 
 
@@ -152,6 +193,73 @@ def test_a_live_run_holds_its_folder_and_sigterm_ends_it_as_ctrl_c_does(tmp_path
     assert load(checkpoint)["global_step"] == step + 64
 
 
+# RESUMING NEVER OVERWRITES NEWER WORK ------------------------------------------------------------
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_from_a_file_that_is_not_its_folders_latest_checkpoint_goes_on_in_a_new_folder(tmp_path, capsys):
+    """A run at iteration 4 (checkpoint.pt, model.pt, best_model.pt) with an older checkpoint kept beside them
+    (old.pt, iteration 2): --resume of old.pt, best_model.pt or model.pt, and of a copy of the folder whose
+    checkpoint.pt is the older one (model.pt further on), each goes on in a new run folder named after the run and
+    the iteration it branches from, and says so; the run's own files stay byte for byte as they were."""
+    fields = dict(runs_dir=str(tmp_path), checkpoint_every=1, eval_every=1, eval_episodes=1, **SMALL)
+    run_dir = Path(ppo.main(ppo.Args(total_timesteps=2 * 64, **fields)))
+    shutil.copy(run_dir / "checkpoint.pt", run_dir / "old.pt")
+    ppo.main(resume_args(ppo, run_dir / "checkpoint.pt", total_timesteps=4 * 64, save_model=True))
+    copy = Path(shutil.copytree(run_dir, tmp_path / "copy"))
+    shutil.copy(copy / "old.pt", copy / "checkpoint.pt")
+    before = {folder: folder_bytes(folder) for folder in (run_dir, copy)}
+    capsys.readouterr()
+    for path, iteration in (
+        (run_dir / "old.pt", 2),
+        (run_dir / "best_model.pt", load(run_dir / "best_model.pt")["iteration"]),
+        (run_dir / "model.pt", 4),
+        (copy / "checkpoint.pt", 2),
+    ):
+        branch = Path(ppo.main(resume_args(ppo, path, total_timesteps=6 * 64)))
+        assert branch.parent == tmp_path and branch.name.startswith(f"{path.parent.name}__from-iteration-{iteration}")
+        assert (load(branch / "checkpoint.pt")["iteration"], load(path)["iteration"]) == (6, iteration)
+        assert f"resumed from {path} at iteration {iteration}" in capsys.readouterr().out
+    assert {folder: folder_bytes(folder) for folder in (run_dir, copy)} == before
+    out = capsys.readouterr().out
+    ppo.main(resume_args(ppo, run_dir / "checkpoint.pt", total_timesteps=5 * 64))  # its own latest: in place
+    assert load(run_dir / "checkpoint.pt")["iteration"] == 5 and "new run folder" not in out
+
+
+def test_a_resumed_run_keeps_its_best_model_unless_an_evaluation_beats_it(tmp_path):
+    """best_model.pt holds its score (eval_return): a run resumed in its folder starts from it, and its evaluations
+    replace the file only with a better model; a best model from before files held their score is scored again,
+    on the same episodes, so the score is the one it had."""
+    fields = dict(runs_dir=str(tmp_path), checkpoint_every=1, eval_every=1, eval_episodes=2, **SMALL)
+    run_dir = Path(ppo.main(ppo.Args(total_timesteps=2 * 64, **fields)))
+    best = load(run_dir / "best_model.pt")
+    write_checkpoint_file({**best, "eval_return": 1e9}, str(run_dir / "best_model.pt"))  # none can beat it
+    before = (run_dir / "best_model.pt").read_bytes()
+    ppo.main(resume_args(ppo, run_dir / "checkpoint.pt", total_timesteps=4 * 64))
+    assert (run_dir / "best_model.pt").read_bytes() == before
+    old = {key: value for key, value in best.items() if key != "eval_return"}
+    write_checkpoint_file(old, str(run_dir / "best_model.pt"))
+    run = Run(resume_args(ppo, run_dir / "checkpoint.pt", total_timesteps=8 * 64), ppo.evaluate)
+    os.close(run.lock)
+    assert run.best_so_far() == pytest.approx(best["eval_return"])
+
+
+def test_a_rollout_too_large_for_memory_is_refused_in_one_line_and_leaves_no_folder(tmp_path, capsys):
+    """--num-steps 10**14: a rollout larger than any address space. One line naming the flags that size it, exit 2,
+    no run folder (nor the --runs-dir the run made)."""
+    args = ppo.Args(runs_dir=str(tmp_path / "runs"), num_envs=1, num_steps=10**14, total_timesteps=10**14, cuda=False)
+    with pytest.raises(SystemExit) as exit_info:
+        ppo.main(args)
+    assert exit_info.value.code == 2
+    line = one_error_line(capsys)
+    assert "cannot allocate" in line and "memory for the run" in line
+    assert line.endswith("its rollout is --num-envs 1 x --num-steps 100000000000000 steps: pass smaller ones")
+    assert not (tmp_path / "runs").exists()
+
+
 # WRITE ERRORS ------------------------------------------------------------------------------------
 
 
@@ -202,14 +310,21 @@ def test_videos_that_cannot_be_written_end_an_evaluation_in_one_line(tmp_path, m
 
 def test_tracking_without_a_network_ends_in_one_line_and_leaves_nothing(tmp_path):
     """A key but no network (every connection goes to a closed port): --track gives up after WANDB_INIT_TIMEOUT
-    seconds, in one line of its own, exit 1, and leaves no run folder and no ./wandb behind."""
+    seconds and Weights & Biases' own checks, in one line of its own that says how long it waited (the time from
+    the run folder's line to it), exit 1, and leaves no run folder and no ./wandb behind."""
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_API_KEY="0" * 40, WANDB_INIT_TIMEOUT="2",
-               HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9", NO_PROXY="")  # fmt: skip
+               HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9", NO_PROXY="", PYTHONUNBUFFERED="1")  # fmt: skip
     env.pop("WANDB_MODE", None)
     command = script_command("ppo", "--total-timesteps", 256, "--num-steps", 32, "--track")
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if line.startswith("ppo.py: ")]
-    assert len(errors) == 1 and "--track: Weights & Biases did not start a run in 2s" in errors[0]
-    assert "Traceback" not in result.stderr
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = [(time.monotonic(), line.rstrip("\n")) for line in process.stdout]  # both streams, as they come
+    assert process.wait(timeout=300) == 1
+    (started,) = [at for at, line in lines if line.startswith("run folder: ")]
+    errors = [(at, line) for at, line in lines if line.startswith("ppo.py: ")]
+    assert len(errors) == 1 and "--track: Weights & Biases did not start a run in " in errors[0][1], errors
+    waited = int(re.search(r"did not start a run in (\d+)s, its timeout 2s", errors[0][1])[1])
+    assert abs(waited - (errors[0][0] - started)) <= 2  # what it says is what it took
+    assert not any("Traceback" in line for _, line in lines)
     assert sorted(p.name for p in tmp_path.iterdir()) == []

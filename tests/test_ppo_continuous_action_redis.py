@@ -3,7 +3,8 @@ command line, samplers killed and joining, the learner starved, killed or withou
 and foreign chunks, the chunk accounting (trained + stale == sent, per version), bad --redis-url, an
 open server refused (tested with a host under the reserved .invalid domain: no test contacts another
 machine), the embedded server on loopback only and without persistence, a refused write ending the
-learner, its samplers and its server in one line, and the wire format's checks. Samplers and learners
+learner, its samplers and its server in one line, a local sampler that dies ending the learner at once, a closed
+stdout that stops the printing and not the run, and the wire format's checks. Samplers and learners
 run as the commands a user types."""
 
 import importlib
@@ -362,6 +363,63 @@ def test_sigterm_ends_the_learner_as_ctrl_c_does(tmp_path, server, client, case)
         for p in (learner, remote):
             if p is not None and p.poll() is None:
                 p.kill()
+
+
+def test_a_local_sampler_that_dies_ends_the_learner_at_once(tmp_path):
+    """The learner's own sampler killed mid-run (SIGKILL; a crash looks the same): the learner ends within seconds,
+    not after --sampler-timeout (60 s by default) and not blaming "no chunk from any sampler", in one line naming the
+    sampler and how it ended, with the last checkpoint and the resume command; exit 1; its server stopped."""
+    learner = launch(
+        tmp_path, "learner", *FAST, "--num-samplers", 1, "--total-timesteps", 10**6, "--checkpoint-every", 1
+    )
+    try:
+        wait_until(lambda: list(tmp_path.glob("runs/*/checkpoint.pt")), 90, "the first checkpoint")
+        seen = descendants(learner.pid)
+        (sampler,) = [pid for pid, _ in seen if b"--role" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(sampler, signal.SIGKILL)
+        killed = time.monotonic()
+        seen |= wait_watching(learner, 30)
+        assert time.monotonic() - killed < 10
+        stderr = output(tmp_path, "learner")[1]
+        assert learner.returncode == 1, stderr
+        assert stderr.splitlines() == [
+            f"{NAME}.py: error: local sampler 0 (pid {sampler}) died (signal SIGKILL) while the run went on; "
+            + resume_line(tmp_path)
+        ]
+        assert not running(seen)
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+
+
+def test_a_closed_stdout_stops_the_printing_not_the_run(tmp_path):
+    """`... | head -1`: stdout closed after the learner's first line, while its samplers (which share it) still print.
+    The run trains to its end (exit 0, checkpoint and model written), and stderr holds only the line of each process
+    whose output stopped, naming stdout; no sampler died of it."""
+    argv = [*FAST, "--num-samplers", 2, "--total-timesteps", 6 * T * K, "--checkpoint-every", 2, "--save-model"]
+    with open(tmp_path / "learner.err", "w") as err:
+        learner = subprocess.Popen(
+            script_command(NAME, *argv, "--eval-episodes", 1),
+            cwd=tmp_path,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
+    try:
+        assert learner.stdout.readline().startswith(b"run folder: ")
+        learner.stdout.close()  # as `head -1` does once it has its line
+        wait_watching(learner, 120)
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+    stderr = (tmp_path / "learner.err").read_text()
+    assert learner.returncode == 0, stderr
+    lines = stderr.splitlines()
+    assert lines and set(lines) == {
+        f"{NAME}.py: cannot write to stdout (Broken pipe): its output stops, the work goes on"
+    }
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert load(run_dir / "model.pt")["global_step"] == 6 * T * K and load(run_dir / "checkpoint.pt")["iteration"] == 6
 
 
 def test_a_server_out_of_memory_ends_the_learner_in_one_line_and_its_samplers_without_a_traceback(tmp_path):
@@ -748,9 +806,10 @@ def test_a_refused_write_ends_the_learner_its_samplers_and_its_server_in_one_lin
     stderr = output(tmp_path, "learner")[1]
     run_dir = only_run_dir(tmp_path / "runs").relative_to(tmp_path)
     assert learner.returncode == 1, stderr
+    advice = " yet" if checkpoint_every else " (--checkpoint-every N writes one every N iterations)"
     assert stderr.splitlines() == [
         f"{NAME}.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
-        f"no checkpoint in {run_dir} (--checkpoint-every N writes one every N iterations)"
+        f"no checkpoint in {run_dir}{advice}"
     ]
     assert not list((tmp_path / run_dir).glob("*.tmp"))
     assert seen and not running(seen), "a process of the run is left"

@@ -1,9 +1,9 @@
 """ppo_shared_memory_lstm.py: a short run with 2 workers (files, metrics, every worker's episodes, ratio
 1), no bootstrap on a step both terminated and truncated, the recurrent chunks (saved states, resets
-inside a chunk, chunk and minibatch indexing), bad input, and what happens when a worker raises or is
-killed, when a worker's slice is not what it wrote, when the learner gets Ctrl-C or is killed, when the
-file system refuses a checkpoint, the TensorBoard events or the shared memory: a bounded stop, no process and
-no shared memory left."""
+inside a chunk, chunk and minibatch indexing), bad input, and what happens when a worker raises, is killed or
+stops answering (--worker-timeout), when a worker's slice is not what it wrote, when the learner gets Ctrl-C or is
+killed, when the file system refuses a checkpoint, the TensorBoard events or the shared memory: a bounded stop, no
+process and no shared memory left."""
 
 import os
 import re
@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+import multiprocessing as mp
 import numpy as np
 import pytest
 import torch
 
 import ppo_shared_memory_lstm as script
+import ppolab.processes
 from helpers import (
     LINE,
     METRICS,
@@ -476,6 +478,13 @@ def test_bad_input_on_the_command_line_exits_before_starting_workers(tmp_path):
 # FAILURES ----------------------------------------------------------------------------------------
 
 
+def resume_words(cwd) -> str:
+    """What a failed run's line ends with: its last checkpoint and the command that resumes it."""
+    (path,) = Path(cwd).glob("runs/*/checkpoint.pt")
+    path = path.relative_to(cwd)
+    return f"last checkpoint {path}; continue with: python {script_command(NAME)[1]} --resume {path}"
+
+
 def test_worker_that_raises_stops_the_run(tmp_path):
     returncode, stderr, workers = interrupted_run(tmp_path, None, "--env-id", "tests.crashing_envs:CrashingCartPole-v0")
     assert len(workers) == WORKERS
@@ -483,7 +492,7 @@ def test_worker_that_raises_stops_the_run(tmp_path):
     assert "RuntimeError: injected failure after 40 steps" in stderr  # the worker's traceback
     assert stderr.strip().splitlines()[-1] == (
         f"{NAME}.py: error: rollout worker 1 failed: RuntimeError: injected failure after 40 steps "
-        "(its traceback is above); stopped all workers"
+        f"(its traceback is above); stopped all workers; {resume_words(tmp_path)}"
     )
 
 
@@ -494,8 +503,57 @@ def test_worker_killed_stops_the_run(tmp_path):
     assert len(workers) == WORKERS
     assert returncode == 1
     assert stderr.strip().splitlines()[-1] == (
-        f"{NAME}.py: error: rollout worker 1 (pid {workers[1]}) died (signal SIGKILL); stopped all workers"
+        f"{NAME}.py: error: rollout worker 1 (pid {workers[1]}) died (signal SIGKILL); stopped all workers; "
+        + resume_words(tmp_path)
     )
+
+
+def test_a_worker_that_stops_answering_ends_the_run_after_the_worker_timeout(tmp_path):
+    """A worker stopped (SIGSTOP: as one stuck in its environment's step or in a deadlock looks to the learner)
+    ends the run once it has sent nothing for --worker-timeout seconds: one line naming it, with the last
+    checkpoint and the command that resumes it, exit 1; the stopped worker is ended too, and nothing is left in
+    /dev/shm (interrupted_run checks both)."""
+    timeout, stopped = 10, []
+
+    def stop_worker(learner, workers):
+        os.kill(workers[1], signal.SIGSTOP)
+        stopped.append(time.monotonic())
+
+    returncode, stderr, workers = interrupted_run(tmp_path, stop_worker, "--worker-timeout", timeout)
+    assert time.monotonic() - stopped[0] < timeout + 20  # (interrupted_run has waited for every process too)
+    assert returncode == 1
+    (line,) = stderr.splitlines()
+    assert line == (
+        f"{NAME}.py: error: rollout worker 1 (pid {workers[1]}) sent nothing for {timeout} s (stopped, or stuck: in "
+        f"a step of its environment, a deadlock); stopped all workers; {resume_words(tmp_path)}"
+    )
+
+
+def test_waiting_for_each_process_ends_after_the_timeout_but_not_before():
+    """ppolab.processes.receive_from_each: a child that answers within the timeout is heard, one that answers
+    after it is given up on (None) once the timeout is up; how_it_ended says it is alive and silent."""
+    context = mp.get_context("fork")
+    children, conns = [], []
+    for delay in (0.2, 30):
+        parent_end, child_end = context.Pipe()
+        child = context.Process(target=answer_after, args=(child_end, delay), daemon=True)
+        child.start()
+        children.append(child)
+        conns.append(parent_end)
+    try:
+        start = time.monotonic()
+        heard = list(ppolab.processes.receive_from_each(children, conns, timeout=2.0))
+        waited = time.monotonic() - start
+        assert heard == [(0, "done"), (1, None)] and 2.0 <= waited < 5.0
+        assert ppolab.processes.how_it_ended(children[1], 2.0).startswith("sent nothing for 2 s (stopped, or stuck")
+    finally:
+        ppolab.processes.end_processes(children, grace=0.0)
+    assert ppolab.processes.how_it_ended(children[1]) == "died (signal SIGTERM)"
+
+
+def answer_after(conn, delay: float):
+    time.sleep(delay)
+    conn.send("done")
 
 
 def test_a_slice_that_is_not_what_its_worker_wrote_stops_the_run(tmp_path, monkeypatch):
@@ -522,7 +580,8 @@ def test_a_slice_that_is_not_what_its_worker_wrote_stops_the_run(tmp_path, monke
         )
     assert re.fullmatch(
         r"\S+: error: rollout worker 1: its slice of the rollout buffer in iteration 1 is not what it "
-        r"wrote \(checksum mismatch\); stopped all workers",
+        r"wrote \(checksum mismatch\); stopped all workers; no checkpoint in \S+ \(--checkpoint-every N writes one "
+        r"every N iterations\)",
         exit_info.value.code,
     )
     assert updates == []
@@ -573,9 +632,9 @@ def test_a_refused_checkpoint_ends_the_run_in_one_line_and_stops_every_worker(tm
     assert WEIGHTS_BYTES < limit
     line, run_dir, workers = refused_write(tmp_path, limit, *SMALL, "--total-timesteps", 10**7, "--checkpoint-every", 1)
     assert len(workers) == WORKERS
-    assert line == (
-        f"{NAME}.py: error: cannot write {run_dir}/checkpoint.pt: File too large; "
-        + NO_CHECKPOINT.format(run_dir=run_dir)
+    assert (
+        line
+        == f"{NAME}.py: error: cannot write {run_dir}/checkpoint.pt: File too large; no checkpoint in {run_dir} yet"
     )
     assert [p.name for p in (tmp_path / run_dir).iterdir() if not p.name.startswith("events.")] == []  # no .tmp
 
