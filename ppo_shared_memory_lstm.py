@@ -82,7 +82,7 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     num_envs_per_worker: int = 4
     """the number of environments each worker steps"""
     worker_timeout: float = 600.0
-    """seconds a worker may take for a rollout (to start: at least 120) before the run ends naming it; 600 is far above a slow environment's"""
+    """seconds a worker may take for a rollout (to start: at least 120) before the run ends naming it; 600 leaves a slow environment ample time"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     seq_len: int = 16
