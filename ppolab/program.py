@@ -2,8 +2,9 @@
 code and one line at most, never a traceback, and output that cannot be written stops the printing, never the work.
 
 A script imports ppolab before the libraries (after the standard library's few modules), and ppolab's `__init__`
-calls `start` first, before it imports PyTorch, when the importer is the program's own script (`python ppo.py`, each rank under torchrun, a Redis sampler; not a test or a tool that imports
-the script as a module). The script's last line, `ppolab.run_program(main, Args)`, then runs `main` and ends the
+calls `start` first, before it imports PyTorch, when the importer is the program's own script (`python ppo.py`,
+each rank under torchrun, a Redis sampler; not a test or a tool that imports the script as a module). The script's
+last line, `ppolab.run_program(main, Args)`, then runs `main` and ends the
 program with `end`. The stages:
 
 - from the first import until `main` runs, Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed, an ssh session
