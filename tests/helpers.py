@@ -143,10 +143,12 @@ def run_script(name: str, *argv, cwd, timeout: float = 300) -> subprocess.Comple
 
 
 def default_ctrl_c():
-    """Run in a child before it starts: Ctrl-C (SIGINT) gets its default disposition, whatever the suite
-    inherited. A job started in the background (`nohup ... &`, some CI runners and schedulers) starts with
-    SIGINT ignored, its children too, and a test that sends SIGINT would then see nothing happen."""
+    """Run in a child before it starts: Ctrl-C (SIGINT) and SIGHUP get their default dispositions, whatever the
+    suite inherited. A job started in the background (`nohup ... &`, some CI runners and schedulers) starts with
+    SIGINT ignored, and under `nohup` SIGHUP too, its children as well; a test that sends either would then see
+    nothing happen (a script leaves SIGHUP ignored where it was ignored when it started, as `nohup` asks)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def start_script(name: str, *argv, cwd) -> subprocess.Popen:

@@ -315,7 +315,7 @@ def test_world_size_not_dividing_the_environments_fails_on_every_rank(tmp_path):
     assert result.returncode != 0
     line = "ppo_atari_multigpu.py: error: the world size 2 does not divide --num-envs 3"
     exit_codes = re.findall(r"exitcode\s*: (-?\d+) ", result.stdout)
-    assert sorted(exit_codes) in (["2", "2"], ["-15", "2"]), result.stdout
+    assert sorted(exit_codes) in (["2", "2"], ["-15", "2"], ["143", "2"]), result.stdout
     assert result.stdout.count(line) >= exit_codes.count("2"), result.stdout  # every rank that exited 2 said why
     assert 'ppo_atari_multigpu.py", line' not in result.stdout  # no traceback through our file
     # torchrun's summary, the last thing it prints, gives the line as the failed rank's "traceback"
@@ -331,8 +331,8 @@ def test_world_size_not_dividing_the_environments_fails_on_every_rank(tmp_path):
 def test_a_refused_write_ends_the_job_in_rank_zeros_one_line(limit, checkpoint_every, file, tmp_path):
     """A write the file system refuses (here: larger than the file-size limit, as a full disk refuses it) ends
     the job: rank 0 prints the one line that names the file and where to resume from, the other rank ends
-    without a line of its own (no "lost the other ranks") and without waiting for its --timeout, and no
-    partial checkpoint stays. torchrun adds its own summary of the failed job, which it prints for every
+    without an error of its own (no "lost the other ranks") and without waiting for its --timeout, and no
+    partial checkpoint stays. A slow rank 1 may get torchrun's SIGTERM first, which it says as any run does. torchrun adds its own summary of the failed job, which it prints for every
     job whose rank exits non-zero; no line of it comes from this file (no traceback through it)."""
     start = time.time()
     result = torchrun(
@@ -348,7 +348,12 @@ def test_a_refused_write_ends_the_job_in_rank_zeros_one_line(limit, checkpoint_e
     assert time.time() - start < 200  # the default --timeout is 300 s
     run_dir = only_run_dir(tmp_path / "runs").relative_to(tmp_path)
     advice = " yet" if checkpoint_every else " (--checkpoint-every N writes one every N iterations)"
-    ours = [line for line in result.stdout.splitlines() if line.startswith("ppo_atari_multigpu.py")]
+    stopped_by_torchrun = "ppo_atari_multigpu.py: rank 1: terminated (SIGTERM)"
+    ours = [
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith("ppo_atari_multigpu.py") and not line.startswith(stopped_by_torchrun)
+    ]
     assert ours == [
         f"ppo_atari_multigpu.py: error: cannot write {file.format(run_dir=run_dir)}: File too large; "
         f"no checkpoint in {run_dir}{advice}"
