@@ -334,7 +334,8 @@ def test_a_dead_workers_trial_fails_on_either_kind_of_heartbeat(tmp_path):
         dead, living = study.ask(), study.ask()
         if storage is database:
             storage.record_heartbeat(dead._trial_id)
-            time.sleep(3.5)  # past the grace period of 3 heartbeats
+            # past the grace period of 3 heartbeats: SQLite's clock counts whole seconds, so 3.5 s may read as 3
+            time.sleep(4.5)
             storage.record_heartbeat(living._trial_id)
         else:
             dead.set_user_attr("heartbeat", time.time() - 100)
