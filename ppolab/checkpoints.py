@@ -154,8 +154,8 @@ def damaged(path: str) -> str | None:
 
 def read_checkpoint(path: str, script: str) -> dict | str:
     """Reads a checkpoint written by `script` (`ppo.py`), as data only: its bytes checked first (the CRC-32 of each
-    entry of a torch archive, `damaged`), then torch.load with weights_only=True, which rebuilds tensors, numbers, strings, lists
-    and dicts and refuses anything else, so opening a file never runs code from it. Returns the problem, in words,
+    entry of a torch archive, `damaged`), then torch.load with weights_only=True, which rebuilds tensors, numbers,
+    strings, lists and dicts and refuses anything else, so opening a file never runs code from it. Returns the problem, in words,
     if the file is not a checkpoint (empty or truncated, damaged, holding code or other objects, of another
     script, of another format)."""
     head = b""

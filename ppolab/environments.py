@@ -221,8 +221,8 @@ def capped(env: gym.Env, env_id: str, max_steps: int | None) -> gym.Env:
 def make_eval_env(env_id: str, video_prefix: str | None, max_steps: int) -> gym.Env:
     """The one environment of an evaluation of a policy trained on `env_id` (the scripts with a single evaluation
     environment of Gymnasium's). Its episodes always end: `max_steps` (--eval-max-steps) cuts them where it has
-    no time limit of its own (capped); its actions are the policy's (policy_actions). `video_prefix` (`--evaluate --capture-video`): every episode is
-    recorded as `<video_prefix>-episode-<k>.mp4`, the rendering checked first (check_video). An environment that
+    no time limit of its own (capped); its actions are the policy's (policy_actions). `video_prefix`
+    (`--evaluate --capture-video`): every episode is recorded as `<video_prefix>-episode-<k>.mp4`, the rendering checked first (check_video). An environment that
     cannot be made here ends in one line naming it (`making`)."""
     whose = "the checkpoint's environment "
     if video_prefix is None:

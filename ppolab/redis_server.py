@@ -2,8 +2,8 @@
 policies through the server is, and stays in the script): a server's URL read as written and checked before any
 connection (`open_redis_host`, `redact`, `check_redis_url`), a client checked with a PING (`connect`), a
 redis-server of the run's own (`start_redis_server`), the local processes a run started watched while it goes on
-(`watching`) and stopped however it ends (`stop_processes`), and the one line of a run that cannot go on (`abort`). Imported by that script alone: the other
-scripts do not need the redis client."""
+(`watching`) and stopped however it ends (`stop_processes`), and the one line of a run that cannot go on (`abort`).
+Imported by that script alone: the other scripts do not need the redis client."""
 
 import ctypes
 import ipaddress

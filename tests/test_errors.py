@@ -1,6 +1,6 @@
 """Every bad input and every interruption ends in one line, on every script: checkpoints of another
-script, of an older format, truncated, empty or damaged (their CRC-32s); --resume with other flags; --track without a login;
-Ctrl-C (a real SIGINT, with children and a video recorder running). The bad numbers and folders are
+script, of an older format, truncated, empty or damaged (their CRC-32s); --resume with other flags; --track without
+a login; Ctrl-C (a real SIGINT, with children and a video recorder running). The bad numbers and folders are
 in test_cli.py's in-process cases."""
 
 import importlib

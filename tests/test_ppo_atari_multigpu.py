@@ -332,8 +332,9 @@ def test_a_refused_write_ends_the_job_in_rank_zeros_one_line(limit, checkpoint_e
     """A write the file system refuses (here: larger than the file-size limit, as a full disk refuses it) ends
     the job: rank 0 prints the one line that names the file and where to resume from, the other rank ends
     without an error of its own (no "lost the other ranks") and without waiting for its --timeout, and no
-    partial checkpoint stays. A slow rank 1 may get torchrun's SIGTERM first, which it says as any run does. torchrun adds its own summary of the failed job, which it prints for every
-    job whose rank exits non-zero; no line of it comes from this file (no traceback through it)."""
+    partial checkpoint stays. A slow rank 1 may get torchrun's SIGTERM first, which it says as any run does. torchrun
+    adds its own summary of the failed job, which it prints for every job whose rank exits non-zero; no line of it
+    comes from this file (no traceback through it)."""
     start = time.time()
     result = torchrun(
         *TINY,
