@@ -837,9 +837,9 @@ def verdict_main(argv: list[str]):
     launcher = attrs.get("launcher") or [sys.executable]  # the study's first worker's
     runs, todo = {}, []  # setting -> every job (those done before too); the jobs still to run
     for name, given in settings.items():
-        argv = [*launcher, str(ROOT / f"{attrs['script']}.py"), *given, "--exp-name", name, "--runs-dir", str(where)]
-        runs[name] = make_jobs(shlex.join(argv), attrs["env_ids"], args.seeds, where / "logs" / name)
-        todo += make_jobs(shlex.join(argv), attrs["env_ids"], args.seeds, where / "logs" / name, resume=True)
+        run = [*launcher, str(ROOT / f"{attrs['script']}.py"), *given, "--exp-name", name, "--runs-dir", str(where)]
+        runs[name] = make_jobs(shlex.join(run), attrs["env_ids"], args.seeds, where / "logs" / name)
+        todo += make_jobs(shlex.join(run), attrs["env_ids"], args.seeds, where / "logs" / name, resume=True)
     print(f"verdict of trial {best.number}: {len(todo)} runs to do, {args.workers} at a time, in {where}", flush=True)
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:

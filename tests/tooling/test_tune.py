@@ -151,6 +151,7 @@ def test_the_verdict_runs_the_best_and_the_defaults_on_fresh_seeds(study_dir, tm
     assert " ".join(as_flags(best.params)) in (logs / "tuned" / "CartPole-v1__7.log").read_text().splitlines()[0]
     assert "--learning-rate" not in (logs / "default" / "CartPole-v1__7.log").read_text().splitlines()[0]
     assert (out.parent / "tune_tiny_CartPole-v1.png").is_file()
+    assert f"python -m benchmark.tune verdict --study tiny --runs-dir {runs_dir} --out {out}" in text  # its own command
     capsys.readouterr()
     main([*verdict, "--seeds", "7"])  # again: the finished runs are kept, not run again
     assert "0 runs to do" in capsys.readouterr().out
