@@ -54,7 +54,7 @@ def say(line: str):
 
 def catch(handler) -> dict:
     """`handler` for SIGINT, SIGTERM and SIGHUP (not where SIGHUP was ignored when the program started); returns
-    the handlers it replaced, for `release`."""
+    the handlers it replaced, for `uncatch`."""
     previous = {}
     for signum in SIGNALS:
         if signum != signal.SIGHUP or not HANGUP_IGNORED:
@@ -62,7 +62,7 @@ def catch(handler) -> dict:
     return previous
 
 
-def release(previous: dict):
+def uncatch(previous: dict):
     """The handlers that `catch` replaced, back."""
     for signum, handler in previous.items():
         signal.signal(signum, handler)

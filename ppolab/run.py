@@ -33,7 +33,7 @@ from ppolab.checkpoints import (
 )
 from ppolab.checks import fail, flag, program
 from ppolab.evaluation import evaluate_saved
-from ppolab.program import release
+from ppolab.program import uncatch
 from ppolab.settings import script_of
 from ppolab.stops import exit_on_ctrl_c, exit_on_write_error, resume_hint
 from ppolab.tracking import finish_tracking, start_tracking, tensorboard_writer
@@ -197,7 +197,7 @@ class Run:
         self.wrote = False  # an iteration logged or a file written: the folder holds the run's work
 
     def __enter__(self):
-        self.exits.callback(release, exit_on_ctrl_c(self.dir, self.args.checkpoint_every))
+        self.exits.callback(uncatch, exit_on_ctrl_c(self.dir, self.args.checkpoint_every))
         self.exits.enter_context(exit_on_write_error(self.dir, self.args.checkpoint_every))
         # no warning from NumPy at each NaN or overflow of a diverging run: the run says so itself, in one line
         self.exits.enter_context(np.errstate(all="ignore"))

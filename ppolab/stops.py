@@ -48,7 +48,7 @@ def exit_on_ctrl_c(run_dir: str, checkpoint_every: int | None = None) -> dict:
     (the terminal closed, an ssh session dropped) with 129, its line written where it still can be (not where
     SIGHUP was ignored when the program started: `nohup`). It raises SystemExit, so `finally` blocks still run
     (closing environments, stopping processes). Under torchrun each rank gets the signal and prints its line,
-    naming its rank. Returns the handlers it replaced (ppolab.program.release puts them back)."""
+    naming its rank. Returns the handlers it replaced (ppolab.program.uncatch puts them back)."""
     rank, _, world_size = launch_info()
 
     def handler(signum, frame):

@@ -9,7 +9,8 @@
 - every number in a results table of a script's page is in a results file that the page's results section links to
   (or in benchmark/reference.json, CleanRL's published numbers), and every number of a README results row in one
   that its script's page links to;
-- tests/README.md names every file of tests/.
+- tests/README.md names every file of tests/;
+- no tracked file outside tests/ speaks of leases or device time.
 
 Each check has a test of its own that feeds it a broken example, so a check that no longer sees anything fails.
 """
@@ -287,6 +288,39 @@ def test_no_commit_hashes_or_issue_numbers(path):
 def test_the_diary_check_sees_hashes_and_issues():
     text = "measured at commit df85ad5 (issue 24), see c70d820; 1764000000 steps, seed 1234567, 2026-11-24, Issue #7"
     assert diary_marks(text) == ["df85ad5", "c70d820", "issue 24", "Issue #7"]
+
+
+LENDING = re.compile(r"lease|device time", re.I)  # the terms a machine was lent on, not what a user with a GPU runs
+
+
+def lending_words(text: str) -> list[str]:
+    """The lines of `text` that speak of leases or device time."""
+    return [line.strip() for line in text.splitlines() if LENDING.search(line)]
+
+
+def test_the_product_never_speaks_of_leases_or_device_time():
+    """Every tracked file outside tests/ (which names the words here): scripts, ppolab/, benchmark/, its results,
+    the docs and the README."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    found = []
+    for name in tracked.splitlines():
+        path = REPO / name
+        if name.startswith("tests/") or not path.is_file():
+            continue
+        try:
+            found += [f"{name}: {line}" for line in lending_words(path.read_text())]
+        except UnicodeDecodeError:  # a picture
+            continue
+    assert found == []
+
+
+def test_the_lending_check_sees_the_words():
+    text = "SPS 2,693\nwithin the 15-minute LEASE window\nrelease the handlers\nDevice time left: 4 min\n"
+    assert lending_words(text) == [
+        "within the 15-minute LEASE window",
+        "release the handlers",
+        "Device time left: 4 min",
+    ]
 
 
 def test_every_script_has_its_page_linked_from_the_readme():
