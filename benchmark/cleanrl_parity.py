@@ -29,6 +29,7 @@ more than the seeds' spread (the larger of the two sides' standard deviations), 
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_scalars
-from benchmark.run_seeds import make_jobs, run_jobs, summary
+from benchmark.run_seeds import die_interrupted, interrupt, make_jobs, run_jobs, summary
 from benchmark.scores import FINISHED, curves, finished, group_runs, save_figure
 from benchmark.speed_vs_cleanrl import machine
 
@@ -248,7 +249,12 @@ def main(argv: list[str] | None = None):
     elif args.what == "run":
         if args.runs_dir is None:
             fail("run needs --runs-dir")
-        sys.exit(run(args.venv, args.runs_dir.resolve(), args.steps, args.seeds, args.workers, args.scripts))
+        signal.signal(signal.SIGTERM, interrupt)  # SIGTERM, as Ctrl-C: the running jobs are stopped first
+        try:
+            code = run(args.venv, args.runs_dir.resolve(), args.steps, args.seeds, args.workers, args.scripts)
+        except KeyboardInterrupt:
+            die_interrupted("interrupted: CleanRL's running jobs killed")
+        sys.exit(code)
     else:
         if args.ours is None or args.cleanrl is None:
             fail("table needs --ours and --cleanrl")

@@ -57,8 +57,10 @@
 #
 # It installs nothing; each block prints what it needs. A script that is not in the repository yet is
 # skipped with a message. The tables read every run under RUNS_DIR/<block>: give a new benchmark a
-# fresh RUNS_DIR. Exit code 0 only if every job of every block succeeded; Ctrl-C stops the running
-# jobs and the script.
+# fresh RUNS_DIR. Exit code 0 only if every job of every block succeeded.
+# Ctrl-C, or SIGTERM to this script (`kill PID`; SIGINT too where it was not ignored when the script started),
+# stops every running job at once, in every lane, and starts no next one: exit code 130. So does a job runner
+# (benchmark.run_seeds) that is stopped on its own. Run the same command again to go on.
 set -uo pipefail
 
 ALL_BLOCKS="classic mujoco atari procgen multigpu sharedmem redis"
@@ -89,8 +91,37 @@ for block in $BLOCKS; do
     [[ " $ALL_BLOCKS $STUDIES " == *" $block "* ]] || { echo "unknown block '$block' (blocks: $ALL_BLOCKS $STUDIES)" >&2; exit 2; }
 done
 echo "== runs and logs go to $RUNS_DIR/<block>/, tables and plots to $RESULTS_DIR/"
-trap 'echo "ppo.sh: interrupted" >&2; exit 130' INT
 status=0
+child= lane=  # the command this shell waits for, and the atari10m block's second lane
+
+# interrupted: stops what runs (SIGTERM: a job runner ends its jobs, a lane its runner), waits for it, exits 130
+interrupted() {
+    trap '' INT TERM
+    [[ $BASHPID == "$$" ]] && echo "ppo.sh: interrupted" >&2
+    [[ -n $child$lane ]] && kill -TERM $child $lane 2>/dev/null
+    wait
+    exit 130
+}
+trap interrupted INT TERM
+
+# wait_for PID: its exit code; a process that was interrupted (130) interrupts this shell too: no next job starts
+wait_for() {
+    wait "$1"
+    local code=$?
+    (( code == 130 )) && interrupted
+    return $code
+}
+
+# run COMMAND...: the command in the background, waited for: a signal reaches the trap above at once (a command in
+# the foreground would hold it until the command ended)
+run() {
+    "$@" &
+    child=$!
+    wait_for "$child"
+    local code=$?
+    child=
+    return $code
+}
 
 # bench BLOCK SCRIPT STEPS QUICK_ARGS ENV_ID...: the script on every env id and seed, through benchmark.run_seeds
 # (STEPS: the step budget, then any flags the script needs there; QUICK_ARGS replaces both with QUICK=1)
@@ -115,14 +146,14 @@ bench() {
     fi
     echo "== $block: $script on $* (seeds $SEEDS) $args"
     local command="$launch $script $args --runs-dir $(printf %q "$RUNS_DIR/$block")"
-    "$PYTHON" -m benchmark.run_seeds --command "$command" --env-ids "$@" --seeds $SEEDS --workers "$workers" \
+    run "$PYTHON" -m benchmark.run_seeds --command "$command" --env-ids "$@" --seeds $SEEDS --workers "$workers" \
         --logs "$RUNS_DIR/$block/logs/$name" --resume || status=1
 }
 
 # results BLOCK: the block's table and learning curves, from every run under RUNS_DIR/BLOCK
 results() {
     [[ -d $RUNS_DIR/$1 ]] || return 0
-    "$PYTHON" -m benchmark.scores "$RUNS_DIR/$1" --out "$RESULTS_DIR/$1.md" --plots "$RESULTS_DIR/$1" || status=1
+    run "$PYTHON" -m benchmark.scores "$RUNS_DIR/$1" --out "$RESULTS_DIR/$1.md" --plots "$RESULTS_DIR/$1" || status=1
 }
 
 # the whole loop in one group, read in full before it runs: an edit of this file does not reach a running block
@@ -196,20 +227,19 @@ for block in $BLOCKS; do
     atari10m)
         # one job at a time in each of two lanes, side by side (a core each); Pong-v5 first, which learns soonest
         (
-            SEEDS=${FULL_SEEDS:-1} WORKERS=1
-            (
-                bench atari10m ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Pong-v5 BeamRider-v5
-                exit $status
-            ) &
-            lane=$!
-            bench atari10m ppo_atari.py 10000000 "--total-timesteps 2048" Breakout
-            bench atari10m ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Breakout-v5
-            wait $lane || status=1
+            trap interrupted INT TERM  # Ctrl-C, or the SIGTERM the first lane sends it, stops its runner too
+            SEEDS=${FULL_SEEDS:-1} WORKERS=1 bench atari10m ppo_atari_envpool.py 10000000 "--total-timesteps 2048" \
+                Pong-v5 BeamRider-v5
             exit $status
-        ) || status=1
+        ) &
+        lane=$!
+        SEEDS=${FULL_SEEDS:-1} WORKERS=1 bench atari10m ppo_atari.py 10000000 "--total-timesteps 2048" Breakout
+        SEEDS=${FULL_SEEDS:-1} WORKERS=1 bench atari10m ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Breakout-v5
+        wait_for $lane || status=1
+        lane=
         steps=10000000
         [[ $QUICK == 1 ]] && steps=2048
-        "$PYTHON" -m benchmark.full_budget "$RUNS_DIR/atari10m" --steps "$steps" --out "$RESULTS_DIR/atari10m.md" \
+        run "$PYTHON" -m benchmark.full_budget "$RUNS_DIR/atari10m" --steps "$steps" --out "$RESULTS_DIR/atari10m.md" \
             --plots "$RESULTS_DIR/atari10m" || status=1
         continue  # its own table: a row per run beside the published scores
         ;;
@@ -220,9 +250,9 @@ for block in $BLOCKS; do
         # the seeds of results/parity.md: three for the ppo_atari.py pair and ppo_atari_multigpu.py, two for the others
         three="1 2 3" two="1 2"
         [[ -n $seeds_given ]] && three=$SEEDS two=$SEEDS
-        "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
+        run "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
             --scripts ppo_atari --seeds $three --workers "$WORKERS" || status=1
-        "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
+        run "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
             --scripts ppo_atari_envpool ppo_atari_lstm --seeds $two --workers "$WORKERS" || status=1
         SEEDS=$three bench parity ppo_atari.py "$steps" "--total-timesteps 2048" Breakout
         SEEDS=$two bench parity ppo_atari_envpool.py "$steps" "--total-timesteps 2048" Breakout-v5
@@ -231,7 +261,7 @@ for block in $BLOCKS; do
         atari_flags="--num-workers 4 --num-envs-per-worker 2 --seq-len 128 --clip-coef 0.1 --learning-rate 2.5e-4"
         SEEDS=$two bench parity ppo_shared_memory_lstm.py "$steps $atari_flags" "--total-timesteps 2048 $atari_flags" \
             Breakout
-        "$PYTHON" -m benchmark.cleanrl_parity table --ours "$RUNS_DIR/parity" --cleanrl "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
+        run "$PYTHON" -m benchmark.cleanrl_parity table --ours "$RUNS_DIR/parity" --cleanrl "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
             --out "$RESULTS_DIR/parity.md" --plots "$RESULTS_DIR/parity" || status=1
         continue  # its own table: the pairs, not the generic one
         ;;

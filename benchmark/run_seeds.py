@@ -173,7 +173,17 @@ def summary(jobs: list[Job], elapsed: float) -> str:
 
 
 def interrupt(signum, frame):
+    """The SIGTERM handler of the runners: SIGTERM ends them as Ctrl-C does (their jobs stopped first)."""
     raise KeyboardInterrupt
+
+
+def die_interrupted(message: str):
+    """Prints the message and ends this process by SIGINT (exit code 130), as a shell that runs it as one command
+    of a script expects of an interrupted command."""
+    print(message, file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(130)  # not reached where SIGINT ends the process
 
 
 def main():
@@ -195,11 +205,7 @@ def main():
     try:
         finished = run_jobs(jobs, args.workers)
     except KeyboardInterrupt:
-        print("interrupted: running jobs killed", file=sys.stderr, flush=True)
-        # die of SIGINT, as a shell running this as one command of a script expects
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        sys.exit(130)  # not reached where SIGINT ends the process
+        die_interrupted("interrupted: running jobs killed")
     print(summary(finished, time.monotonic() - began), flush=True)
     sys.exit(0 if all(job.returncode == 0 for job in finished) else 1)
 

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import ScalarTail
-from benchmark.run_seeds import Job, interrupt, kill, last_line, make_jobs, run_jobs, start
+from benchmark.run_seeds import Job, die_interrupted, interrupt, kill, last_line, make_jobs, run_jobs, start
 from benchmark.scores import curves, save_figure, summarize_run
 from benchmark.scripts import ROOT, SCRIPTS, import_script
 from benchmark.tune_space import SPACES, SpaceError, as_flags, min_max, read_space, sample, score_range
@@ -587,12 +587,7 @@ def tune(argv: list[str]):
             one_trial(study, setup, storage)
             write_report(study, report, storage_url, importances=False)
     except KeyboardInterrupt:
-        print(
-            f"{PROG}: interrupted: the trial's runs are stopped; the same command continues the study", file=sys.stderr
-        )
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # die of SIGINT, as a shell running this in a script expects
-        os.kill(os.getpid(), signal.SIGINT)
-        sys.exit(130)
+        die_interrupted(f"{PROG}: interrupted: the trial's runs are stopped; the same command continues the study")
     write_report(study, report, storage_url, importances=True)
     best = best_trial(study)
     if best is not None:

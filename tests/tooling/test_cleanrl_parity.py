@@ -1,10 +1,17 @@
 """benchmark.cleanrl_parity's table from run folders written here: a run's score is the mean of the games that end
 in its last `window` steps, each pair sets every seed of both sides beside each other, and the verdict follows the
-seeds' spread."""
+seeds' spread; `run` starts only what is asked and stops its jobs on SIGTERM."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
 
 from torch.utils.tensorboard import SummaryWriter
 
 from benchmark import cleanrl_parity
+from helpers import REPO
 
 
 def write_run(root, name, games):
@@ -76,6 +83,35 @@ def test_run_starts_only_the_scripts_asked_for_and_skips_the_finished_ones(tmp_p
     assert [line.split("--seed ")[1].split()[0] for line in lines] == ["1", "2"]
     assert cleanrl_parity.run(tmp_path / "venv", tmp_path / "runs", 2048, [1, 2], 1, ["ppo_atari_envpool"]) == 0
     assert len(calls.read_text().splitlines()) == 2  # both finished: not run again
+
+
+def test_run_stops_its_jobs_on_sigterm_and_dies_of_sigint(tmp_path):
+    """SIGTERM (what `bash benchmark/ppo.sh` sends on Ctrl-C) ends `run` as Ctrl-C does: its jobs stopped, then the
+    process itself ended by SIGINT, which tells a calling shell that it was interrupted."""
+    python = tmp_path / "venv" / "bin" / "python"  # stands in for CleanRL's virtualenv: a job that waits
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho $$ > "$0.pid.tmp"; mv "$0.pid.tmp" "$0.pid"; exec sleep 60\n')
+    python.chmod(0o755)
+    argv = [sys.executable, "-m", "benchmark.cleanrl_parity", "run", "--venv", str(tmp_path / "venv")]
+    argv += ["--runs-dir", str(tmp_path / "runs"), "--seeds", "1", "--scripts", "ppo_atari_envpool"]
+    runner = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_file = python.parent / "python.pid"
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and runner.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job = int(pid_file.read_text())
+        runner.send_signal(signal.SIGTERM)
+        _, stderr = runner.communicate(timeout=30)
+        assert runner.returncode == -signal.SIGINT and "interrupted" in stderr, stderr
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{job}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{job}")
+    finally:
+        runner.kill()
+        if pid_file.exists() and os.path.exists(f"/proc/{int(pid_file.read_text())}"):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def test_the_plots_draw_only_the_runs_the_table_counts(tmp_path):

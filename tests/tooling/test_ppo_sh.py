@@ -1,12 +1,16 @@
 """benchmark/ppo.sh: the classic-control block in quick mode end to end (runs, logs, table, plots),
-block selection, and skipping a script that is not in the repository."""
+block selection, skipping a script that is not in the repository, and stopping a block (Ctrl-C, SIGTERM)."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
-from helpers import REPO
+import pytest
+
+from helpers import REPO, default_ctrl_c
 
 CLASSIC = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"]
 
@@ -79,13 +83,19 @@ os.makedirs(f"{runs_dir}/{env_id}__fake", exist_ok=True)
 """
 
 
+def fake_repo(path, scripts: dict[str, str]):
+    """A repository at `path`: our benchmark/ folder (no results) beside the given scripts (name: source)."""
+    shutil.copytree(REPO / "benchmark", path / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
+    for name, source in scripts.items():
+        (path / name).write_text(source)
+
+
 def test_runs_go_to_the_folder_it_is_started_from_and_printed_paths_exist_from_there(tmp_path):
     """ppo.sh started from another folder than the repository (the default RUNS_DIR, relative): the run
     folders are made there, and the folders it prints exist from there (here a repository whose ppo.py
     only makes its run folder)."""
     repo, user = tmp_path / "repo", tmp_path / "user"
-    shutil.copytree(REPO / "benchmark", repo / "benchmark", ignore=shutil.ignore_patterns("results", "__pycache__"))
-    (repo / "ppo.py").write_text(FAKE_PPO)
+    fake_repo(repo, {"ppo.py": FAKE_PPO})
     user.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("RUNS_DIR", "RESULTS_DIR")}
     result = subprocess.run(
@@ -104,3 +114,68 @@ def test_runs_go_to_the_folder_it_is_started_from_and_printed_paths_exist_from_t
     assert len(printed) == 2
     for path in printed:
         assert (user / path).is_dir(), (path, result.stdout)
+
+
+# a training job that only says it started (its process and its runner's, by env id) and then waits to be stopped
+SLOW_JOB = """import os, sys, time
+started = os.path.join(os.environ["STARTED"], os.path.basename(sys.argv[0]) + "__" + sys.argv[sys.argv.index("--env-id") + 1])
+with open(started + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {os.getppid()}")
+os.rename(started + ".tmp", started)
+time.sleep(300)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigint", "sigterm", "a runner stopped"])
+def test_a_stopped_atari10m_block_stops_both_lanes_and_starts_no_next_job(tmp_path, stop):
+    """The two-lane block, stopped while each lane runs its first job: by Ctrl-C at a terminal (SIGINT to the whole
+    process group), by SIGINT or SIGTERM to ppo.sh alone (`kill`), or by SIGTERM to the runner of one lane. Every job ends within
+    seconds, ppo.sh exits 130, and neither lane starts its next job (BeamRider-v5, Breakout-v5)."""
+    repo, started = tmp_path / "repo", tmp_path / "started"
+    fake_repo(repo, {"ppo_atari.py": SLOW_JOB, "ppo_atari_envpool.py": SLOW_JOB})
+    started.mkdir()
+    env = dict(os.environ, PYTHON=sys.executable, QUICK="1", RUNS_DIR=str(tmp_path / "runs"), STARTED=str(started))
+    block = subprocess.Popen(
+        ["bash", str(repo / "benchmark" / "ppo.sh"), "atari10m"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal gives a command
+        preexec_fn=default_ctrl_c,
+    )
+    first = {"ppo_atari.py__Breakout", "ppo_atari_envpool.py__Pong-v5"}
+    try:
+        deadline = time.monotonic() + 60
+        while {p.name for p in started.iterdir()} != first and block.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert {p.name for p in started.iterdir()} == first, block.communicate(timeout=30)[0]
+        jobs = {name: [int(n) for n in (started / name).read_text().split()] for name in first}
+        if stop == "ctrl-c":
+            os.killpg(block.pid, signal.SIGINT)
+        elif stop in ("sigint", "sigterm"):
+            os.kill(block.pid, signal.SIGINT if stop == "sigint" else signal.SIGTERM)
+        else:
+            os.kill(jobs["ppo_atari.py__Breakout"][1], signal.SIGTERM)
+        output = block.communicate(timeout=60)[0]
+        assert block.returncode == 130, output
+        assert "ppo.sh: interrupted" in output
+        time.sleep(2)  # a next job would have started by now
+        assert {p.name for p in started.iterdir()} == first, output
+        assert not [name for name, (job, runner) in jobs.items() if alive(job) or alive(runner)], output
+    finally:
+        if block.poll() is None:
+            os.killpg(block.pid, signal.SIGKILL)
+        for path in started.iterdir():
+            for pid in map(int, path.read_text().split()):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
