@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +284,19 @@ def process_table() -> dict[int, tuple[int, str, int]]:
             continue
         table[int(stat.parent.name)] = (int(fields[1]), fields[0], int(fields[19]))
     return table
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def still_alive(pids, seconds: float = 5) -> list[int]:
+    """The processes among `pids` still alive after waiting up to `seconds` for all of them to end."""
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]

@@ -38,6 +38,7 @@ from helpers import (
     REPO,
     assert_evaluate_flag_matches_training,
     assert_evaluation_videos,
+    alive,
     assert_progress_lines,
     load,
     only_run_dir,
@@ -272,11 +273,6 @@ def rank_processes(launcher_pid: int) -> dict[int, int]:
                 continue
             ranks.update({int(item[5:]): pid for item in environ if item.startswith(b"RANK=")})
     return ranks
-
-
-def alive(pid: int) -> bool:
-    entry = process_table().get(pid)
-    return entry is not None and entry[1] != "Z"
 
 
 @pytest.mark.parametrize("fault", ["killed", "hung"])

@@ -11,7 +11,7 @@ import time
 from torch.utils.tensorboard import SummaryWriter
 
 from benchmark import cleanrl_parity
-from helpers import REPO
+from helpers import REPO, alive, still_alive
 
 
 def write_run(root, name, games):
@@ -104,13 +104,10 @@ def test_run_stops_its_jobs_on_sigterm_and_dies_of_sigint(tmp_path):
         runner.send_signal(signal.SIGTERM)
         _, stderr = runner.communicate(timeout=30)
         assert runner.returncode == -signal.SIGINT and "interrupted" in stderr, stderr
-        deadline = time.monotonic() + 5
-        while os.path.exists(f"/proc/{job}") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not os.path.exists(f"/proc/{job}")
+        assert not still_alive([job])
     finally:
         runner.kill()
-        if pid_file.exists() and os.path.exists(f"/proc/{int(pid_file.read_text())}"):
+        if pid_file.exists() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 

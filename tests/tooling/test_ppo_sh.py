@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import REPO, default_ctrl_c
+from helpers import REPO, alive, default_ctrl_c, still_alive
 
 CLASSIC = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"]
 
@@ -126,19 +126,11 @@ time.sleep(300)
 """
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigint", "sigterm", "a runner stopped"])
 def test_a_stopped_atari10m_block_stops_both_lanes_and_starts_no_next_job(tmp_path, stop):
     """The two-lane block, stopped while each lane runs its first job: by Ctrl-C at a terminal (SIGINT to the whole
-    process group), by SIGINT or SIGTERM to ppo.sh alone (`kill`), or by SIGTERM to the runner of one lane. Every job ends within
-    seconds, ppo.sh exits 130, and neither lane starts its next job (BeamRider-v5, Breakout-v5)."""
+    process group), by SIGINT or SIGTERM to ppo.sh alone (`kill`), or by SIGTERM to the runner of one lane. Every job
+    and runner ends within seconds, ppo.sh exits 130, and neither lane starts its next job (BeamRider-v5, Breakout-v5)."""
     repo, started = tmp_path / "repo", tmp_path / "started"
     fake_repo(repo, {"ppo_atari.py": SLOW_JOB, "ppo_atari_envpool.py": SLOW_JOB})
     started.mkdir()
@@ -169,9 +161,9 @@ def test_a_stopped_atari10m_block_stops_both_lanes_and_starts_no_next_job(tmp_pa
         output = block.communicate(timeout=60)[0]
         assert block.returncode == 130, output
         assert "ppo.sh: interrupted" in output
+        assert not still_alive([pid for pids in jobs.values() for pid in pids]), output
         time.sleep(2)  # a next job would have started by now
         assert {p.name for p in started.iterdir()} == first, output
-        assert not [name for name, (job, runner) in jobs.items() if alive(job) or alive(runner)], output
     finally:
         if block.poll() is None:
             os.killpg(block.pid, signal.SIGKILL)

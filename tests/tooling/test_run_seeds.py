@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import REPO, default_ctrl_c
+from helpers import REPO, alive, default_ctrl_c, still_alive
 
 JOB = """
 import json, os, subprocess, sys, time
@@ -104,15 +104,6 @@ def test_jobs_overlap_up_to_the_number_of_workers(tmp_path, job, workers):
     assert len(runs) == 3 and most == workers
 
 
-def pid_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_ctrl_c_kills_the_running_jobs_and_their_children(tmp_path, job):
     runner = subprocess.Popen(
         runner_argv(job(60, "spawn"), ["A-v0", "B-v0"], [1], 2, tmp_path / "logs"),
@@ -128,14 +119,11 @@ def test_ctrl_c_kills_the_running_jobs_and_their_children(tmp_path, job):
         assert time.time() < deadline and runner.poll() is None
         time.sleep(0.1)
     pids = [int(pid) for p in pid_files for pid in p.read_text().split()]  # two jobs and their children
-    assert all(pid_alive(pid) for pid in pids)
+    assert all(alive(pid) for pid in pids)
     runner.send_signal(signal.SIGINT)
     _, stderr = runner.communicate(timeout=20)
     assert runner.returncode != 0 and "interrupted" in stderr
-    deadline = time.time() + 5
-    while any(pid_alive(pid) for pid in pids) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not any(pid_alive(pid) for pid in pids)
+    assert not still_alive(pids)
     assert not records(tmp_path)  # no job got to its end
 
 

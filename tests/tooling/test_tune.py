@@ -32,6 +32,7 @@ from benchmark.tune import (
     write_report,
 )
 from benchmark.tune_space import SPACES, SpaceError, as_flags, min_max, read_space, sample, score_range
+from helpers import alive, still_alive
 from scripts import REPO
 
 STEPS = "2048"  # one iteration of ppo.py's largest batch in its space (4 environments x 512 steps)
@@ -103,14 +104,6 @@ def test_a_second_worker_joins_the_study_through_the_same_storage(study_dir, cap
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("tune: error: the study tiny was started with other flags after -- (")
     assert len(load(runs_dir).trials) == 3
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_pruned_trials_run_ends_on_sigterm_and_its_folder_says_so(tmp_path):
@@ -357,10 +350,7 @@ def test_runs_started_with_die_with_parent_end_when_their_starter_is_killed(tmp_
     assert alive(pid)
     starter.kill()
     starter.wait()
-    deadline = time.time() + 5
-    while alive(pid) and time.time() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid)
+    assert not still_alive([pid])
     job = Job("B", 1, ["true"], tmp_path / "b.log")  # without it: as before, a process of its own session
     start(job)
     assert job.process.wait(timeout=10) == 0
