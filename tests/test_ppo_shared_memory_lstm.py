@@ -137,9 +137,11 @@ def watched(proc: subprocess.Popen, cwd, action, shm_before: set[str]):
     try:
         deadline = time.monotonic() + 120
         while True:
-            new = descendants(proc.pid) - seen
-            workers |= {(start, pid) for pid, start in new if is_worker(pid)}  # while its command line is there
-            seen |= new
+            now = descendants(proc.pid)
+            # asked again on every pass while it lives: between its fork and its exec a spawned worker
+            # still shows the learner's command line
+            workers |= {(start, pid) for pid, start in now if (start, pid) not in workers and is_worker(pid)}
+            seen |= now
             if proc.poll() is not None or list(Path(cwd).glob("runs/*/checkpoint.pt")):
                 break
             assert time.monotonic() < deadline, "no iteration finished in 120 s"
