@@ -286,6 +286,22 @@ def process_table() -> dict[int, tuple[int, str, int]]:
     return table
 
 
+def descendants(pid: int) -> set[tuple[int, int]]:
+    """(pid, start time) of every living process below `pid` now (the start time tells a reused pid apart)."""
+    table, found, frontier = process_table(), set(), {pid}
+    while frontier:
+        frontier = {p for p, (parent, state, _) in table.items() if parent in frontier and state != "Z"}
+        frontier -= {p for p, _ in found}
+        found |= {(p, table[p][2]) for p in frontier}
+    return found
+
+
+def running(processes: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Those of `processes` that still run (same pid and start time, not a zombie)."""
+    table = process_table()
+    return {(p, t) for p, t in processes if p in table and table[p][2] == t and table[p][1] != "Z"}
+
+
 def alive(pid: int) -> bool:
     """True while the process exists and is not a zombie waiting to be reaped."""
     try:

@@ -31,11 +31,13 @@ from helpers import (
     METRICS,
     assert_evaluate_flag_matches_training,
     assert_progress_lines,
+    descendants,
     load,
     only_run_dir,
     process_table,
     read_scalars,
     run_script,
+    running,
     script_command,
 )
 from ppolab.checkpoints import write_checkpoint_file
@@ -88,21 +90,6 @@ def launch(cwd, label: str, *argv) -> subprocess.Popen:
 
 def output(cwd, label: str) -> tuple[str, str]:
     return (cwd / f"{label}.out").read_text(), (cwd / f"{label}.err").read_text()
-
-
-def descendants(pid: int) -> set[tuple[int, int]]:
-    """(pid, start time) of every process below `pid` now."""
-    table, found, frontier = process_table(), set(), {pid}
-    while frontier:
-        frontier = {p for p, (parent, _, _) in table.items() if parent in frontier} - {p for p, _ in found}
-        found |= {(p, table[p][2]) for p in frontier}
-    return found
-
-
-def running(processes: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    """Those of `processes` that still run (same pid and start time, not a zombie)."""
-    table = process_table()
-    return {(p, t) for p, t in processes if p in table and table[p][2] == t and table[p][1] != "Z"}
 
 
 def wait_watching(process: subprocess.Popen, timeout: float) -> set[tuple[int, int]]:

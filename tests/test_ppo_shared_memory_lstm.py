@@ -27,11 +27,12 @@ from helpers import (
     assert_evaluation_videos,
     assert_progress_lines,
     check_resume_after_interruption,
+    descendants,
     load,
     only_run_dir,
-    process_table,
     read_scalars,
     run_script,
+    running,
     script_command,
     start_script,
 )
@@ -64,25 +65,6 @@ EXPECTED_METRICS = METRICS + [
 
 
 # PROCESSES AND SHARED MEMORY ---------------------------------------------------------------------
-
-
-def descendants(pid: int) -> set[tuple[int, int]]:
-    """(pid, start time) of every living descendant of `pid` (the start time tells a reused pid apart)."""
-    table, found, frontier = process_table(), set(), [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, (ppid, state, start) in table.items():
-            if ppid == parent and state != "Z" and (child, start) not in found:
-                found.add((child, start))
-                frontier.append(child)
-    return found
-
-
-def still_running(processes: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    table = process_table()
-    return {
-        (pid, start) for pid, start in processes if pid in table and table[pid][2] == start and table[pid][1] != "Z"
-    }
 
 
 def is_worker(pid: int) -> bool:
@@ -152,13 +134,13 @@ def watched(proc: subprocess.Popen, cwd, action, shm_before: set[str]):
         _, stderr = proc.communicate(timeout=30)
         # the workers and multiprocessing's resource tracker end with the learner (a moment for the tracker)
         deadline = time.monotonic() + 10
-        while still_running(seen) and time.monotonic() < deadline:
+        while running(seen) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not still_running(seen), still_running(seen)
+        assert not running(seen), running(seen)
         assert torch_shm() <= shm_before
         return proc.returncode, stderr, worker_pids
     finally:
-        for pid, _ in still_running(seen | {(proc.pid, 0)}) | {(proc.pid, 0)}:
+        for pid, _ in running(seen | {(proc.pid, 0)}) | {(proc.pid, 0)}:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
