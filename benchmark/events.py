@@ -56,6 +56,28 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: sorted((step, value) for step, _, value in points) for tag, points in scalars.items()}
 
 
+def read_hyperparameters(run_dir: str | Path) -> list[dict[str, str]]:
+    """The `hyperparameters` text each events file of a run folder opens with (the run's arguments, name -> value as
+    written), one dict per file in the order the files were opened: a resumed run has one per process, and a resume
+    may change some of them (e.g. --torch-threads). A file without the text gives none. Only each file's first
+    events are read."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    found = []
+    for path in Path(run_dir).glob("events.out.tfevents.*"):
+        for event in LegacyEventFileLoader(str(path)).Load():
+            texts = [value for value in event.summary.value if value.tag.startswith("hyperparameters")]
+            if texts:
+                rows = texts[0].tensor.string_val[0].decode().splitlines()[2:]  # after |param|value| and |-|-|
+                found.append(
+                    (event.wall_time, dict(row.strip("|").split("|", 1) for row in rows if row.count("|") >= 3))
+                )
+                break
+            if event.HasField("summary") and any(value.HasField("simple_value") for value in event.summary.value):
+                break  # scalars have begun: the writer wrote no text when it opened
+    return [params for _, params in sorted(found, key=lambda opened_params: opened_params[0])]
+
+
 class ScalarTail:
     """The scalars of one run folder read as the run writes them: each `read()` adds what its events files gained
     since the last one (a record written in part is read whole the next time) and returns every scalar so far as

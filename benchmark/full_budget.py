@@ -7,7 +7,8 @@ atari10m` (one seed per game, 10M steps), or of any folder of runs that have a r
 Per run (a row per run, not per group: the runs are single seeds): our score, the mean of its last `--last`
 episodes (for Atari the game score over all lives, unclipped, as the scripts log it); the steps reached; the
 training time (the events' wall time, the stops between a run and its resumes left out: benchmark.events) and the
-SPS over it; the published mean ± std with its seed count and source; and a verdict by `verdict`'s rule. A run
+SPS over it, with the PyTorch threads it trained with (its `--torch-threads`, from the arguments each of its processes
+wrote); the published mean ± std with its seed count and source; and a verdict by `verdict`'s rule. A run
 short of its budget is marked unfinished, with its score so far, and gets no verdict. The curves (benchmark.scores'
 plots, against steps and against training time) draw the published mean as a dashed line.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.events import read_timed_scalars
+from benchmark.events import read_hyperparameters, read_timed_scalars
 from benchmark.scores import REFERENCES, finished, group_runs, label, load_references, plot, published, short_steps
 from benchmark.speed_vs_cleanrl import machine
 
@@ -36,8 +37,10 @@ STACK = ["torch", "gymnasium", "ale-py", "envpool", "numpy"]
 
 
 def run_summary(run_dir: Path, last: int) -> dict:
-    """Score (mean of the last `last` episodes), episodes, steps reached, training time (s) and SPS of one run."""
+    """Score (mean of the last `last` episodes), episodes, steps reached, training time (s), SPS and PyTorch threads of
+    one run."""
     start, scalars = read_timed_scalars(run_dir)
+    threads = [params["torch_threads"] for params in read_hyperparameters(run_dir) if "torch_threads" in params]
     returns = [value for _, _, value in scalars.get("charts/episodic_return", [])]
     points = [point for tag_points in scalars.values() for point in tag_points]
     steps = max((step for step, _, _ in points), default=0)
@@ -48,6 +51,7 @@ def run_summary(run_dir: Path, last: int) -> dict:
         "steps": steps,
         "seconds": seconds,
         "sps": steps / seconds if seconds > 0 else float("nan"),
+        "threads": ", ".join(dict.fromkeys(threads)) or "—",  # each value once, in the order the processes ran
     }
 
 
@@ -64,9 +68,9 @@ def hours(seconds: float) -> str:
 
 def table(root: Path, budget: int, last: int, references: dict) -> str:
     lines = [
-        f"| script | env | seed | score (last {last} episodes) | steps | training time | SPS | published (CleanRL) "
-        "| verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| script | env | seed | score (last {last} episodes) | steps | training time | SPS | PyTorch threads "
+        "| published (CleanRL) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     sources = []
     for (env_id, exp_name), runs in group_runs(root).items():
@@ -87,7 +91,7 @@ def table(root: Path, budget: int, last: int, references: dict) -> str:
                 score, judged = f"unfinished: {score} so far", f"unfinished ({s['steps'] / budget:.0%} of the budget)"
             lines.append(
                 f"| {label(exp_name)} | {env_id} | {seed} | {score} | {s['steps']:,} | {hours(s['seconds'])} "
-                f"| {s['sps']:.0f} | {cell} | {judged} |"
+                f"| {s['sps']:.0f} | {s['threads']} | {cell} | {judged} |"
             )
     if sources:
         lines += ["", "Published scores: " + "; ".join(sources) + "."]
@@ -127,8 +131,9 @@ def main(argv: list[str] | None = None):
             f"# Runs at {short_steps(args.steps)} steps beside the published scores",
             "",
             f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` on {machine()} "
-            f"({versions()}); the runs: `bash benchmark/ppo.sh atari10m` (each script at its defaults, one thread "
-            "per run with `OMP_NUM_THREADS=1`, the two lanes side by side, one run per core).",
+            f"({versions()}); the runs: `bash benchmark/ppo.sh atari10m` (each script at its defaults, the two lanes "
+            "side by side, a run in each; the PyTorch threads of a run are its `--torch-threads`, whatever the job "
+            "runner's `OMP_NUM_THREADS=1` says).",
             "",
             RULE,
             "",

@@ -6,8 +6,10 @@
 Each job runs `<command> --env-id ENV --seed SEED` (the command is split like a shell would split it,
 but no shell runs it). At most `--workers` jobs run at once (default: the number of CPUs). Every job
 gets OMP_NUM_THREADS=1 in its environment, always, whatever the caller's environment says: jobs
-share the machine, and one thread per job is the setting that does not collapse when they do (a job
-that wants more threads says so in its own command). Each job's stdout and stderr go to one log file,
+share the machine, and one thread per job is the setting that does not collapse when they do. A script
+still sets its own PyTorch threads (`--torch-threads`: 2 by default in ppo_atari.py, ppo_atari_lstm.py,
+ppo_atari_envpool.py and ppo_procgen.py, 1 in the others); a job that wants another count says so in its
+own command. Each job's stdout and stderr go to one log file,
 `<logs>/<env>__<seed>.log`, which starts with the command line.
 
 With `--resume` the runner continues an earlier invocation of the same command: a job whose log ends with

@@ -7,15 +7,21 @@ import numpy as np
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
+import ppo_atari
+import ppo_atari_envpool
 from benchmark.full_budget import main, table, verdict
 from helpers import REPO
+from ppolab.tracking import tensorboard_writer
 from test_ppo_sh import ppo_sh
 
 REFERENCES = {("ppo_atari.py", "Pong"): {"mean": 20.0, "std": 0.1, "steps": 1000, "seeds": 3, "source": "page P"}}
 
 
-def write_run(root, seed, returns, last_step):
-    writer = SummaryWriter(root / f"Pong__ppo_atari__{seed}__1700000000")
+def write_run(root, seed, returns, last_step, arguments=None):
+    """A run folder (one process's events file; called again, a resume's) that opens with the text of its
+    `arguments` as the scripts' writer writes it, or with no such text."""
+    folder = str(root / f"Pong__ppo_atari__{seed}__1700000000")
+    writer = SummaryWriter(folder) if arguments is None else tensorboard_writer(folder, arguments)
     opened = time.time()  # a game ends every 10 s from here
     for k, value in enumerate(returns, start=1):
         writer.add_scalar("charts/episodic_return", value, k * last_step // len(returns), walltime=opened + 10 * k)
@@ -42,9 +48,20 @@ def test_a_finished_run_is_judged_and_an_unfinished_one_is_marked(tmp_path):
     write_run(tmp_path, 2, [0.0] * 10 + [21.0] * 10, last_step=500)
     rows = {line.split("|")[3].strip(): line for line in table(tmp_path, 1000, 100, REFERENCES).splitlines()[2:4]}
     assert "| 19.50 (150 episodes) | 1,000 |" in rows["1"] and rows["1"].endswith("| at the published level |")
-    assert "| 0.4 h | 1 | 20.00 ± 0.10 (1k steps, 3 seeds) |" in rows["1"]  # 150 games of 10 s, 1,000 steps
+    assert "| 0.4 h | 1 | — | 20.00 ± 0.10 (1k steps, 3 seeds) |" in rows["1"]  # 150 games of 10 s, 1,000 steps
     assert "unfinished: 10.50 (20 episodes) so far" in rows["2"] and "unfinished (50% of the budget)" in rows["2"]
     assert not any(word in rows["2"] for word in ("above", "below", "published level"))
+
+
+def test_the_threads_column_gives_the_torch_threads_each_process_of_a_run_trained_with(tmp_path):
+    """A run resumed with another --torch-threads shows both, in the order its processes ran, each once; a run
+    whose events hold no arguments shows a dash."""
+    for threads in (2, 1, 2):  # started with 2, resumed with 1, then with 2 again
+        write_run(tmp_path, 1, [19.5] * 100, last_step=1000, arguments={"seed": 1, "torch_threads": threads})
+    write_run(tmp_path, 2, [19.5] * 100, last_step=1000)
+    lines = table(tmp_path, 1000, 100, REFERENCES).splitlines()[2:4]
+    rows = {cells[3].strip(): cells for cells in (line.split("|") for line in lines)}
+    assert (rows["1"][8].strip(), rows["2"][8].strip()) == ("2, 1", "—")
 
 
 def test_the_written_file_names_its_command_and_rule(tmp_path, capsys):
@@ -66,6 +83,8 @@ def test_quick_atari10m_block_runs_both_lanes_and_writes_its_table(tmp_path):
         "Pong-v5",
     ]
     assert all("| 2,048 |" in line and "unfinished" not in line for line in rows)
+    defaults = {str(ppo_atari.Args.torch_threads), str(ppo_atari_envpool.Args.torch_threads)}
+    assert {line.split("|")[8].strip() for line in rows} == defaults  # the threads the runs really had
     assert (
         (tmp_path / "results" / "atari10m" / "Breakout-v5__ppo_atari_envpool.png").read_bytes().startswith(b"\x89PNG")
     )
