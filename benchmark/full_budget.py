@@ -11,9 +11,14 @@ SPS over it, with the PyTorch threads it trained with (its `--torch-threads`, fr
 wrote); the published mean ± std with its seed count and source; and a verdict by `verdict`'s rule. A run
 short of its budget is marked unfinished, with its score so far, and gets no verdict. The curves (benchmark.scores'
 plots, against steps and against training time) draw the published mean as a dashed line.
+
+The record (`--record`, by default the `--out` file with `.json` for `.md`) keeps each run's row as numbers, so that
+a table outlives its run folders: a run of a (env, script, seed) that no folder under the root holds any more keeps
+its recorded row, marked as such, and a folder that is there replaces the record of its (env, script, seed).
 """
 
 import argparse
+import json
 import sys
 import time
 from importlib import metadata
@@ -22,7 +27,17 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_hyperparameters, read_timed_scalars
-from benchmark.scores import REFERENCES, finished, group_runs, label, load_references, plot, published, short_steps
+from benchmark.scores import (
+    REFERENCES,
+    finished,
+    group_runs,
+    label,
+    load_references,
+    plot,
+    published,
+    seed_order,
+    short_steps,
+)
 from benchmark.speed_vs_cleanrl import machine
 
 TOLERANCE = 0.05  # of the published mean: the least band a verdict allows (a near-zero std, e.g. Pong's 0.09)
@@ -66,33 +81,81 @@ def hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def table(root: Path, budget: int, last: int, references: dict) -> str:
+def read_runs(root: Path, last: int) -> list[dict]:
+    """A row per run folder under root: its script (exp_name), env, seed and folder name, run_summary's numbers, and
+    when they were read."""
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return [
+        {
+            "exp_name": exp_name,
+            "env_id": env_id,
+            "seed": seed,
+            "run": run_dir.name,
+            **run_summary(run_dir, last),
+            "read": now,
+        }
+        for (env_id, exp_name), runs in group_runs(root).items()
+        for run_dir, seed in runs
+    ]
+
+
+def merge(recorded: list[dict], present: list[dict]) -> list[dict]:
+    """The rows of the runs present, and the recorded row of every (env, script, seed) that none of them has, marked
+    `kept`; in the order of env, script and seed."""
+    have = {(row["env_id"], row["exp_name"], row["seed"]) for row in present}
+    kept = [{**row, "kept": True} for row in recorded if (row["env_id"], row["exp_name"], row["seed"]) not in have]
+    return sorted(present + kept, key=lambda row: (row["env_id"], row["exp_name"], seed_order(row["seed"])))
+
+
+def load_record(path: Path | None, last: int) -> list[dict]:
+    """The rows a record holds (none where there is no record); its scores must average `last` episodes, as ours."""
+    if not (path and path.exists()):
+        return []
+    record = json.loads(path.read_text())
+    if record["last"] != last:
+        raise ValueError(f"its scores average the last {record['last']} episodes, not --last {last}")
+    return record["runs"]
+
+
+def save_record(path: Path, rows: list[dict], last: int):
+    runs = [{key: value for key, value in row.items() if key != "kept"} for row in rows]
+    path.write_text(json.dumps({"last": last, "runs": runs}, indent=1) + "\n")
+
+
+def table(rows: list[dict], budget: int, last: int, references: dict, root: Path, record: Path | None = None) -> str:
     lines = [
         f"| script | env | seed | score (last {last} episodes) | steps | training time | SPS | PyTorch threads "
         "| published (CleanRL) | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     sources = []
-    for (env_id, exp_name), runs in group_runs(root).items():
-        reference = references.get((f"{exp_name}.py", env_id))
+    for s in rows:
+        reference = references.get((f"{s['exp_name']}.py", s["env_id"]))
         cell, mean_std = "—", None
         if reference:
             cell, mean_std = published(reference), (reference["mean"], reference["std"])
             sources += [reference["source"]] * (reference["source"] not in sources)
-        for run_dir, seed in runs:
-            s = run_summary(run_dir, last)
-            done = finished(s["steps"], budget)
-            score = f"{s['score']:.2f} ({s['episodes']:,} episodes)"
-            if not s["episodes"]:
-                judged = "no episode ended"
-            elif done:
-                judged = verdict(s["score"], *mean_std) if mean_std else "no published score"
-            else:
-                score, judged = f"unfinished: {score} so far", f"unfinished ({s['steps'] / budget:.0%} of the budget)"
-            lines.append(
-                f"| {label(exp_name)} | {env_id} | {seed} | {score} | {s['steps']:,} | {hours(s['seconds'])} "
-                f"| {s['sps']:.0f} | {s['threads']} | {cell} | {judged} |"
-            )
+        done = finished(s["steps"], budget)
+        score = f"{s['score']:.2f} ({s['episodes']:,} episodes)"
+        if not s["episodes"]:
+            judged = "no episode ended"
+        elif done:
+            judged = verdict(s["score"], *mean_std) if mean_std else "no published score"
+        else:
+            score, judged = f"unfinished: {score} so far", f"unfinished ({s['steps'] / budget:.0%} of the budget)"
+        seed = f"{s['seed']} *" if s.get("kept") else s["seed"]
+        lines.append(
+            f"| {label(s['exp_name'])} | {s['env_id']} | {seed} | {score} | {s['steps']:,} | {hours(s['seconds'])} "
+            f"| {s['sps']:.0f} | {s['threads']} | {cell} | {judged} |"
+        )
+    kept = [s for s in rows if s.get("kept")]
+    if kept:
+        when = ", ".join(dict.fromkeys(s["read"] for s in kept))
+        lines += [
+            "",
+            f"\\* No folder under {root} holds this row's run any more: the row is the one {record} recorded when the "
+            f"run's folder was last read ({when}).",
+        ]
     if sources:
         lines += ["", "Published scores: " + "; ".join(sources) + "."]
     return "\n".join(lines)
@@ -121,10 +184,19 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--plots", type=Path, help="write the learning curves into this folder")
     parser.add_argument("--window", type=int, default=100, help="episodes each point of a curve averages")
     parser.add_argument("--references", type=Path, default=REFERENCES, help="published numbers (JSON)")
+    parser.add_argument(
+        "--record", type=Path, help="the rows as numbers, read and written again (default: --out with .json)"
+    )
     args = parser.parse_args(argv)
     if not args.root.is_dir():
         parser.error(f"no folder {args.root}")
+    record = args.record or (args.out.with_suffix(".json") if args.out else None)
     references = load_references(args.references)
+    try:
+        rows = merge(load_record(record, args.last), read_runs(args.root, args.last))
+    except (KeyError, TypeError, ValueError) as error:  # a JSONDecodeError is a ValueError
+        problem = f"it has no {error}" if isinstance(error, KeyError) else error
+        parser.error(f"{record} cannot be read as the record of this table: {problem}")
     command = " ".join(["python -m benchmark.full_budget", *(argv if argv is not None else sys.argv[1:])])
     text = "\n".join(
         [
@@ -137,12 +209,16 @@ def main(argv: list[str] | None = None):
             "",
             RULE,
             "",
-            table(args.root, args.steps, args.last, references),
+            table(rows, args.steps, args.last, references, args.root, record),
         ]
     )
     if args.plots:
         for path in plot(args.root, args.plots, args.window, references):
             print(f"wrote {path}")
+    if record:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        save_record(record, rows, args.last)
+        print(f"wrote {record}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")

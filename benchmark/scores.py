@@ -44,6 +44,11 @@ from benchmark.scripts import SCRIPTS
 REFERENCES = Path(__file__).with_name("reference.json")
 
 
+def seed_order(seed: str) -> tuple[int, str]:
+    """Seeds in numeric order (2 before 10), any other name first."""
+    return int(seed) if seed.isdigit() else 0, seed
+
+
 def group_runs(root: Path) -> dict[tuple[str, str], list[tuple[Path, str]]]:
     """{(env_id, exp_name): [(run_dir, seed), ...]} for every run folder with event files below root, each group's
     runs in the order of their seeds (2 before 10) and start times."""
@@ -52,11 +57,9 @@ def group_runs(root: Path) -> dict[tuple[str, str], list[tuple[Path, str]]]:
         parts = run_dir.name.split("__")
         if len(parts) == 4:
             groups[(parts[0], parts[1])].append((run_dir, parts[2]))
-
-    def order(run: tuple[Path, str]):
-        return int(run[1]) if run[1].isdigit() else 0, run[1], run[0].name
-
-    return {key: sorted(runs, key=order) for key, runs in sorted(groups.items())}
+    return {
+        key: sorted(runs, key=lambda run: (*seed_order(run[1]), run[0].name)) for key, runs in sorted(groups.items())
+    }
 
 
 FINISHED = 0.99  # a run counts once it reached this share of its step budget (runs end on whole iterations)
