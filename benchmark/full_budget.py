@@ -81,6 +81,9 @@ def hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+ROW_KEYS = {"exp_name", "env_id", "seed", "score", "episodes", "steps", "seconds", "sps", "threads", "read"}
+
+
 def read_runs(root: Path, last: int) -> list[dict]:
     """A row per run folder under root: its script (exp_name), env, seed and folder name, run_summary's numbers, and
     when they were read."""
@@ -114,6 +117,10 @@ def load_record(path: Path | None, last: int) -> list[dict]:
     record = json.loads(path.read_text())
     if record["last"] != last:
         raise ValueError(f"its scores average the last {record['last']} episodes, not --last {last}")
+    for row in record["runs"]:
+        missing = ROW_KEYS - set(row)
+        if missing:
+            raise ValueError(f"a row has no {', '.join(sorted(missing))}")
     return record["runs"]
 
 
@@ -193,10 +200,11 @@ def main(argv: list[str] | None = None):
     record = args.record or (args.out.with_suffix(".json") if args.out else None)
     references = load_references(args.references)
     try:
-        rows = merge(load_record(record, args.last), read_runs(args.root, args.last))
+        recorded = load_record(record, args.last)
     except (KeyError, TypeError, ValueError) as error:  # a JSONDecodeError is a ValueError
         problem = f"it has no {error}" if isinstance(error, KeyError) else error
         parser.error(f"{record} cannot be read as the record of this table: {problem}")
+    rows = merge(recorded, read_runs(args.root, args.last))
     command = " ".join(["python -m benchmark.full_budget", *(argv if argv is not None else sys.argv[1:])])
     text = "\n".join(
         [

@@ -102,7 +102,7 @@ def test_a_run_whose_folder_is_gone_keeps_its_recorded_row_until_a_run_of_its_se
     assert set(replaced) == {"1", "2"} and "| 21.00 (100 episodes) |" in replaced["2"] and "No folder" not in text
 
 
-def test_a_record_of_another_episode_count_is_refused_in_one_line(tmp_path, capsys):
+def test_a_record_of_another_episode_count_or_without_a_rows_numbers_is_refused_in_one_line(tmp_path, capsys):
     write_run(tmp_path / "runs", 1, [19.5] * 100, last_step=1000)
     main([str(tmp_path / "runs"), "--out", str(tmp_path / "t.md")])
     with pytest.raises(SystemExit) as exited:
@@ -111,6 +111,10 @@ def test_a_record_of_another_episode_count_is_refused_in_one_line(tmp_path, caps
     assert f"{tmp_path / 't.json'} cannot be read as the record of this table: its scores average the last 100 " in (
         capsys.readouterr().err
     )
+    (tmp_path / "t.json").write_text('{"last": 100, "runs": [{"env_id": "Pong", "seed": "1"}]}')
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "runs"), "--out", str(tmp_path / "t.md")])
+    assert "cannot be read as the record of this table: a row has no episodes, exp_name, " in capsys.readouterr().err
 
 
 def test_quick_atari10m_block_runs_both_lanes_and_writes_its_table(tmp_path):
