@@ -28,9 +28,13 @@
 #             and on cartpole-swingup without --bootstrap-truncation
 #   bootstrap ppo_continuous_action.py on HalfCheetah-v4 with and without --bootstrap-truncation, seeds 1-10
 #             (BOOTSTRAP_SEEDS), and without it on Hopper-v4 Walker2d-v4 InvertedPendulum-v4 Humanoid-v4, 1M steps
-#   atari10m  the full 10M-step budget, seed 1 (FULL_SEEDS), on two lanes of one job each: ppo_atari_envpool.py on
-#             Pong-v5 then BeamRider-v5; ppo_atari.py on Breakout then ppo_atari_envpool.py on Breakout-v5;
-#             the table beside CleanRL's published scores: RESULTS_DIR/atari10m.md
+#   fullbudget  every script at its published budget on a 2-core CPU, seed 1 (FULL_SEEDS) then seeds 2 and 3
+#             (MORE_SEEDS) of the Atari rows, on two lanes of one job each: ppo_shared_memory_lstm.py on CartPole-v1
+#             (500k), ppo_atari_multigpu.py on Breakout (torchrun, 2 ranks), then ppo_atari.py on Breakout (more
+#             seeds); ppo_atari_lstm.py on Breakout, ppo_atari_envpool.py on Breakout-v5, then on Pong-v5 and
+#             BeamRider-v5 (more seeds); 10M steps for Atari. Each run's learning curve is exported as data into
+#             RESULTS_DIR/fullbudget/curves while it trains (benchmark.full_budget export); the table beside CleanRL's
+#             published scores, RESULTS_DIR/fullbudget.md, and its plots are made from those curves alone
 #   parity    early learning on Breakout, 300k steps (PARITY_STEPS): CleanRL's ppo_atari.py,
 #             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.cleanrl_parity, its own virtualenv, made once
 #             with `python -m benchmark.cleanrl_parity build`, which downloads CleanRL and its stack), then
@@ -64,7 +68,7 @@
 set -uo pipefail
 
 ALL_BLOCKS="classic mujoco atari procgen multigpu sharedmem redis"
-STUDIES="objective distribution dmc bootstrap parity atari10m"
+STUDIES="objective distribution dmc bootstrap parity fullbudget"
 here=$PWD
 absolute() { if [[ $1 = /* ]]; then echo "$1"; else echo "$here/$1"; fi; }
 [[ -n ${RUNS_DIR:-} ]] && RUNS_DIR=$(absolute "$RUNS_DIR")
@@ -92,13 +96,13 @@ for block in $BLOCKS; do
 done
 echo "== runs and logs go to $RUNS_DIR/<block>/, tables and plots to $RESULTS_DIR/"
 status=0
-child= lane=  # the command this shell waits for, and the atari10m block's second lane
+child= lane= watcher=  # the command this shell waits for; the fullbudget block's second lane and curve watcher
 
 # interrupted: stops what runs (SIGTERM: a job runner ends its jobs, a lane its runner), waits for it, exits 130
 interrupted() {
     trap '' INT TERM
     [[ $BASHPID == "$$" ]] && echo "ppo.sh: interrupted" >&2
-    [[ -n $child$lane ]] && kill -TERM $child $lane 2>/dev/null
+    [[ -n $child$lane$watcher ]] && kill -TERM $child $lane $watcher 2>/dev/null
     wait
     exit 130
 }
@@ -224,23 +228,39 @@ for block in $BLOCKS; do
         bench bootstrap ppo_continuous_action.py "1000000 $nb" "--total-timesteps 4096 $nb" \
             Hopper-v4 Walker2d-v4 InvertedPendulum-v4 Humanoid-v4
         ;;
-    atari10m)
-        # one job at a time in each of two lanes, side by side (a core each); Pong-v5 first, which learns soonest
+    fullbudget)
+        # Every script at its published budget, one job at a time in each of two lanes side by side (a core each;
+        # ppo_atari_multigpu.py's two ranks share them): the rows first (seed FULL_SEEDS), then more seeds
+        # (MORE_SEEDS) of the Atari rows; a watcher exports every run's curve into RESULTS_DIR/fullbudget/curves
+        # every EXPORT_EVERY seconds, so that the evidence outlives RUNS_DIR
+        full=${FULL_SEEDS:-1} more=${MORE_SEEDS:-2 3}
+        export_curves() {
+            run "$PYTHON" -m benchmark.full_budget export "$RUNS_DIR/fullbudget" --curves "$RESULTS_DIR/fullbudget/curves"
+        }
+        (
+            trap 'exit 0' INT TERM
+            while sleep "${EXPORT_EVERY:-600}"; do export_curves > /dev/null; done
+        ) &
+        watcher=$!
         (
             trap interrupted INT TERM  # Ctrl-C, or the SIGTERM the first lane sends it, stops its runner too
-            SEEDS=${FULL_SEEDS:-1} WORKERS=1 bench atari10m ppo_atari_envpool.py 10000000 "--total-timesteps 2048" \
-                Pong-v5 BeamRider-v5
+            SEEDS=$full WORKERS=1 bench fullbudget ppo_shared_memory_lstm.py 500000 "--total-timesteps 2048" CartPole-v1
+            SEEDS=$full WORKERS=1 bench fullbudget ppo_atari_multigpu.py 10000000 "--total-timesteps 2048" Breakout
+            SEEDS=$more WORKERS=1 bench fullbudget ppo_atari.py 10000000 "--total-timesteps 2048" Breakout
             exit $status
         ) &
         lane=$!
-        SEEDS=${FULL_SEEDS:-1} WORKERS=1 bench atari10m ppo_atari.py 10000000 "--total-timesteps 2048" Breakout
-        SEEDS=${FULL_SEEDS:-1} WORKERS=1 bench atari10m ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Breakout-v5
+        SEEDS=$full WORKERS=1 bench fullbudget ppo_atari_lstm.py 10000000 "--total-timesteps 2048" Breakout
+        SEEDS=$full WORKERS=1 bench fullbudget ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Breakout-v5
+        SEEDS=$more WORKERS=1 bench fullbudget ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Pong-v5 BeamRider-v5
         wait_for $lane || status=1
         lane=
-        steps=10000000
-        [[ $QUICK == 1 ]] && steps=2048
-        run "$PYTHON" -m benchmark.full_budget "$RUNS_DIR/atari10m" --steps "$steps" --out "$RESULTS_DIR/atari10m.md" \
-            --plots "$RESULTS_DIR/atari10m" || status=1
+        kill -TERM $watcher 2> /dev/null
+        wait $watcher
+        watcher=
+        export_curves || status=1
+        run "$PYTHON" -m benchmark.full_budget table "$RESULTS_DIR/fullbudget/curves" --out "$RESULTS_DIR/fullbudget.md" \
+            --plots "$RESULTS_DIR/fullbudget" || status=1
         continue  # its own table: a row per run beside the published scores
         ;;
     parity)

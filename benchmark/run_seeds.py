@@ -9,8 +9,10 @@ gets OMP_NUM_THREADS=1 in its environment, always, whatever the caller's environ
 share the machine, and one thread per job is the setting that does not collapse when they do. A script
 still sets its own PyTorch threads (`--torch-threads`: 2 by default in ppo_atari.py, ppo_atari_lstm.py,
 ppo_atari_envpool.py and ppo_procgen.py, 1 in the others); a job that wants another count says so in its
-own command. Each job's stdout and stderr go to one log file,
-`<logs>/<env>__<seed>.log`, which starts with the command line.
+own command. Each job's stdout and stderr go to one log file, `<logs>/<env>__<seed>.log`, which starts with
+the command line and the code that runs it (`# code: COMMIT at TIME`, the checkout's commit, `+uncommitted`
+where tracked files differ from it); a resumed job appends both again, so the log says which code trained
+which part of a long run.
 
 With `--resume` the runner continues an earlier invocation of the same command: a job whose log ends with
 the runner's `# exit 0` is done and not run again; a job whose log names its run folder (`run folder: DIR`, as
@@ -79,6 +81,21 @@ def make_jobs(command: str, env_ids: list[str], seeds: list[int], logs: Path, re
     return jobs
 
 
+def code_version(folder: Path | None) -> str:
+    """The commit checked out in `folder` (the runner's working folder by default), with `+uncommitted` where tracked
+    files differ from it; `unknown` outside a git checkout."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(folder or Path.cwd()), *args], capture_output=True, text=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        changed = git("status", "--porcelain", "--untracked-files=no").strip()
+    except OSError:  # no git on this machine
+        return "unknown"
+    return (commit + "+uncommitted" * bool(changed)) if commit else "unknown"
+
+
 def start(job: Job):
     """Starts the job in a new process group (a new session: Ctrl-C at the terminal reaches only the
     runner, which then stops the jobs itself). A command that cannot start fails the job at once."""
@@ -89,6 +106,7 @@ def start(job: Job):
         from ppolab.redis_server import die_with_parent as preexec
     with open(job.log, "a" if job.resumed else "w") as log:
         log.write(f"$ {shlex.join(job.argv)}\n")
+        log.write(f"# code: {code_version(job.cwd)} at {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n")
         log.flush()
         try:
             job.process = subprocess.Popen(
