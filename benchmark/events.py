@@ -5,7 +5,33 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
-def read_timed_scalars(run_dir: str | Path) -> tuple[float, dict[str, list[tuple[int, float, float]]]]:
+def read_segments(run_dir: str | Path) -> list[tuple[float, dict[str, list[tuple[int, float, float]]]]]:
+    """The events files of one run folder, one per process that wrote it (a resumed run has several), in the order
+    they were opened: [(the time the file was opened, {tag: [(step, wall_time, value), ...]}), ...]. An empty file
+    (a run killed as it started) is left out."""
+    segments = []
+    for events_file in Path(run_dir).glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events_file), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        try:
+            opened = accumulator.FirstEventTimestamp()
+        except ValueError:
+            continue
+        tags = accumulator.Tags()["scalars"]
+        segments.append(
+            (opened, {tag: [(e.step, e.wall_time, e.value) for e in accumulator.Scalars(tag)] for tag in tags})
+        )
+    return sorted(segments, key=lambda segment: segment[0])
+
+
+def first_steps(segments: list) -> list[int | None]:
+    """The first step each segment logged a scalar at (None for a segment without scalars)."""
+    return [min((p[0][0] for p in points.values() if p), default=None) for _, points in segments]
+
+
+def read_timed_scalars(
+    run_dir: str | Path, segments: list | None = None
+) -> tuple[float, dict[str, list[tuple[int, float, float]]]]:
     """All scalars of one run folder with their wall times: (start, {tag: [(step, wall_time, value), ...]}) sorted
     by step, then wall time. `start` is the wall time (s since the epoch) of the run's first event, the one
     TensorBoard writes when the run opens its writer, so that wall times relative to it include the time before the
@@ -19,25 +45,14 @@ def read_timed_scalars(run_dir: str | Path) -> tuple[float, dict[str, list[tuple
     - the time between two segments (the run stopped, waiting for its resume) is not training time: a later
       segment's wall times are moved back by the gap between the earlier one's last kept event and its own start.
     So the wall time of the last event, minus `start`, is the time the run trained (its replayed stretches excepted).
+    `segments`: the folder's `read_segments`, where the caller has read them already.
     """
-    segments = []  # (the time the file was opened, {tag: [(step, wall_time, value), ...]}) per events file
-    for events_file in Path(run_dir).glob("events.out.tfevents.*"):
-        accumulator = EventAccumulator(str(events_file), size_guidance={"scalars": 0})
-        accumulator.Reload()
-        try:
-            opened = accumulator.FirstEventTimestamp()
-        except ValueError:  # an empty file (a run killed as it started)
-            continue
-        tags = accumulator.Tags()["scalars"]
-        segments.append(
-            (opened, {tag: [(e.step, e.wall_time, e.value) for e in accumulator.Scalars(tag)] for tag in tags})
-        )
-    segments.sort(key=lambda segment: segment[0])
-    first_steps = [min((p[0][0] for p in points.values() if p), default=None) for _, points in segments]
+    segments = read_segments(run_dir) if segments is None else segments
+    starts = first_steps(segments)
     scalars: dict[str, list[tuple[int, float, float]]] = {}
     shift, last_time = 0.0, None  # the stopped time so far; the previous segment's last kept wall time
     for k, (opened, points) in enumerate(segments):
-        until = next((step for step in first_steps[k + 1 :] if step is not None), None)  # superseded from here
+        until = next((step for step in starts[k + 1 :] if step is not None), None)  # superseded from here
         if last_time is not None:
             shift += opened - last_time
         last_time = opened
@@ -47,7 +62,8 @@ def read_timed_scalars(run_dir: str | Path) -> tuple[float, dict[str, list[tuple
                     scalars.setdefault(tag, []).append((step, wall_time - shift, value))
                     last_time = max(last_time, wall_time)
     start = segments[0][0] if segments else float("inf")
-    return start, {tag: sorted(points) for tag, points in scalars.items()}
+    # by step, then wall time; what a process logged at one step and time keeps the order it was logged in
+    return start, {tag: sorted(points, key=lambda point: point[:2]) for tag, points in scalars.items()}
 
 
 def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:

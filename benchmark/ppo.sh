@@ -136,6 +136,7 @@ bench() {
         echo "== $block: skipping $script, which is not in this repository yet"
         return
     fi
+    [[ -n ${SEEDS// /} ]] || return 0  # no seeds asked for (e.g. MORE_SEEDS="")
     local args="--total-timesteps $steps" launch workers=$WORKERS name=${script%.py}
     launch=$(printf %q "$PYTHON")
     [[ $QUICK == 1 ]] && args=$quick_args
@@ -233,13 +234,17 @@ for block in $BLOCKS; do
         # ppo_atari_multigpu.py's two ranks share them): the rows first (seed FULL_SEEDS), then more seeds
         # (MORE_SEEDS) of the Atari rows; a watcher exports every run's curve into RESULTS_DIR/fullbudget/curves
         # every EXPORT_EVERY seconds, so that the evidence outlives RUNS_DIR
-        full=${FULL_SEEDS:-1} more=${MORE_SEEDS:-2 3}
+        full=${FULL_SEEDS:-1} more=${MORE_SEEDS-2 3}  # MORE_SEEDS="": none
         export_curves() {
             run "$PYTHON" -m benchmark.full_budget export "$RUNS_DIR/fullbudget" --curves "$RESULTS_DIR/fullbudget/curves"
         }
         (
-            trap 'exit 0' INT TERM
-            while sleep "${EXPORT_EVERY:-600}"; do export_curves > /dev/null; done
+            trap 'kill $! 2> /dev/null; exit 0' INT TERM  # (a sleep waited for in the background: the trap runs at once)
+            while true; do
+                sleep "${EXPORT_EVERY:-600}" &
+                wait $!
+                export_curves > /dev/null
+            done
         ) &
         watcher=$!
         (

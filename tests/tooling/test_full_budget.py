@@ -1,135 +1,177 @@
-"""benchmark.full_budget: a row per run beside the published score, its verdict by the stated rule, an unfinished run
-marked and never judged, a run whose folder is gone kept from the record; and the atari10m block of ppo.sh in quick
-mode (both lanes, every run, the table)."""
+"""benchmark.full_budget: run folders exported as curves (data), the table and plots made from the curves alone (and
+the committed table regenerated from the committed curves), the readings RULE states (no verdict short of 90% of the
+published budget or for fewer than three seeds; Welch's test for three or more), CleanRL's envpool score, re-typed
+rows; and the fullbudget block of ppo.sh in quick mode."""
 
-import shutil
+import json
+import re
 import time
 
 import numpy as np
 import pytest
-from torch.utils.tensorboard import SummaryWriter
 
-import ppo_atari
-import ppo_atari_envpool
-from benchmark.full_budget import main, read_runs, table, verdict
+from benchmark.full_budget import (
+    cleanrl_score,
+    document,
+    export,
+    load_runs,
+    main,
+    read_curve,
+    verdict,
+    welch,
+)
 from helpers import REPO
 from ppolab.tracking import tensorboard_writer
 from test_ppo_sh import ppo_sh
 
-REFERENCES = {("ppo_atari.py", "Pong"): {"mean": 20.0, "std": 0.1, "steps": 1000, "seeds": 3, "source": "page P"}}
+REFERENCES = {
+    ("ppo_atari.py", "Pong"): {"mean": 20.0, "std": 0.1, "steps": 1000, "seeds": 3, "source": "page P"},
+    ("ppo_atari_envpool.py", "Pong-v5"): {
+        "mean": 20.0,
+        "std": 0.1,
+        "steps": 1000,
+        "seeds": 3,
+        "source": "page E",
+        "metric": "avg_episodic_return",
+    },
+}
+CURVES = REPO / "benchmark" / "results" / "fullbudget" / "curves"
 
 
-def write_run(root, seed, returns, last_step, arguments=None):
-    """A run folder (one process's events file; called again, a resume's) that opens with the text of its
-    `arguments` as the scripts' writer writes it, or with no such text."""
-    folder = str(root / f"Pong__ppo_atari__{seed}__1700000000")
-    writer = SummaryWriter(folder) if arguments is None else tensorboard_writer(folder, arguments)
-    opened = time.time()  # a game ends every 10 s from here
+def write_run(root, seed, returns, last_step, script="ppo_atari", env_id="Pong", opened=None, budget=1000):
+    """A run folder (one process's events file; called again, a resume's) with the arguments the scripts write and an
+    episode every 10 s from `opened`."""
+    folder = root / f"{env_id}__{script}__{seed}__1700000000"
+    writer = tensorboard_writer(str(folder), {"seed": seed, "torch_threads": 2, "total_timesteps": budget})
+    opened = time.time() if opened is None else opened
     for k, value in enumerate(returns, start=1):
-        writer.add_scalar("charts/episodic_return", value, k * last_step // len(returns), walltime=opened + 10 * k)
+        step = k * last_step // len(returns)
+        writer.add_scalar("charts/episodic_return", value, step, walltime=opened + 10 * k)
+        writer.add_scalar("charts/episodic_length", 100 + k, step, walltime=opened + 10 * k)
     writer.close()
+    return folder
+
+
+def reading(text: str, script: str, env_id: str) -> str:
+    """The reading cell of a script's row in the scores table."""
+    row = next(line for line in text.splitlines() if line.startswith(f"| {script} | {env_id} | "))
+    return row.strip("|").split("|")[-1].strip()
+
+
+def test_export_writes_every_episode_as_data_and_the_code_of_each_start_from_the_job_log(tmp_path):
+    root, curves = tmp_path / "runs", tmp_path / "curves"
+    folder = write_run(root, 1, [1.0, 2.0, 3.0], last_step=300)
+    log = root / "logs" / "ppo_atari" / "Pong__1.log"
+    log.parent.mkdir(parents=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() - 60))
+    log.write_text(f"$ python ppo_atari.py\n# code: {'a' * 40} at {started}\nrun folder: {folder}\n")
+    export(root, curves)
+    curve = read_curve(curves / "Pong__ppo_atari__1.csv.gz")
+    assert list(curve["global_step"]) == [100, 200, 300] and list(curve["return"]) == [1.0, 2.0, 3.0]
+    assert list(curve["length"]) == [101, 102, 103] and list(np.diff(curve["seconds"])) == pytest.approx([10, 10])
+    record = json.loads((curves / "Pong__ppo_atari__1.json").read_text())
+    assert (record["budget"], record["steps"], record["threads"]) == (1000, 300, ["2"])
+    assert record["code"] == [{"commit": "a" * 40, "started": started, "from_step": 100}]
+    first = (curves / "Pong__ppo_atari__1.csv.gz").read_bytes()
+    export(root, curves)
+    assert (curves / "Pong__ppo_atari__1.csv.gz").read_bytes() == first  # the same curve, the same bytes
+
+
+def test_cleanrl_score_is_the_mean_of_the_last_values_of_the_20_game_running_mean():
+    returns = np.arange(150, dtype=float) ** 1.5
+    running = [np.mean(returns[max(0, k - 19) : k + 1]) for k in range(len(returns))]  # the slow reference
+    assert cleanrl_score(returns, 100) == pytest.approx(np.mean(running[-100:]))
+    assert cleanrl_score(returns, 100) < np.mean(returns[-100:])  # on a rising curve the running mean lags
 
 
 @pytest.mark.parametrize(
-    "score, mean, std, expected",
+    "scores, expected",
     [
-        (19.1, 20.0, 0.1, "at the published level"),  # 2 * 0.1 is narrower than 5% of 20 = 1.0: the floor decides
-        (18.9, 20.0, 0.1, "below"),
-        (21.1, 20.0, 0.1, "above"),
-        (170.0, 200.0, 20.0, "at the published level"),  # 2 * 20 = 40 is wider than 5% of 200: the stds decide
-        (159.0, 200.0, 20.0, "below"),
-        (-20.5, -21.0, 0.1, "at the published level"),  # the floor of a negative mean
+        ([19.95], "one seed: inside the published mean ± 2 std (no verdict)"),
+        ([1.0], "one seed: below the published mean − 2 std (no verdict)"),
+        ([25.0, 26.0], "two seeds, their mean: above the published mean + 2 std (no verdict)"),
     ],
 )
-def test_the_band_is_two_published_stds_with_a_floor_of_five_percent_of_the_mean(score, mean, std, expected):
-    assert verdict(score, mean, std) == expected
+def test_one_or_two_seeds_are_placed_in_words_and_never_judged(scores, expected):
+    assert verdict(scores, 20.0, 0.1, 3) == expected
 
 
-def test_a_finished_run_is_judged_and_an_unfinished_one_is_marked(tmp_path):
-    write_run(tmp_path, 1, [0.0] * 50 + [19.5] * 100, last_step=1000)
-    write_run(tmp_path, 2, [0.0] * 10 + [21.0] * 10, last_step=500)
-    rows = {
-        line.split("|")[3].strip(): line
-        for line in table(read_runs(tmp_path, 100), 1000, 100, REFERENCES, tmp_path).splitlines()[2:4]
-    }
-    assert "| 19.50 (150 episodes) | 1,000 |" in rows["1"] and rows["1"].endswith("| at the published level |")
-    assert "| 0.4 h | 1 | — | 20.00 ± 0.10 (1k steps, 3 seeds) |" in rows["1"]  # 150 games of 10 s, 1,000 steps
-    assert "unfinished: 10.50 (20 episodes) so far" in rows["2"] and "unfinished (50% of the budget)" in rows["2"]
-    assert not any(word in rows["2"] for word in ("above", "below", "published level"))
+def test_three_seeds_are_judged_by_welchs_test_and_an_equivalence_margin():
+    from scipy import stats
+
+    ours = [19.9, 20.0, 20.1]
+    difference, p, low, high = welch(ours, 20.0, 0.5, 3)
+    assert p == pytest.approx(stats.ttest_ind_from_stats(20.0, 0.1, 3, 20.0, 0.5, 3, equal_var=False).pvalue)
+    assert low < difference < high and verdict(ours, 20.0, 0.5, 3).startswith("**matches**")
+    assert verdict([10.0, 11.0, 12.0], 20.0, 0.5, 3).startswith("**below** (Welch p = ")
+    assert verdict([100.0, 300.0, 500.0], 290.0, 150.0, 3).startswith("**undecided**")  # too spread to tell
 
 
-def test_the_threads_column_gives_the_torch_threads_each_process_of_a_run_trained_with(tmp_path):
-    """A run resumed with another --torch-threads shows both, in the order its processes ran, each once; a run
-    whose events hold no arguments shows a dash."""
-    for threads in (2, 1, 2):  # started with 2, resumed with 1, then with 2 again
-        write_run(tmp_path, 1, [19.5] * 100, last_step=1000, arguments={"seed": 1, "torch_threads": threads})
-    write_run(tmp_path, 2, [19.5] * 100, last_step=1000)
-    lines = table(read_runs(tmp_path, 100), 1000, 100, REFERENCES, tmp_path).splitlines()[2:4]
-    rows = {cells[3].strip(): cells for cells in (line.split("|") for line in lines)}
-    assert (rows["1"][8].strip(), rows["2"][8].strip()) == ("2, 1", "—")
+def test_no_verdict_short_of_90_percent_of_the_published_budget_even_where_the_run_ended_its_own(tmp_path):
+    """A quick run (its own --total-timesteps reached) is still unfinished against the published budget."""
+    root, curves = tmp_path / "runs", tmp_path / "curves"
+    for seed in (1, 2, 3):
+        write_run(root, seed, [20.0] * 100, last_step=80, budget=80)  # 8% of the published 1,000 steps
+    export(root, curves)
+    text = document(load_runs(curves, 100), REFERENCES, curves, 100)
+    assert reading(text, "ppo_atari.py", "Pong") == "unfinished (8% of the budget)"
+    assert not re.search(r"matches|above|below|inside", text.split("## The runs")[0].split("| reading |")[1])
 
 
-def test_the_written_file_names_its_command_and_rule(tmp_path, capsys):
-    write_run(tmp_path / "runs", 1, list(np.linspace(0, 20, 120)), last_step=1000)
-    main([str(tmp_path / "runs"), "--steps", "1000", "--out", str(tmp_path / "t.md")])
-    text = (tmp_path / "t.md").read_text()
-    assert f"`python -m benchmark.full_budget {tmp_path / 'runs'} --steps 1000 --out {tmp_path / 't.md'}`" in text
-    assert "m ± max(2 s, 5% of |m|)" in text and "| ppo_atari.py | Pong | 1 |" in text
+def test_envpool_rows_are_read_on_cleanrls_score_and_other_rows_on_the_plain_mean(tmp_path):
+    root, curves = tmp_path / "runs", tmp_path / "curves"
+    rising = list(np.linspace(0, 40, 200))
+    write_run(root, 1, rising, last_step=1000, script="ppo_atari_envpool", env_id="Pong-v5")
+    write_run(root, 1, rising, last_step=1000)
+    export(root, curves)
+    text = document(load_runs(curves, 100), REFERENCES, curves, 100)
+    envpool = next(line for line in text.splitlines() if line.startswith("| ppo_atari_envpool.py | Pong-v5 | 1 |"))
+    plain = next(line for line in text.splitlines() if line.startswith("| ppo_atari.py | Pong | 1 |"))
+    assert f"CleanRL-style: {cleanrl_score(np.array(rising), 100):.2f} |" in envpool
+    assert f"score: {np.mean(rising[-100:]):.2f} |" in plain
 
 
-def test_a_run_whose_folder_is_gone_keeps_its_recorded_row_until_a_run_of_its_seed_replaces_it(tmp_path):
-    runs, out = tmp_path / "runs", tmp_path / "t.md"
-    write_run(runs, 1, [19.5] * 100, last_step=1000)
-    write_run(runs, 2, [0.0] * 50 + [18.0] * 100, last_step=1000)
-
-    def rows():
-        main([str(runs), "--steps", "1000", "--out", str(out)])
-        text = out.read_text()
-        return {
-            line.split("|")[3].strip(): line for line in text.splitlines() if line.startswith("| ppo_atari.py")
-        }, text
-
-    before, _ = rows()
-    shutil.rmtree(next(runs.glob("Pong__ppo_atari__2__*")))
-    kept, text = rows()
-    assert kept["2 *"].replace("| 2 * |", "| 2 |") == before["2"] and kept["1"] == before["1"]
-    assert (
-        f"No folder under {runs} holds this row's run any more: the row is the one {tmp_path / 't.json'} recorded"
-        in text
-    )
-    write_run(runs, 2, [21.0] * 100, last_step=1000)  # seed 2 again: its new folder replaces the record
-    replaced, text = rows()
-    assert set(replaced) == {"1", "2"} and "| 21.00 (100 episodes) |" in replaced["2"] and "No folder" not in text
-
-
-def test_a_record_of_another_episode_count_or_without_a_rows_numbers_is_refused_in_one_line(tmp_path, capsys):
-    write_run(tmp_path / "runs", 1, [19.5] * 100, last_step=1000)
-    main([str(tmp_path / "runs"), "--out", str(tmp_path / "t.md")])
+def test_a_retyped_row_is_shown_marked_and_a_record_without_curve_or_mark_is_refused(tmp_path, capsys):
+    curves = tmp_path / "curves"
+    curves.mkdir()
+    row = {"exp_name": "ppo_atari", "env_id": "Pong", "seed": "1", "score": 19.9, "episodes": 900, "steps": 1000}
+    (curves / "Pong__ppo_atari__1.json").write_text(json.dumps({**row, "seconds": 3600, "threads": ["2"]}))
     with pytest.raises(SystemExit) as exited:
-        main([str(tmp_path / "runs"), "--out", str(tmp_path / "t.md"), "--last", "10"])
-    assert exited.value.code == 2
-    assert f"{tmp_path / 't.json'} cannot be read as the record of this table: its scores average the last 100 " in (
-        capsys.readouterr().err
-    )
-    (tmp_path / "t.json").write_text('{"last": 100, "runs": [{"env_id": "Pong", "seed": "1"}]}')
+        main(["table", str(curves)])
+    assert exited.value.code == 2 and "has no curve beside it and is not a re-typed row" in capsys.readouterr().err
+    record = {**row, "seconds": 3600, "threads": ["2"], "retyped": "re-typed from the table of a day"}
+    (curves / "Pong__ppo_atari__1.json").write_text(json.dumps(record))
+    main(["table", str(curves)])
+    text = capsys.readouterr().out
+    assert "| ppo_atari.py | Pong | 1 * | 19.90 | — |" in text and "re-typed from the table of a day" in text
     with pytest.raises(SystemExit):
-        main([str(tmp_path / "runs"), "--out", str(tmp_path / "t.md")])
-    assert "cannot be read as the record of this table: a row has no episodes, exp_name, " in capsys.readouterr().err
+        main(["table", str(tmp_path / "nowhere")])
+    assert "no folder" in capsys.readouterr().err
 
 
-def test_quick_atari10m_block_runs_both_lanes_and_writes_its_table(tmp_path):
-    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, QUICK="1", BLOCKS="atari10m")
+def test_the_committed_table_and_curves_regenerate_from_the_committed_curve_data(tmp_path):
+    """What a clean checkout holds is enough: the table made from benchmark/results/fullbudget/curves equals the
+    committed benchmark/results/fullbudget.md, and a plot is made for every committed plot."""
+    main(["table", str(CURVES), "--out", str(tmp_path / "t.md"), "--plots", str(tmp_path / "plots")])
+    assert (tmp_path / "t.md").read_text() == (REPO / "benchmark" / "results" / "fullbudget.md").read_text()
+    committed = {path.name for path in (REPO / "benchmark" / "results" / "fullbudget").glob("*.png")}
+    assert committed and committed == {path.name for path in (tmp_path / "plots").glob("*.png")}
+
+
+def test_quick_fullbudget_block_runs_both_lanes_exports_curves_and_writes_its_table(tmp_path):
+    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, QUICK="1", BLOCKS="fullbudget", MORE_SEEDS="")
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [line for line in (tmp_path / "results" / "atari10m.md").read_text().splitlines() if "| 1 |" in line]
-    assert sorted(line.split("|")[2].strip() for line in rows) == [
-        "BeamRider-v5",
-        "Breakout-v5",
-        "BreakoutNoFrameskip-v4",
-        "Pong-v5",
+    curves = tmp_path / "results" / "fullbudget" / "curves"
+    assert sorted(path.name for path in curves.glob("*.json")) == [
+        "Breakout-v5__ppo_atari_envpool__1.json",
+        "BreakoutNoFrameskip-v4__ppo_atari_lstm__1.json",
+        "BreakoutNoFrameskip-v4__ppo_atari_multigpu__1.json",
+        "CartPole-v1__ppo_shared_memory_lstm__1.json",
     ]
-    assert all("| 2,048 |" in line and "unfinished" not in line for line in rows)
-    defaults = {str(ppo_atari.Args.torch_threads), str(ppo_atari_envpool.Args.torch_threads)}
-    assert {line.split("|")[8].strip() for line in rows} == defaults  # the threads the runs really had
-    assert (
-        (tmp_path / "results" / "atari10m" / "Breakout-v5__ppo_atari_envpool.png").read_bytes().startswith(b"\x89PNG")
-    )
+    text = (tmp_path / "results" / "fullbudget.md").read_text()
+    assert reading(text, "ppo_atari_envpool.py", "Breakout-v5") == "unfinished (0% of the budget)"
+    assert reading(text, "ppo_shared_memory_lstm.py", "CartPole-v1") == "no published score"
+    record = json.loads((curves / "BreakoutNoFrameskip-v4__ppo_atari_lstm__1.json").read_text())
+    assert record["code"] and record["code"][0]["commit"] != "unknown" and record["steps"] >= 2048
+    png = tmp_path / "results" / "fullbudget" / "Breakout-v5__ppo_atari_envpool.png"
+    assert png.read_bytes().startswith(b"\x89PNG")

@@ -127,16 +127,17 @@ time.sleep(300)
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigint", "sigterm", "a runner stopped"])
-def test_a_stopped_atari10m_block_stops_both_lanes_and_starts_no_next_job(tmp_path, stop):
+def test_a_stopped_fullbudget_block_stops_both_lanes_and_starts_no_next_job(tmp_path, stop):
     """The two-lane block, stopped while each lane runs its first job: by Ctrl-C at a terminal (SIGINT to the whole
-    process group), by SIGINT or SIGTERM to ppo.sh alone (`kill`), or by SIGTERM to the runner of one lane. Every job
-    and runner ends within seconds, ppo.sh exits 130, and neither lane starts its next job (BeamRider-v5, Breakout-v5)."""
+    process group), by SIGINT or SIGTERM to ppo.sh alone (`kill`), or by SIGTERM to the runner of one lane. Every job,
+    runner and the curve watcher end within seconds, ppo.sh exits 130, and neither lane starts its next job."""
     repo, started = tmp_path / "repo", tmp_path / "started"
-    fake_repo(repo, {"ppo_atari.py": SLOW_JOB, "ppo_atari_envpool.py": SLOW_JOB})
+    scripts = ("ppo_shared_memory_lstm.py", "ppo_atari_lstm.py", "ppo_atari.py", "ppo_atari_envpool.py")
+    fake_repo(repo, {name: SLOW_JOB for name in scripts})
     started.mkdir()
     env = dict(os.environ, PYTHON=sys.executable, QUICK="1", RUNS_DIR=str(tmp_path / "runs"), STARTED=str(started))
     block = subprocess.Popen(
-        ["bash", str(repo / "benchmark" / "ppo.sh"), "atari10m"],
+        ["bash", str(repo / "benchmark" / "ppo.sh"), "fullbudget"],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -145,7 +146,7 @@ def test_a_stopped_atari10m_block_stops_both_lanes_and_starts_no_next_job(tmp_pa
         start_new_session=True,  # a process group of its own, as a terminal gives a command
         preexec_fn=default_ctrl_c,
     )
-    first = {"ppo_atari.py__Breakout", "ppo_atari_envpool.py__Pong-v5"}
+    first = {"ppo_shared_memory_lstm.py__CartPole-v1", "ppo_atari_lstm.py__Breakout"}
     try:
         deadline = time.monotonic() + 60
         while {p.name for p in started.iterdir()} != first and block.poll() is None and time.monotonic() < deadline:
@@ -157,7 +158,7 @@ def test_a_stopped_atari10m_block_stops_both_lanes_and_starts_no_next_job(tmp_pa
         elif stop in ("sigint", "sigterm"):
             os.kill(block.pid, signal.SIGINT if stop == "sigint" else signal.SIGTERM)
         else:
-            os.kill(jobs["ppo_atari.py__Breakout"][1], signal.SIGTERM)
+            os.kill(jobs["ppo_atari_lstm.py__Breakout"][1], signal.SIGTERM)
         output = block.communicate(timeout=60)[0]
         assert block.returncode == 130, output
         assert "ppo.sh: interrupted" in output
