@@ -232,11 +232,13 @@ for block in $BLOCKS; do
     fullbudget)
         # Every script at its published budget, one job at a time in each of two lanes side by side (a core each;
         # ppo_atari_multigpu.py's two ranks share them): the rows first (seed FULL_SEEDS), then more seeds
-        # (MORE_SEEDS) of the Atari rows; a watcher exports every run's curve into RESULTS_DIR/fullbudget/curves
-        # every EXPORT_EVERY seconds, so that the evidence outlives RUNS_DIR
+        # (MORE_SEEDS) of the Atari rows; every EXPORT_EVERY seconds a watcher exports every run's curve into
+        # RESULTS_DIR/fullbudget/curves and remakes the table from them, so that the evidence outlives RUNS_DIR
         full=${FULL_SEEDS:-1} more=${MORE_SEEDS-2 3}  # MORE_SEEDS="": none
-        export_curves() {
-            run "$PYTHON" -m benchmark.full_budget export "$RUNS_DIR/fullbudget" --curves "$RESULTS_DIR/fullbudget/curves"
+        export_curves() {  # the curves as data, then the table and plots made from them alone
+            run "$PYTHON" -m benchmark.full_budget export "$RUNS_DIR/fullbudget" --curves "$RESULTS_DIR/fullbudget/curves" \
+                && run "$PYTHON" -m benchmark.full_budget table "$RESULTS_DIR/fullbudget/curves" \
+                    --out "$RESULTS_DIR/fullbudget.md" --plots "$RESULTS_DIR/fullbudget"
         }
         (
             trap 'kill $! 2> /dev/null; exit 0' INT TERM  # (a sleep waited for in the background: the trap runs at once)
@@ -264,8 +266,6 @@ for block in $BLOCKS; do
         wait $watcher
         watcher=
         export_curves || status=1
-        run "$PYTHON" -m benchmark.full_budget table "$RESULTS_DIR/fullbudget/curves" --out "$RESULTS_DIR/fullbudget.md" \
-            --plots "$RESULTS_DIR/fullbudget" || status=1
         continue  # its own table: a row per run beside the published scores
         ;;
     parity)
