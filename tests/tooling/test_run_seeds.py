@@ -3,6 +3,7 @@ log, a failing job is reported and fails the run, jobs overlap up to --workers, 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,7 +75,9 @@ def test_every_env_and_seed_runs_with_one_thread_and_its_own_log(tmp_path, job):
     assert {run["omp"] for run in runs.values()} == {"1"}
     log = (tmp_path / "logs" / "B-v0__2.log").read_text().splitlines()
     assert log[0].startswith("$ ") and log[0].endswith("--env-id B-v0 --seed 2")
-    assert log[1] == "job B-v0 seed 2 started"
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert re.fullmatch(rf"# code: {commit}(\+uncommitted)? at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC", log[1]), log[1]
+    assert log[2] == "job B-v0 seed 2 started"
     assert result.stdout.count(" done ") == 4 and "4 jobs in" in result.stdout and "4 done, 0 failed" in result.stdout
 
 
