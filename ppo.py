@@ -32,15 +32,16 @@ What is special in this file (the places where PPO scripts usually go wrong):
 import os
 import time
 from dataclasses import dataclass
-from typing import Literal
 from functools import partial
+from typing import Literal
 
-import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
+
+import ppolab
 
 
 @dataclass

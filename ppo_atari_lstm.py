@@ -29,7 +29,6 @@ from typing import Literal
 # the pool waits for when a core is busy: benchmark/results/speed.md, Pixel scripts). Your own policy is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import ale_py
 import gymnasium as gym
 import numpy as np
@@ -37,6 +36,7 @@ import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
+import ppolab
 
 gym.register_envs(ale_py)  # registers BreakoutNoFrameskip-v4, ALE/Breakout-v5, ...
 ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process

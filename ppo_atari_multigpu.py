@@ -55,7 +55,6 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import ale_py
 import gymnasium as gym
 import numpy as np
@@ -64,6 +63,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
+import ppolab
 import ppolab.distributed
 import ppolab.stops
 

@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal
 
-import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-
 from torch.distributions.beta import Beta
 from torch.distributions.normal import Normal
+
+import ppolab
 
 
 @dataclass

@@ -50,17 +50,17 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import gymnasium as gym
 import numpy as np
 import redis
 import torch
 import torch.nn as nn
-
-import ppolab.redis_server
-import ppolab.stops
 from torch.distributions.beta import Beta
 from torch.distributions.normal import Normal
+
+import ppolab
+import ppolab.redis_server
+import ppolab.stops
 
 
 @dataclass

@@ -36,12 +36,13 @@ from typing import Literal
 # that work (benchmark/results/speed.md, Pixel scripts). An OMP_WAIT_POLICY of your own is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import envpool
 import numpy as np
 import torch
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
+
+import ppolab
 
 
 @dataclass

@@ -48,7 +48,6 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-import ppolab  # before the libraries: from here on a signal ends the program in one line (ppolab/program.py)
 import ale_py
 import gymnasium as gym
 import numpy as np
@@ -57,6 +56,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributions.categorical import Categorical
 
+import ppolab
 import ppolab.processes
 import ppolab.stops
 

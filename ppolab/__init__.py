@@ -3,10 +3,9 @@
 Every script holds its whole PPO variant (arguments, environments, network, GAE, loss, update, training
 loop) and imports this package for what never changes what PPO computes and is the same in every script:
 
-- program.py: the program a script is, from its first import to its exit (imported first, before PyTorch): a
-  signal at any moment ends it in one line at most with the right exit code, and output that cannot be written
-  (a closed pipe, a full disk, a terminal gone) stops the printing, never the work; `run_program` in
-  command_line.py runs a script's main within it;
+- program.py: the program a script is, from `run_program` (command_line.py, the script's last line) to its exit:
+  a signal at any moment ends it in one line at most with the right exit code, and output that cannot be written
+  (a closed pipe, a full disk, a terminal gone) stops the printing, never the work;
 - settings.py: the settings every run takes besides PPO's hyperparameters (`RunSettings`, which a script's Args
   inherits: --seed, --cuda, --track, --save-model, --checkpoint-every, --resume, --evaluate, ...);
 - command_line.py: the command line (`parse`: --resume reads the saved arguments as defaults; `use_threads`:
@@ -36,15 +35,12 @@ loop) and imports this package for what never changes what PPO computes and is t
   lesson (tensors into shared memory, messages that do not wait forever for a process that died, ending processes).
 
 A script copied elsewhere runs wherever this package is importable (`pip install -e .` in the repository,
-which `bash setup.sh` does).
+which `bash setup.sh` does). Importing the package changes nothing in the process (no signal handler, no wrapped
+stream, no environment variable): a test, a tool, a notebook or a REPL imports it safely; `run_program` sets up what
+a run needs when the program starts.
 """
 
-# first, before anything imports PyTorch: the program's signals and output, from the script's first import on
 from ppolab import program
-
-if program.importer_is_the_program():
-    program.start()
-
 from ppolab.checks import check_args, fail
 from ppolab.command_line import parse, run_program, use_threads
 from ppolab.environments import (

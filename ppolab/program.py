@@ -1,27 +1,25 @@
-"""The program that a script is, from its first import to its exit: a signal ends it at any moment with the right exit
+"""The program that a script is, from its entry point to its exit: a signal ends it at any moment with the right exit
 code and one line at most, never a traceback, and output that cannot be written stops the printing, never the work.
 
-A script imports ppolab before the libraries (after the standard library's few modules), and ppolab's `__init__`
-calls `start` first, before it imports PyTorch, when the importer is the program's own script (`python ppo.py`,
-each rank under torchrun, a Redis sampler; not a test or a tool that imports the script as a module). The script's
-last line, `ppolab.run_program(main, Args)`, then runs `main` and ends the
-program with `end`. The stages:
+Importing ppolab changes nothing in the process. The script's last line, `ppolab.run_program(main, Args)`, calls
+`run`, which takes over the signals and guards the output (`start`), reads the command line and runs `main`, then
+ends the program with `end`. The stages:
 
-- from the first import until `main` runs, Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed, an ssh session
-  dropped) end the program at once with exit code 128 + the signal's number (130, 143, 129), Ctrl-C with one line:
-  nothing was written yet;
-- while `main` runs, SIGINT is Python's KeyboardInterrupt (one line, 130) and SIGTERM and SIGHUP raise SystemExit, so
-  that `finally` blocks run (during a run, the run's own handler, ppolab.stops, says how to resume it);
+- while the command line is read and `main` runs, SIGINT is Python's KeyboardInterrupt (one line, 130) and SIGTERM
+  and SIGHUP (the terminal closed, an ssh session dropped) raise SystemExit with 128 + the signal's number (143,
+  129), so that `finally` blocks run (during a run, the run's own handler, ppolab.stops, says how to resume it);
 - once `main` returned, `end` does the interpreter's exit work (other threads, atexit functions) with a handler that
   ends the program at once, then leaves with os._exit: no signal finds the process in the interpreter's own
   shutdown, where Python's handlers are gone (a SIGTERM there kills it silently; a handler that raises in an atexit
   function prints a traceback and the exit code stays 0).
 
-SIGHUP is left alone where it was ignored when the program started (`nohup`). sys.stdout and sys.stderr become
-`Output`s: a write that fails (a closed pipe, as after `| head -1`; a full disk; a terminal gone) stops that stream's
-output for good, one line on the other stream names it, and the work goes on.
+Before `run_program`, while the script imports its libraries, a signal does what Python does by default (Ctrl-C:
+Python's KeyboardInterrupt message; SIGTERM: the process ends). SIGHUP is left alone where it was ignored when the
+program started (`nohup`). sys.stdout and sys.stderr become `Output`s: a write that fails (a closed pipe, as after
+`| head -1`; a full disk; a terminal gone) stops that stream's output for good, one line on the other stream names
+it, and the work goes on.
 
-Imports nothing but the standard library: it runs before PyTorch is imported.
+Imports nothing but the standard library.
 """
 
 import atexit
@@ -68,14 +66,14 @@ def uncatch(previous: dict):
         signal.signal(signum, handler)
 
 
-# where the program is: "starting" (from the first import until main runs), "main", "exiting" (main is done)
+# where the program is: "starting" (before `run`), "main" (the command line read, main running), "exiting"
 stage = "starting"
 
 
 def on_signal(signum, frame):
     """The program's handler, by its stage. While `main` runs, SIGINT is Python's KeyboardInterrupt (code that waits
     for it, as a Redis sampler does, still sees it; run turns it into the line), and SIGTERM and SIGHUP raise
-    SystemExit, so that `finally` blocks run. Before and after `main`, the program ends at once with exit code 128 +
+    SystemExit, so that `finally` blocks run. After `main`, the program ends at once with exit code 128 +
     the signal's number: nothing to unwind. Only Ctrl-C, which a person at the terminal pressed, gets a line outside
     a run (a run's own handler, ppolab.stops, says how to resume it): SIGTERM is how a scheduler, or a learner its
     sampler processes, ends a program, and after SIGHUP no terminal shows one."""
@@ -86,23 +84,13 @@ def on_signal(signum, frame):
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
     if signum == signal.SIGINT:
-        when = "while starting; nothing was written" if stage == "starting" else "while exiting; its work was done"
-        say(f"{program()}: {SIGNALS[signum]} {when}")
+        say(f"{program()}: {SIGNALS[signum]} while exiting; its work was done")
     flush()
     os._exit(128 + signum)
 
 
-def importer_is_the_program() -> bool:
-    """Whether the module importing ppolab (above the import machinery's frames) is the program's main script,
-    at its top level."""
-    frame = sys._getframe(2)  # above this function and its caller, ppolab's __init__
-    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-        frame = frame.f_back
-    return frame is not None and frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>"
-
-
 def start():
-    """The program's first moments, from ppolab's own import on: a signal ends it at once; the output is guarded."""
+    """The program's signals taken over (`on_signal`) and its output guarded (`Output`)."""
     catch(on_signal)
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
@@ -125,7 +113,7 @@ def run(main, *args, owner: bool = True):
     False: the script run by a tool, e.g. runpy), the exit code is raised as SystemExit instead of `end`."""
     global stage
     stage = "main"
-    catch(on_signal)
+    start()
     try:
         main(*args)
         stage = "exiting"  # (the first statement after main: a signal before it is main's, caught below)

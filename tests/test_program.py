@@ -1,10 +1,10 @@
-"""The program a script is, from its first import to its exit (ppolab/program.py, the scripts' `ppolab.run_program`):
+"""The program a script is, from its last line to its exit (ppolab/program.py, the scripts' `ppolab.run_program`):
 a signal at any moment ends it with the right exit code (130, 143, 129) and one line at most, never a traceback,
-never exit 0: while ppolab imports PyTorch, during --evaluate, during a run (SIGHUP as SIGTERM, unless `nohup`
+never exit 0: as run_program starts, during --evaluate, during a run (SIGHUP as SIGTERM, unless `nohup`
 ignores it), in the exit's own work after the last iteration. And output that cannot be written (a closed pipe, a
 full disk) stops the printing, never the run, in one line on the other stream that names the one that failed.
 
-The stages are tested on small programs that pause where the signal must land (an import, an atexit function), the
+The stages are tested on small programs that pause where the signal must land (the command line, an atexit function), the
 rest on ppo.py; the Redis script's samplers, which share the learner's stdout, in its own file."""
 
 import os
@@ -49,14 +49,38 @@ def signalled_when(process: subprocess.Popen, said: str, signum: int) -> tuple[i
     return process.returncode, stderr.splitlines()
 
 
-def test_every_script_imports_ppolab_before_the_libraries_and_ends_in_run_program():
-    """The first import that takes long (PyTorch, Gymnasium, ale-py, envpool, redis) comes after ppolab's, whose
-    program module then already holds the signals; the script's last line runs its main as the program."""
+def test_every_script_ends_in_run_program_and_sorts_its_imports_as_ruff_does():
+    """The script's last line runs its main as the program, which takes the signals and the output from there on;
+    its imports are in the usual order (ruff's import sort, which an editor's "organize imports" also applies)."""
     for name in SCRIPTS:
         lines = script_path(name).read_text().splitlines()
-        imports = [line.split()[1] for line in lines if line.startswith(("import ", "from "))]
-        assert imports.index("ppolab") < min(imports.index(lib) for lib in ("torch", "numpy") if lib in imports), name
         assert lines[-1].strip().startswith("ppolab.run_program(main, Args"), name
+    paths = [str(script_path(name)) for name in SCRIPTS]
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "I", *paths], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_importing_ppolab_in_a_fresh_interpreter_changes_nothing_in_the_process():
+    """`python -c "import ppolab"` (the program's own top level, as a REPL or a notebook is): the signal handlers and
+    the output streams are what they were, and ppolab sets no environment variable (the libraries it imports, loaded
+    first here, may set their own)."""
+    check = """
+        import os, signal, sys
+        import gymnasium, numpy, torch, tyro
+        before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.stdout, sys.stderr)
+        environ = dict(os.environ)
+        import ppolab, ppolab.processes, ppolab.redis_server, ppolab.stops
+        same_environ = dict(os.environ) == environ
+        import ppolab.distributed
+        after = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.stdout, sys.stderr)
+        print(before == after, same_environ)
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(check)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.split() == ["True", "True"], result.stdout + result.stderr
 
 
 def test_importing_ppolab_from_a_module_leaves_the_signals_and_the_output_alone():
@@ -65,30 +89,33 @@ def test_importing_ppolab_from_a_module_leaves_the_signals_and_the_output_alone(
     assert not isinstance(sys.stdout, ppolab.program.Output)
 
 
-PAUSED_IMPORT = """
-    import sys
+PAUSED_PARSE = """
     import time
 
-
-    class PauseAtTorch:  # the import of PyTorch, which ppolab makes, waits here: the signal surely lands in it
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch":
-                print("importing torch", flush=True)
-                time.sleep(60)
-
-
-    sys.meta_path.insert(0, PauseAtTorch())
     import ppolab
+
+
+    class Args(ppolab.RunSettings):
+        pass
+
+
+    def slow_parse(Args, **options):  # the command line read slowly: the signal surely lands while it is read
+        print("parsing", flush=True)
+        time.sleep(60)
+
+
+    ppolab.command_line.parse = slow_parse
+    ppolab.run_program(print, Args)
 """
 
 
 @pytest.mark.parametrize("signum, code, lines", [(signal.SIGINT, 130, 1), (signal.SIGTERM, 143, 0)])
-def test_a_signal_while_importing_ends_the_program_at_once(signum, code, lines, tmp_path):
-    """Ctrl-C while ppolab imports PyTorch: exit 130 and one line, not a KeyboardInterrupt traceback from inside
-    PyTorch's import; SIGTERM: exit 143, quietly."""
-    returncode, stderr = signalled_when(start(program(tmp_path, PAUSED_IMPORT), tmp_path), "importing torch", signum)
+def test_a_signal_as_the_program_starts_ends_it_in_one_line_at_most(signum, code, lines, tmp_path):
+    """Ctrl-C while run_program reads the command line: exit 130 and one line, not a KeyboardInterrupt traceback;
+    SIGTERM: exit 143, quietly."""
+    returncode, stderr = signalled_when(start(program(tmp_path, PAUSED_PARSE), tmp_path), "parsing", signum)
     assert returncode == code
-    assert stderr == ["program.py: interrupted while starting; nothing was written"][:lines]
+    assert stderr == ["program.py: interrupted"][:lines]
 
 
 EXIT_WORK = """
