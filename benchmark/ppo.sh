@@ -251,7 +251,7 @@ for block in $BLOCKS; do
         watcher=$!
         (
             trap interrupted INT TERM  # Ctrl-C, or the SIGTERM the first lane sends it, stops its runner too
-            SEEDS=$full WORKERS=1 bench fullbudget ppo_shared_memory_lstm.py 500000 "--total-timesteps 2048" CartPole-v1
+            SEEDS="$full $more" WORKERS=1 bench fullbudget ppo_shared_memory_lstm.py 500000 "--total-timesteps 2048" CartPole-v1
             SEEDS=$full WORKERS=1 bench fullbudget ppo_atari_multigpu.py 10000000 "--total-timesteps 2048" Breakout
             SEEDS=$more WORKERS=1 bench fullbudget ppo_atari.py 10000000 "--total-timesteps 2048" Breakout
             exit $status
