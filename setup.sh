@@ -20,8 +20,9 @@
 #                                    .../whl/cpu; default: pip's own, $PPO_LAB_TORCH_INDEX if set); also without
 #                                    --wheelhouse, where it installs torch from there before the rest
 #       --python-version X.Y         wheels for another Python than this one (that of the machine without network)
-#   bash setup.sh --offline DIR      on the machine without network: steps 1 to 3 from DIR alone (pip --no-index);
-#                                    missing system packages are named, not installed
+#   bash setup.sh --offline DIR      on the machine without network: steps 1 to 3 from DIR alone (pip --no-index,
+#                                    pip's configuration ignored: PIP_* variables, pip.conf files); missing system
+#                                    packages are named, not installed
 #   --keep-torch                     with any of them: the environment's own torch stays (a cluster's CUDA build);
 #                                    requirements.txt's torch is neither downloaded nor installed
 set -euo pipefail
@@ -213,6 +214,11 @@ if [ "$mode" = wheelhouse ]; then
 fi
 from=()
 if [ "$mode" = offline ]; then
+    # DIR and nothing else. pip adds the find-links of its configuration (PIP_FIND_LINKS, a pip.conf) to the
+    # command's, even with --no-index, so none is read: every PIP_* variable unset, no config file (global, user,
+    # site). Unset here, they are gone for the pip that pip runs to build ppolab too. (setup.sh doesn't use uv.)
+    unset $(compgen -e -X '!PIP_*')
+    export PIP_CONFIG_FILE=/dev/null
     from=(--no-index --find-links "$wheels")
     echo "setup.sh: installing requirements.txt into $where from $wheels alone"
 else

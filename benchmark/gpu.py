@@ -1,8 +1,9 @@
 """The GPU benchmark: on any machine with CUDA, the training speed of each script in its three modes beside its
-environments' own speed, and the tests marked `gpu`; written with the host to benchmark/results/gpu.md.
+environments' own speed, and the tests marked `gpu`; written with the host to runs/benchmark/gpu.md (--out names
+another file; the published measurements are benchmark/results/gpu.md, which the tool writes only when --out says so).
 
     python -m benchmark.gpu                                   # every script below (about 20 min on an H200, est.)
-    python -m benchmark.gpu --scripts ppo_atari_envpool ppo --out /tmp/gpu.md
+    python -m benchmark.gpu --scripts ppo_atari_envpool ppo --out runs/benchmark/gpu-two.md
     python -m benchmark.gpu --dry-run                         # the same plan shortened, on the CPU: measures nothing
 
 For each script, on its standard environment (ppo_continuous_action.py on HalfCheetah-v4, the task LeanRL's
@@ -12,8 +13,8 @@ figures use), at the script's default hyperparameters:
   --warmup (5), where torch.compile compiles and CUDA graphs are recorded, from the wall times of the run's own
   `charts/SPS` events. Beside it, the time from the run's first log to the end of its first iteration (compilation
   included);
-- the env-only SPS: random actions through the script's own `make_envs` (benchmark.throughput's), the ceiling of
-  any training loop with these environments on this host;
+- the env-only SPS over 16,384 steps: random actions through the script's own `make_envs` (benchmark.throughput's),
+  the ceiling of any training loop with these environments on this host;
 then `pytest -m gpu` over the test files that hold tests marked `gpu`. The file names the host: GPU, driver, CUDA,
 CPU model and cores, the versions of Python, torch and the environment packages, the date and the command.
 
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from benchmark.scripts import ENV_ID, ROOT, import_script
 
-RESULTS = ROOT / "benchmark" / "results" / "gpu.md"
+OUT = ROOT / "runs" / "benchmark" / "gpu.md"
 DRY_RUN_OUT = ROOT / "runs" / "benchmark" / "gpu-dry-run.md"
 # script -> iterations per run at its defaults (batch: envpool Atari 1,024 steps, ALE Atari 1,024, Procgen 16,384,
 # CartPole 512, HalfCheetah 2,048): 5-50 s a run at the speeds of results/gpu.md (an H200), compilation aside
@@ -284,7 +285,12 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take (default %(default)s)")
     parser.add_argument("--no-tests", action="store_true", help="leave out the gpu-marked tests")
     parser.add_argument("--dry-run", action="store_true", help="the same plan shortened on the CPU, no GPU needed")
-    parser.add_argument("--out", type=Path, help=f"the markdown (default {RESULTS.relative_to(ROOT)})")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="the markdown (default runs/benchmark/gpu.md, with --dry-run runs/benchmark/gpu-dry-run.md; "
+        "benchmark/results/gpu.md holds the published measurements)",
+    )
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "benchmark.gpu", *(argv if argv is not None else sys.argv[1:])])
     import torch
@@ -298,7 +304,7 @@ def main(argv: list[str] | None = None):
         fail(
             f"--warmup {warmup}, --iterations {min(iterations.values())}: the warm-up is 1 or more, the iterations more"
         )
-    out = args.out or (DRY_RUN_OUT if args.dry_run else RESULTS)
+    out = args.out or (DRY_RUN_OUT if args.dry_run else OUT)
     info = host(command)
     print("\n".join(host_lines(info)), flush=True)
     rows = {}

@@ -144,6 +144,12 @@ def peer_script(peer_dir: Path, pair: Pair) -> Path:
     return script
 
 
+def home_relative(path: Path) -> str:
+    """`path` as `~/...` when it is in the home folder: a results file names no machine's home."""
+    path = Path(path)
+    return f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
+
+
 def peer_versions(peer_dir: Path) -> dict[str, str]:
     """The peer's package versions, written by --build as its last step ({} where it is not built)."""
     ready = peer_dir / "versions.json"
@@ -566,7 +572,7 @@ def describe(
     lines = [
         f"Machine: {machine()}; {during}.",
         f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + ".",
-        f"CleanRL: {theirs} (virtualenv {peer_dir}).",
+        f"CleanRL: {theirs} (virtualenv {home_relative(peer_dir)}).",
         *([f"Baseline: {baseline}, commit {our_commit(baseline)}, with our flags."] if baseline else []),
         f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "Settings: "

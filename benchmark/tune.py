@@ -5,6 +5,8 @@
         --storage redis://:PASSWORD@HOST:6379/0               # the same command on every machine joins the study
     python -m benchmark.tune report --study cheetah --storage URL --out cheetah.md
     python -m benchmark.tune verdict --study cheetah --storage URL --seeds 11 12 13 --out cheetah.md
+    python -m benchmark.tune ppo --env-id CartPole-v1 --trials 30 --storage benchmark/results/tune_cartpole.db \\
+        -- --total-timesteps 100000                           # the study's database kept beside its results file
 
 A trial samples the script's search space (benchmark/tune_space.py, changed by --space FILE), runs the script once
 per environment id and seed as `python SCRIPT.py <sampled flags> <flags after -->`, every run a process of its own
@@ -15,16 +17,19 @@ reports the score so far at --reports points of the step budget; Optuna's pruner
 stops a trial whose runs do worse than the other trials did at the same step: its runs get SIGTERM, print their
 line and exit. The study runs until it holds --trials finished (complete or pruned) trials, from every worker.
 
-The storage (--storage) is any Optuna storage URL: by default an SQLite file in the study's folder
-(RUNS_DIR/STUDY/optuna.db), or a shared one (PostgreSQL, MySQL: postgresql://USER:PASSWORD@HOST/DB; Redis as an
-Optuna journal: redis://HOST:PORT/DB) on which every machine runs the same command. A worker that dies mid-trial
+The storage (--storage) is an SQLite file, by default in the study's folder (RUNS_DIR/STUDY/optuna.db), or one that
+you name by its path (no `://`: benchmark/results/tune_NAME.db keeps the study beside its results file, to commit), or
+any Optuna storage URL: sqlite:///FILE, or a shared one (PostgreSQL, MySQL: postgresql://USER:PASSWORD@HOST/DB; Redis
+as an Optuna journal: redis://HOST:PORT/DB) on which every machine runs the same command. A worker that dies mid-trial
 leaves that trial failed once its heartbeat is --heartbeat x 3 seconds old, and a failed trial is sampled again.
 Ctrl-C (or SIGTERM) ends the trial's runs and leaves the study to be continued by the same command.
 
 Each trial's folder, RUNS_DIR/STUDY/trial-NNNN/, holds its runs, their logs (logs/) and trial.json: its values, its
 command, its state and why it stopped. RUNS_DIR/STUDY/report.md is written after each trial: the trials table, the
-best command, and at the end the parameter importances (report_importances.png). `report` writes them again from the
-storage; `verdict` runs the best setting and the defaults on fresh seeds and writes a results file with both.
+best command, and at the end the parameter importances (report_importances.png), drawn only once 10 or more trials
+are complete (with fewer they say nothing, and the report says they were not drawn). `report` writes them again from
+the storage; `verdict` runs the best setting and the defaults on fresh seeds and writes a results file with both and
+the verdict of Welch's t-test (better, worse, or undecided).
 docs/tuning.md explains the search spaces, the file that changes them, the normalisation and the storages.
 """
 
@@ -171,6 +176,34 @@ def open_storage(url: str, heartbeat: int):
         )
     except Exception as e:  # SQLAlchemy's, the database driver's, Redis's: each its own kind
         fail(f"--storage {redact(url)}: {type(e).__name__}: {one_line(e)}")
+
+
+def storage_url(given: str | None, folder: Path) -> str:
+    """The storage URL of --storage: without it the SQLite file FOLDER/optuna.db, a path (no `://`) that SQLite file,
+    any other text an Optuna storage URL as given."""
+    if given is None:
+        return f"sqlite:///{folder / 'optuna.db'}"
+    return given if "://" in given else f"sqlite:///{Path(given).resolve()}"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite URL (sqlite:///FILE), else None."""
+    return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+
+def shown(path: Path) -> str:
+    """A path as the tuner prints and writes it: relative to the folder the command runs in (the repository's root)
+    when it lies inside it, so that a report names no folder of the machine that wrote it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def shown_storage(url: str) -> str:
+    """A storage URL as the tuner prints and writes it: an SQLite file by its shown path, a password hidden."""
+    file = sqlite_file(url)
+    return f"sqlite:///{shown(file)}" if file is not None and file.is_absolute() else redact(url)
 
 
 def beat(storage, trial):
@@ -357,7 +390,7 @@ def one_trial(study, setup: Setup, storage):
     folder = setup.folder / f"trial-{trial.number:04d}"
     record = {"number": trial.number, "state": "RUNNING", "dir": str(folder), "host": socket.gethostname()}
     record["started"] = now().isoformat(timespec="seconds")
-    trial.set_user_attr("folder", f"{record['host']}:{folder}")
+    trial.set_user_attr("folder", f"{record['host']}:{shown(folder)}")
     write_record(folder, record)
     began = time.monotonic()
     state, value, why = TrialState.FAIL, None, None
@@ -429,15 +462,19 @@ def tune_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s SCRIPT --env-id ID [--env-id ID ...] --trials N [options] [-- SCRIPT_FLAGS]\n"
-        "       %(prog)s report --study NAME [--storage URL] [--out FILE]\n"
-        "       %(prog)s verdict --study NAME [--storage URL] --seeds S [S ...] --out FILE",
+        "       %(prog)s report --study NAME [--storage FILE|URL] [--out FILE]\n"
+        "       %(prog)s verdict --study NAME [--storage FILE|URL] --seeds S [S ...] --out FILE",
     )
     add = parser.add_argument
     add("script", help="the script to tune: ppo, ppo_continuous_action, ... (or ppo.py, ...)")
     add("--env-id", action="append", required=True, help="an environment (repeat for several)")
     add("--trials", type=int, required=True, help="the finished (complete or pruned) trials the study ends with")
     add("--study", help="the study's name (default: SCRIPT-ENV_IDS)")
-    add("--storage", help="an Optuna storage URL (default: sqlite:///RUNS_DIR/STUDY/optuna.db)")
+    add(
+        "--storage",
+        help="an SQLite file's path (e.g. benchmark/results/tune_NAME.db) or an Optuna storage URL "
+        "(default: RUNS_DIR/STUDY/optuna.db)",
+    )
     add("--seeds", type=int, nargs="+", default=[1], help="the seeds each trial runs (default: 1)")
     add("--space", type=Path, help="a TOML or JSON file that changes the search space (docs/tuning.md)")
     add("--last", type=int, default=100, help="a run's score: the mean return of its last N episodes (100)")
@@ -560,16 +597,16 @@ def tune(argv: list[str]):
     setup = make_setup(args, flags)
     pruner = make_pruner(args.pruner, int(args.warmup * setup.total_timesteps))
     name = args.study or f"{setup.script}-{'+'.join(setup.env_ids)}"
-    if args.storage is None:
-        setup.folder.mkdir(parents=True, exist_ok=True)
-    storage_url = args.storage or f"sqlite:///{setup.folder / 'optuna.db'}"
-    storage = open_storage(storage_url, setup.heartbeat)
-    study = open_study(setup, name, storage_url, storage, pruner, argv)
+    url = storage_url(args.storage, setup.folder)
+    if sqlite_file(url) is not None:
+        sqlite_file(url).parent.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(url, setup.heartbeat)
+    study = open_study(setup, name, url, storage, pruner, argv)
     # the heartbeat is kept here (beat, fail_stale), not by Study.optimize, which cannot stop a trial's processes
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     print(
-        f"study {name} on {redact(storage_url)}: {finished(study)} of {args.trials} trials finished; "
-        f"runs in {setup.folder}/trial-NNNN\nwatch it live: optuna-dashboard {redact(storage_url)}"
+        f"study {name} on {shown_storage(url)}: {finished(study)} of {args.trials} trials finished; "
+        f"runs in {shown(setup.folder)}/trial-NNNN\nwatch it live: optuna-dashboard {shown_storage(url)}"
         + (
             f"\nfixed by the flags after --, not tuned: {', '.join('--' + n for n in setup.fixed)}"
             if setup.fixed
@@ -585,14 +622,14 @@ def tune(argv: list[str]):
             if finished(study) >= args.trials:
                 break
             one_trial(study, setup, storage)
-            write_report(study, report, storage_url, importances=False)
+            write_report(study, report, url, importances=False)
     except KeyboardInterrupt:
         die_interrupted(f"{PROG}: interrupted: the trial's runs are stopped; the same command continues the study")
-    write_report(study, report, storage_url, importances=True)
+    write_report(study, report, url, importances=True)
     best = best_trial(study)
     if best is not None:
         print(f"best: trial {best.number}, value {best.value:.4f}:\n{best.user_attrs.get('command')}")
-    print(f"report: {report}")
+    print(f"report: {shown(report)}")
 
 
 # THE REPORT -----------------------------------------------------------------------------------------------------
@@ -727,7 +764,7 @@ def write_report(study, out: Path, storage_url: str, importances: bool = True) -
     lines = [
         f"# Tuning {attrs.get('script')}.py on {', '.join(attrs.get('env_ids', []))}",
         "",
-        f"Study `{study.study_name}` ({redact(storage_url)}), written {now():%Y-%m-%d %H:%M} UTC. "
+        f"Study `{study.study_name}` ({shown_storage(storage_url)}), written {now():%Y-%m-%d %H:%M} UTC. "
         f"Command: `{attrs.get('command')}`. Machine: {attrs.get('machine')}.",
         "",
         f"{len(trials)} trials: {counts[TrialState.COMPLETE]} complete, {counts[TrialState.PRUNED]} pruned, "
@@ -754,6 +791,14 @@ def write_report(study, out: Path, storage_url: str, importances: bool = True) -
     picture = out.with_name(f"{out.stem}_importances.png")
     if importances and plot_importances(study, picture) is not None:
         lines += [f"![parameter importances]({picture.name})", ""]
+    elif importances:
+        complete = counts[TrialState.COMPLETE]
+        why = (
+            f"{complete} complete trials, and they are drawn from {IMPORTANCE_TRIALS}"
+            if complete < IMPORTANCE_TRIALS
+            else "Optuna's evaluator found none for these trials"
+        )
+        lines += [f"Parameter importances: not drawn ({why}).", ""]
     lines += [trials_table(study), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     kept = out.read_text().split(VERDICT, 1)[1] if out.is_file() and VERDICT in out.read_text() else None
@@ -769,20 +814,26 @@ def load_study(args):
     import optuna
 
     folder = (args.runs_dir / re.sub(r"[^\w.+-]", "_", args.study)).resolve()
-    url = args.storage or f"sqlite:///{folder / 'optuna.db'}"
-    if args.storage is None and not (folder / "optuna.db").is_file():
-        fail(f"no study {args.study} in {folder} (give its --storage)")
+    url = storage_url(args.storage, folder)
+    file = sqlite_file(url)
+    if file is not None and not file.is_file():  # (SQLite would make an empty one)
+        fail(f"no study {args.study} in {shown(folder)} (give its --storage)" if args.storage is None else
+             f"--storage {args.storage}: no such file")  # fmt: skip
     storage = open_storage(url, 60)
     try:
         return optuna.load_study(study_name=args.study, storage=storage), url, folder
     except KeyError:
-        fail(f"no study {args.study} on {redact(url)}")
+        fail(f"no study {args.study} on {shown_storage(url)}")
 
 
 def report_main(argv: list[str]):
-    parser = argparse.ArgumentParser(prog="python -m benchmark.tune report", description="The study's report again.")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmark.tune report",
+        description="The study's report again, from its storage: the trials table, the best command, and the parameter "
+        f"importances once {IMPORTANCE_TRIALS} or more trials are complete.",
+    )
     parser.add_argument("--study", required=True)
-    parser.add_argument("--storage")
+    parser.add_argument("--storage", help="the study's SQLite file or storage URL (default: RUNS_DIR/STUDY/optuna.db)")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tune"))
     parser.add_argument("--out", type=Path, help="the report (default: RUNS_DIR/STUDY/report.md)")
     args = parser.parse_args(argv)
@@ -791,17 +842,35 @@ def report_main(argv: list[str]):
     best = best_trial(study)
     if best is not None:
         print(f"best: trial {best.number}, value {best.value:.4f}:\n{best.user_attrs.get('command')}")
-    print(f"report: {out}")
+    print(f"report: {shown(out)}")
 
 
 # THE VERDICT: the best setting against the defaults on fresh seeds -------------------------------------------------
 
 
+ALPHA = 0.05
+RULE = (
+    "Rule: Welch's t-test of the tuned setting's per-seed scores against the defaults' (two-sided, each side's sample "
+    f"standard deviation, ddof 1): the tuned setting is *better* when its mean is higher and p < {ALPHA}, *worse* when "
+    f"it is lower and p < {ALPHA}, else *undecided*: these seeds do not tell the two apart. With one seed on a side "
+    "there is no test and no verdict."
+)
+
+
 def verdict_rule(tuned: list[float], default: list[float]) -> str:
-    """better if the tuned mean exceeds the default's by more than the larger of the two standard deviations,
-    worse if it falls short by more, else no clear difference."""
-    difference, spread = np.mean(tuned) - np.mean(default), max(np.std(tuned), np.std(default))
-    return "better" if difference > spread else "worse" if difference < -spread else "no clear difference"
+    """RULE's verdict on the per-seed scores of both settings, with its reason: `better (Welch's t-test: p = 0.012)`,
+    `undecided (Welch's t-test: p = 0.27)`, ..."""
+    from scipy import stats
+
+    if min(len(tuned), len(default)) < 2:
+        return "no verdict (one seed on a side: shown, not judged)"
+    difference = float(np.mean(tuned) - np.mean(default))
+    if np.std(tuned, ddof=1) == np.std(default, ddof=1) == 0:  # the test is undefined: every seed scored the same
+        word = "better" if difference > 0 else "worse" if difference < 0 else "undecided"
+        return f"{word} (every seed the same score on each side: no spread to test)"
+    p = float(stats.ttest_ind(tuned, default, equal_var=False).pvalue)
+    word = "undecided" if p >= ALPHA else "better" if difference > 0 else "worse"
+    return f"{word} (Welch's t-test: p = {p:.2g})"
 
 
 def verdict_main(argv: list[str]):
@@ -812,7 +881,7 @@ def verdict_main(argv: list[str]):
         "the mean return of the last episodes, mean ± std, learning curves and the rule's verdict.",
     )
     parser.add_argument("--study", required=True)
-    parser.add_argument("--storage")
+    parser.add_argument("--storage", help="the study's SQLite file or storage URL (default: RUNS_DIR/STUDY/optuna.db)")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tune"))
     parser.add_argument("--seeds", type=int, nargs="+", required=True, help="fresh seeds, none the study used")
     parser.add_argument("--trial", type=int, help="the trial to test (default: the best)")
@@ -851,7 +920,7 @@ def verdict_main(argv: list[str]):
     command = "python -m benchmark.tune verdict " + shlex.join(redact(a) for a in argv)
     section = verdict_section(study, best, args, where, runs, command)
     args.out.write_text(args.out.read_text().split(VERDICT, 1)[0] + VERDICT + section)
-    print(f"verdict: {args.out}")
+    print(f"verdict: {shown(args.out)}")
 
 
 def verdict_section(study, best, args, where: Path, runs: dict, command: str) -> str:
@@ -863,17 +932,15 @@ def verdict_section(study, best, args, where: Path, runs: dict, command: str) ->
         "",
         f"Trial {best.number}'s setting against the defaults on seeds {', '.join(map(str, args.seeds))} (none used "
         f"while tuning), {attrs['total_timesteps']:,} steps, one process per run with OMP_NUM_THREADS=1, "
-        f"{args.workers} at a time; runs in `{where}`. Written {now():%Y-%m-%d %H:%M} UTC, "
+        f"{args.workers} at a time; runs in `{shown(where)}`. Written {now():%Y-%m-%d %H:%M} UTC, "
         f"on {machine()}.",
         "",
         "```bash",
         command,
         "```",
         "",
-        "Rule: the tuned setting is *better* when its mean exceeds the defaults' by more than the larger of the two "
-        "standard deviations, *worse* when it falls short by more, else there is *no clear difference*. A run's "
-        f"score: the mean return of its last {last} episodes; std: over the seeds, NumPy's (ddof 0), as "
-        "benchmark/scores.py's tables.",
+        f"{RULE} A run's score: the mean return of its last {last} episodes; mean ± std: over the seeds, the sample "
+        "standard deviation (ddof 1).",
         "",
         "| env | setting | per seed | mean ± std | verdict |",
         "|---|---|---|---|---|",
@@ -886,9 +953,8 @@ def verdict_section(study, best, args, where: Path, runs: dict, command: str) ->
         for name, values in scores.items():
             per_seed = ", ".join(f"{v:.1f}" for v in values)
             verdict = result if name == "tuned" else ""
-            lines.append(
-                f"| {env_id} | {name} | {per_seed} | {np.mean(values):.1f} ± {np.std(values):.1f} | {verdict} |"
-            )
+            spread = f" ± {np.std(values, ddof=1):.1f}" if len(values) > 1 else " (one seed)"
+            lines.append(f"| {env_id} | {name} | {per_seed} | {np.mean(values):.1f}{spread} | {verdict} |")
         safe = re.sub(r"[^\w.-]", "_", env_id)
         pictures.append(plot_verdict(env_id, folders, args.out.with_name(f"{args.out.stem}_{safe}.png")))
     lines += ["", *[f"![{path.stem}]({path.name})" for path in pictures if path is not None]]

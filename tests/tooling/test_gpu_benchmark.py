@@ -46,6 +46,34 @@ def test_the_dry_run_goes_through_the_plan_on_the_cpu_and_skips_what_needs_cuda(
     assert re.search(r"^`python -m pytest -m gpu tests/test_gpu\.py`: \d+ skipped", text, re.M), text
 
 
+@pytest.mark.parametrize("dry_run", [False, True], ids=["cuda", "dry-run"])
+def test_it_writes_into_the_runs_folder_unless_out_is_given(tmp_path, monkeypatch, capsys, dry_run):
+    """Run as documented (no --out), the tool writes runs/benchmark/, never the published benchmark/results/gpu.md.
+    The measurements are stand-ins (CUDA is said to be there, each run and the host are answered at once): the
+    output's path is under test, not the speed."""
+    published = REPO / "benchmark" / "results" / "gpu.md"
+    before = published.read_bytes()
+    default = gpu.DRY_RUN_OUT if dry_run else gpu.OUT
+    assert default.parent == REPO / "runs" / "benchmark"
+    out = tmp_path / default.name
+    monkeypatch.setattr(gpu, "DRY_RUN_OUT" if dry_run else "OUT", out)  # (not a user's own file in runs/)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu, "host", lambda command: {"date": "now", "command": command, "cpu": "a CPU",
+                                                      "python": "3", "gpu": "a GPU", "packages": {}})  # fmt: skip
+    monkeypatch.setattr(gpu, "env_only", lambda script, steps: "1,000")
+    monkeypatch.setattr(gpu, "measure", lambda script, env_id, mode, *args: gpu.Run(f"{script}.py", mode, sps=500.0,
+                                                                                     first_iteration_s=1.0))  # fmt: skip
+    try:
+        gpu.main(["--scripts", "ppo", "--no-tests", *(["--dry-run"] if dry_run else [])])
+    finally:
+        changed = published.read_bytes() != before
+        if changed:
+            published.write_bytes(before)
+    assert not changed, "benchmark/results/gpu.md was written without --out"
+    assert capsys.readouterr().out.endswith(f"wrote {out}\n")
+    assert "| ppo.py | CartPole-v1 | " in out.read_text() and "| 500 (1.0 s) |" in out.read_text()
+
+
 def test_help_and_bad_input():
     assert run_tool("--help", timeout=120).returncode == 0
     done = run_tool("--dry-run", "--iterations", "3", "--warmup", "3", timeout=120)

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -58,14 +59,20 @@ esac
     return path
 
 
-def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons=None, env=None, args=()):
-    """setup.sh `args`, copied into tmp_path/repo with requirements.txt and pyproject.toml, as user `uid`, with the Qt
-    runtime and redis-server installed or not and the fake Pythons `pythons` ({name: fake_python kwargs}, default a
-    Debian 12 python3) on PATH; returns the result and the recorded calls, paths relative to tmp_path."""
+def run_setup(
+    tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons=None, env=None, args=(), files=None, timeout=30
+):
+    """setup.sh `args`, copied into tmp_path/repo with requirements.txt and pyproject.toml (or `files`, {path: text}),
+    as user `uid`, with the Qt runtime and redis-server installed or not and the fake Pythons `pythons` ({name:
+    fake_python kwargs, or a real Python's path}, default a Debian 12 python3) on PATH; returns the result and the
+    recorded calls, paths relative to tmp_path."""
     repo = tmp_path / "repo"
     repo.mkdir(exist_ok=True)
     for name in ("setup.sh", "requirements.txt", "pyproject.toml"):
         shutil.copy(REPO / name, repo)
+    for name, text in (files or {}).items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
@@ -79,7 +86,10 @@ def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     for name, kwargs in (pythons if pythons is not None else {"python3": {}}).items():
-        fake_python(bin_dir / name, **kwargs)
+        if isinstance(kwargs, Path):
+            os.symlink(kwargs, bin_dir / name)
+        else:
+            fake_python(bin_dir / name, **kwargs)
     calls = tmp_path / "calls"
     full_env = dict(
         PATH=str(bin_dir),
@@ -94,7 +104,7 @@ def run_setup(tmp_path, uid=0, qt=True, redis=True, sudo=True, apt=True, pythons
         env=full_env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout,
     )
     lines = calls.read_text().splitlines() if calls.exists() else []
     return result, [line.replace(f"{tmp_path}/", "") for line in lines]
@@ -429,6 +439,115 @@ def test_offline_keeps_the_environments_torch_when_asked(tmp_path):
     assert calls[:3] == [PROBE, VENV, "repo/.venv/bin/python -c"]  # torch is there to keep
     assert re.fullmatch(rf"repo/\.venv/bin/python -m pip install {offline} -r /\S+\.txt", calls[3]), calls[3]
     assert calls[4:] == [f"repo/.venv/bin/python -m pip install {offline} --no-deps -e ."]
+
+
+def write_wheel(folder, name, version, files):
+    """A pure-Python wheel of `name` `version` in `folder`: `files` ({path: text}) and its .dist-info."""
+    info = f"{name}-{version}.dist-info"
+    files = {
+        **files,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test_setup\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+        wheel.writestr(f"{info}/RECORD", "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"]))
+
+
+# tinybuild, a build backend: it builds the project in its folder as an editable wheel (a .pth file naming the folder)
+# whose summary names the tinybuild version that built it
+BACKEND = r"""
+import os
+import zipfile
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    info, name = "fakelab-0.1.dist-info", "fakelab-0.1-py3-none-any.whl"
+    files = {
+        "fakelab.pth": os.getcwd() + "\n",
+        info + "/METADATA": f"Metadata-Version: 2.1\nName: fakelab\nVersion: 0.1\nSummary: tinybuild {VERSION}\n",
+        info + "/WHEEL": "Wheel-Version: 1.0\nGenerator: tinybuild\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        info + "/RECORD": "",
+    }
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+    return name
+"""
+
+
+def tiny_wheels(folder, version):
+    """tinypkg (the project's requirement) and tinybuild (what it builds with), both `version`, in `folder`."""
+    write_wheel(folder, "tinypkg", version, {"tinypkg.py": f"VERSION = {version!r}\n"})
+    write_wheel(folder, "tinybuild", version, {"tinybuild.py": f"VERSION = {version!r}\n{BACKEND}"})
+    return folder
+
+
+def simple_index(folder, version):
+    """A PEP 503 index (file://) listing the tiny wheels of `version`."""
+    tiny_wheels(folder / "files", version)
+    for name in ("tinypkg", "tinybuild"):
+        wheel = folder / "files" / f"{name}-{version}-py3-none-any.whl"
+        (folder / name).mkdir(parents=True)
+        (folder / name / "index.html").write_text(f'<a href="{wheel.as_uri()}">{wheel.name}</a>\n')
+    return folder.as_uri()
+
+
+def pip_conf(path, find_links, index_url):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"[global]\nfind-links = {find_links}\nindex-url = {index_url}\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("configured_in", ["variables", "files"])
+def test_offline_installs_from_dir_alone_whatever_pip_is_configured_with(tmp_path, configured_in):
+    """For real, with a real Python and pip: DIR holds tinypkg 1.0 and tinybuild 1.0 (the project's build backend);
+    pip's configuration names decoys, newer versions of both (which pip would prefer), each channel its own version:
+    find-links and indexes in PIP_* variables and in a PIP_CONFIG_FILE, then in the user's and the global pip.conf
+    (an index that is a closed port: reaching for it would be reaching for the network). The installed versions say
+    where every wheel came from, the one installed (tinypkg) and the one the editable build installed (tinybuild)."""
+    wheels = tiny_wheels(tmp_path / "wheels", "1.0")
+    decoys, closed = tmp_path / "decoys", "http://127.0.0.1:9/simple"
+    home = tmp_path / "home"
+    env = dict(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), XDG_CONFIG_DIRS=str(tmp_path / "etc"))
+    if configured_in == "variables":
+        env.update(
+            PIP_FIND_LINKS=str(tiny_wheels(decoys / "find_links", "2.1")),
+            PIP_INDEX_URL=simple_index(decoys / "index", "2.2"),
+            PIP_EXTRA_INDEX_URL=simple_index(decoys / "extra_index", "2.3"),
+            PIP_CONFIG_FILE=pip_conf(tmp_path / "pip.conf", tiny_wheels(decoys / "config_file", "2.4"), closed),
+        )
+    else:
+        pip_conf(home / ".config" / "pip" / "pip.conf", tiny_wheels(decoys / "user", "2.5"), closed)
+        pip_conf(tmp_path / "etc" / "pip" / "pip.conf", tiny_wheels(decoys / "global", "2.6"), closed)
+    files = {
+        "requirements.txt": "tinypkg\n",
+        "pyproject.toml": '[build-system]\nrequires = ["tinybuild"]\nbuild-backend = "tinybuild"\n',
+        "fakelab/__init__.py": "",
+    }
+    python = Path(shutil.which("python3", path=f"{sys.base_prefix}/bin") or sys.executable)
+    result, _ = run_setup(
+        tmp_path, pythons={"python3": python}, env=env, files=files, args=["--offline", str(wheels)], timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    check = subprocess.run(
+        [
+            str(tmp_path / "repo" / ".venv" / "bin" / "python"),
+            "-c",
+            "import importlib.metadata as m, fakelab, tinypkg\n"
+            "print(tinypkg.VERSION, m.version('tinypkg'), m.metadata('fakelab')['Summary'], fakelab.__file__)",
+        ],
+        cwd=tmp_path,
+        env=dict(PATH=os.environ["PATH"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
+    fakelab = tmp_path / "repo" / "fakelab" / "__init__.py"
+    assert check.stdout.split() == ["1.0", "1.0", "tinybuild", "1.0", str(fakelab)]  # (2.x: that decoy's channel)
 
 
 @pytest.mark.parametrize(

@@ -304,10 +304,69 @@ def test_the_score_ranges():
     assert min_max(250.0, (0.0, 500.0)) == 0.5 and min_max(-110.0, (-200.0, 0.0)) == 0.45
 
 
-def test_the_verdict_rule():
-    assert verdict_rule([10, 12, 14], [5, 6, 7]) == "better"  # 5 apart, stds 1.6 and 0.8
-    assert verdict_rule([5, 6, 7], [10, 12, 14]) == "worse"
-    assert verdict_rule([10, 12, 14], [10.5, 11, 11.5]) == "no clear difference"  # 1 apart, std 1.6
+def test_the_verdict_rule_is_welchs_t_test():
+    assert verdict_rule([10, 12, 14], [5, 6, 7]) == "better (Welch's t-test: p = 0.02)"
+    assert verdict_rule([5, 6, 7], [10, 12, 14]) == "worse (Welch's t-test: p = 0.02)"
+    assert verdict_rule([10, 12, 14], [10.5, 11, 11.5]) == "undecided (Welch's t-test: p = 0.48)"
+    assert verdict_rule([500, 500], [200, 200]) == "better (every seed the same score on each side: no spread to test)"
+    assert verdict_rule([500, 500], [500, 500]).startswith("undecided (every seed the same score")
+    assert verdict_rule([3.0], [1.0, 2.0]) == "no verdict (one seed on a side: shown, not judged)"
+
+
+def test_the_published_halfcheetah_verdict_is_undecided():
+    """The per-seed scores of benchmark/results/tune_halfcheetah.md (seeds 11-13): the tuned mean is 1875.9 higher,
+    but the defaults' seeds spread from 1593.0 to 5351.3 (sample std 2144.7), so three seeds do not decide it."""
+    text = (REPO / "benchmark" / "results" / "tune_halfcheetah.md").read_text()
+    rows = dict(re.findall(r"^\| HalfCheetah-v4 \| (default|tuned) \| ([\d., ]+) \|", text, re.M))
+    tuned, default = ([float(v) for v in rows[name].split(", ")] for name in ("tuned", "default"))
+    assert default == [5351.3, 1681.9, 1593.0] and tuned == [4705.0, 4499.4, 5049.4]
+    assert verdict_rule(tuned, default) == "undecided (Welch's t-test: p = 0.27)"
+    assert "| 4751.3 ± 277.9 | undecided (Welch's t-test: p = 0.27) |" in text  # the file says what the rule says
+    assert "| 2875.4 ± 2144.7 |" in text
+
+
+def fake_study(path, name="fake"):
+    """A study in the SQLite file `path` as the tuner leaves one: its setting, two complete trials and a pruned one."""
+    study = optuna.create_study(storage=f"sqlite:///{path}", study_name=name, direction="maximize")
+    attrs = {"script": "ppo", "env_ids": ["CartPole-v1"], "seeds": [1], "last": 100, "total_timesteps": 2048,
+             "score_ranges": {"CartPole-v1": [0.0, 500.0]}, "command": "python -m benchmark.tune ppo ...",
+             "machine": "host: a CPU", "space": {"learning-rate": {}}, "flags": ["--total-timesteps", "2048"]}  # fmt: skip
+    for key, value in attrs.items():
+        study.set_user_attr(key, value)
+    lr = optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True)
+    for value, rate, state in [(0.2, 1e-3, TrialState.COMPLETE), (0.8, 3e-4, TrialState.COMPLETE),
+                               (0.1, 1e-2, TrialState.PRUNED)]:  # fmt: skip
+        command = f"python ppo.py --learning-rate {rate} --total-timesteps 2048 --env-id CartPole-v1"
+        study.add_trial(optuna.trial.create_trial(
+            params={"learning-rate": rate}, distributions={"learning-rate": lr}, state=state,
+            value=value if state == TrialState.COMPLETE else None, intermediate_values={1024: value},
+            user_attrs={"command": command, "scores": {"CartPole-v1 seed 1": 500 * value}, "steps": 2048},
+        ))  # fmt: skip
+    return study
+
+
+def test_the_report_reopens_a_study_from_its_database_file_in_the_repository(tmp_path, monkeypatch, capsys):
+    """A study kept in a file named by its path inside the repository (here: the test's folder, where the command
+    runs) is reopened by `report`, and the report names the file by that path, no machine's folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    fake_study(tmp_path / "results" / "tune_fake.db")
+    main(["report", "--study", "fake", "--storage", "results/tune_fake.db", "--out", "results/tune_fake.md"])
+    out = capsys.readouterr().out
+    assert out == (
+        "best: trial 1, value 0.8000:\npython ppo.py --learning-rate 0.0003 --total-timesteps 2048 --env-id CartPole-v1\n"
+        "report: results/tune_fake.md\n"
+    )
+    text = (tmp_path / "results" / "tune_fake.md").read_text()
+    assert "Study `fake` (sqlite:///results/tune_fake.db), written " in text and str(tmp_path) not in text
+    assert "3 trials: 2 complete, 1 pruned, 0 failed, 0 running." in text and "Best: trial 1, value 0.8000." in text
+    assert re.search(r"^\| 1 \| complete \| 0\.8000 \| 400\.0 \| 0\.0003 \|", text, re.M), text
+    assert "Parameter importances: not drawn (2 complete trials, and they are drawn from 10)." in text
+    # a file that is not there is one line, and is not made
+    with pytest.raises(SystemExit, match="2"):
+        main(["report", "--study", "fake", "--storage", "results/none.db"])
+    assert capsys.readouterr().err == "tune: error: --storage results/none.db: no such file\n"
+    assert not (tmp_path / "results" / "none.db").exists()
 
 
 def test_redact():
