@@ -49,8 +49,10 @@ Speed and scaling: benchmark/results/speed.md, section Distributed scaling.
 """
 
 import math
+import os
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -65,7 +67,6 @@ from torch.distributions.categorical import Categorical
 
 import ppolab
 import ppolab.distributed
-import ppolab.stops
 
 gym.register_envs(ale_py)  # registers BreakoutNoFrameskip-v4, ALE/Breakout-v5, ...
 ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no ALE banner on stderr from every process
@@ -132,10 +133,6 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """seconds a collective waits for the other ranks before the job fails (a dead or hung rank)"""
     sync_timing: bool = False
     """if toggled, on CUDA perf/comm_time is the collectives' own time: the GPU is synchronized around each (two syncs per minibatch)"""
-
-    # testing aids (fault injection for benchmarks/tests) -------------------------------------------
-    straggler_delay: float = 0.0
-    """a fault injected for tests and benchmarks, not for training: seconds the last rank sleeps after each environment step"""
     changeable_on_resume = ("backend", "device_ids", "timeout")
 
     @property
@@ -358,45 +355,38 @@ def ppo_loss(
     oldvalues: torch.Tensor,
     args: Args,
     kl_beta: torch.Tensor,
-    *,
-    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss of one minibatch: policy loss + vf_coef * value loss - ent_coef * entropy, `advantages` used as
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
-    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass
-    one."""
-
-    def mean(x: torch.Tensor) -> torch.Tensor:
-        return x.mean() if mask is None else (x * mask).sum() / mask.sum()
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction."""
 
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     # KL(old || new) estimated from the sampled actions (http://joschu.net/blog/kl-approx.html): approx_kl is
     # never negative, its mean is the KL and so is the mean of its gradient: the penalty's term
-    approx_kl = mean((ratio - 1) - logratio)
+    approx_kl = ((ratio - 1) - logratio).mean()
     with torch.no_grad():
-        old_approx_kl = mean(-logratio)
-        clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
+        old_approx_kl = (-logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
 
     if args.policy_objective == "clip":  # clipped surrogate (as a loss to minimise: the max of the negated terms)
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-        pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
     else:  # KL-penalised surrogate
-        pg_loss = mean(-advantages * ratio) + kl_beta * approx_kl
+        pg_loss = (-advantages * ratio).mean() + kl_beta * approx_kl
 
     # Value loss, optionally clipped around the values predicted during the rollout
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - returns) ** 2
         v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
-        v_loss = 0.5 * mean(torch.max(v_loss_unclipped, v_loss_clipped))
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
-        v_loss = 0.5 * mean((newvalue - returns) ** 2)
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
 
-    entropy_loss = mean(entropy)
+    entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = {
         "policy_loss": pg_loss.detach(),
@@ -493,9 +483,8 @@ def update_step(
     """One gradient step on this rank's piece of one global minibatch: forward, advantage normalisation
     with the global minibatch's (mean, std) `adv_stats`, the PPO loss, backward, THE ALL-REDUCE of the
     gradients and statistics (timed by `comm`), global gradient clipping of the averaged gradient, the
-    optimizer step. Returns the all-reduced statistics of `ppo_loss`, `ranks_over_target` (the share of
-    ranks whose own approx_kl exceeded --target-kl) and this rank's `ratio_deviation` (max |ratio - 1|
-    before the step), all as tensors.
+    optimizer step. Returns the all-reduced statistics of `ppo_loss` and this rank's `ratio_deviation`
+    (max |ratio - 1| before the step), all as tensors.
 
     One function so that `--compile` hands it to torch.compile as it stands; the collective runs
     eagerly between the compiled pieces (ppolab.distributed.CommTimer.__call__).
@@ -506,21 +495,13 @@ def update_step(
     loss, stats = ppo_loss(newlogprob, entropy, newvalue, logprobs, advantages, returns, values, args, kl_beta)
     optimizer.zero_grad()
     loss.backward()
-    # A diagnostic, not a decision: would this rank, from its own KL alone, stop here? Averaged over
-    # the ranks it says whether they would have disagreed (see the training loop)
-    own_kl_over_target = torch.zeros((), device=loss.device)
-    if args.target_kl is not None:
-        own_kl_over_target = (stats["approx_kl"] > args.target_kl).float()
     # DISTRIBUTED: the gradient and the statistics of the global minibatch, on every rank
     params = list(agent.parameters())
     # collective: every rank calls this
-    averaged = comm(
-        all_reduce_gradients, params, obs.shape[0], torch.stack([*stats.values(), own_kl_over_target]), comm_device
-    )
-    stats = dict(zip(stats, averaged[:-1]))
+    averaged = comm(all_reduce_gradients, params, obs.shape[0], torch.stack(list(stats.values())), comm_device)
+    stats = dict(zip(stats, averaged))
     nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # of the averaged gradient
     optimizer.step()
-    stats["ranks_over_target"] = averaged[-1]
     stats["ratio_deviation"] = (newlogprob.detach() - logprobs).exp().sub(1).abs().max()
     return stats
 
@@ -576,7 +557,6 @@ def train(
         x.numpy() for x in (actions, logprobs, rewards, dones, values)
     )
     preemption = make_preemption(args, world_size)  # DISTRIBUTED: straggler preemption (None: off)
-    straggler_delay = args.straggler_delay if rank == world_size - 1 else 0.0  # a testing aid
 
     # Global env k = rank * N + i gets seed + k, like env k of ppo_atari.py; a resumed run reseeds
     # its environments differently, so it does not replay the first games
@@ -598,8 +578,6 @@ def train(
             policy_out = torch.stack([action.float(), logprob, value], 1).cpu().numpy()
             actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
-            if straggler_delay:
-                time.sleep(straggler_delay)
 
             rewards_np[step] = reward  # clipped to the sign in make_env
             dones_np[step] = terminated | truncated
@@ -648,6 +626,7 @@ def train(
         update_start = time.perf_counter()
         comm = ppolab.distributed.CommTimer(device, args.sync_timing)
         own = RolloutReport(steps * N, episodes, rollout_time, ppolab.distributed.ValueSums.of(values[:steps], returns))
+        # all_gather: every rank's report, in rank order, on every rank (pickled: a few numbers each)
         reports = comm(ppolab.distributed.all_gather, own)  # collective: every rank calls this
         global_step += sum(report.steps for report in reports)
 
@@ -662,7 +641,7 @@ def train(
         b_values = values[:steps].reshape(-1).to(device)
 
         clipfracs, kls = [], []  # every minibatch's (all-reduced) clip fraction, as tensors: no sync per minibatch
-        epochs, kl_stop_disagreements = 0, torch.zeros(())
+        epochs = 0
         for epoch in range(args.update_epochs):
             minibatches = torch.randperm(steps * N, device=device).tensor_split(args.num_minibatches)
             adv_stats = torch.zeros((len(minibatches), 2), device=device)
@@ -691,12 +670,9 @@ def train(
                 clipfracs.append(stats["clipfrac"])
                 kls.append(stats["approx_kl"])
             epochs += 1
-            # a share strictly between 0 and 1: ranks deciding alone would have disagreed, and the one
-            # that stopped would have left the others waiting in their next all-reduce (a hang)
-            ranks_over_target = stats.pop("ranks_over_target")
-            kl_stop_disagreements += ((0 < ranks_over_target) & (ranks_over_target < 1)).cpu()
             # decided from the all-reduced KL of the global minibatch: every rank stops after the same
-            # epoch (a sync, only when --target-kl is set)
+            # epoch (a sync, only when --target-kl is set). A rank deciding from its own KL could stop while
+            # another goes on and waits in its next all-reduce forever (a hang)
             if args.target_kl is not None and stats["approx_kl"] > args.target_kl:
                 break
         update_time = time.perf_counter() - update_start
@@ -707,7 +683,6 @@ def train(
         if rank == 0:  # rank 0 logs every rank's episodes and value sums (the reports); the others wait for it
             preempted_ranks = sum(report.steps < T * N for report in reports)
             scalars = {"debug/update_epochs": epochs, "debug/preempted_ranks": preempted_ranks}
-            scalars["debug/kl_stop_disagreements"] = int(kl_stop_disagreements)
             run.iteration(
                 iteration=iteration,
                 global_step=global_step,
@@ -911,7 +886,6 @@ def check_args(args: Args, rank: int, world_size: int):
     ppolab.check_args(
         args,
         positive=("max_episode_steps", "timeout"),
-        non_negative=("straggler_delay",),
         world_size=world_size,
         batch=f"--num-envs {args.num_envs} x --num-steps {args.num_steps}",
         files_here=rank == 0,
@@ -971,21 +945,37 @@ def evaluate(
 def main(args: Args) -> str | list[float] | None:
     """Checks the arguments, then trains (returns the run folder) or, with --evaluate, evaluates on rank 0
     (returns the games' scores). Training joins the job's process group and leaves it on every path."""
-    rank, local_rank, world_size = ppolab.stops.launch_info()
+    # torchrun gives every process its place in the job: RANK (global: it names the process in seeds, logging and
+    # checkpoints), LOCAL_RANK (its place on this machine: which GPU) and WORLD_SIZE. Started as `python
+    # ppo_atari_multigpu.py`, without torchrun, the process is a world of one.
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
     check_args(args, rank, world_size)
     ppolab.use_threads(args.torch_threads)
     if args.evaluate is not None:
         return ppolab.evaluate_file(args, evaluate, atari_id) if rank == 0 else None
 
+    # local rank i on GPU i (or --device-ids[i]), else the CPU; nccl where every local rank has a GPU of its own,
+    # else gloo (or --backend)
     device = ppolab.distributed.select_device(args, local_rank)
     backend = ppolab.distributed.select_backend(args, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    # collective: every rank calls this
-    ppolab.distributed.init_distributed(backend, world_size, args.timeout)
+    # Join the job's process group. Under torchrun, init_method="env://" finds the store of torchrun's rendezvous
+    # through MASTER_ADDR and MASTER_PORT (with RANK and WORLD_SIZE); a world of one needs no launcher: a store in
+    # memory. A collective that waits longer than --timeout raises instead of hanging.
+    timeout = timedelta(seconds=args.timeout)
+    if "MASTER_ADDR" in os.environ or world_size > 1:
+        # collective: every rank calls this
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+    else:
+        # collective: every rank calls this (the only one, here)
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     comm_device = device if backend == "nccl" else torch.device("cpu")  # gloo reduces CPU tensors
     # every rank trains with rank 0's arguments and folder (or --resume's checkpoint, which rank 0 reads and
-    # sends); rank 0 alone writes the run. Ctrl-C and refused writes end it in one line (ppolab.stops)
+    # sends); rank 0 alone writes the run. Ctrl-C and refused writes end it in one line (ppolab.stops).
+    # in_the_job leaves the process group on every path, and a rank that loses the others says so in one line
     with (
         ppolab.distributed.in_the_job(rank, world_size, args.timeout),
         # collective: every rank calls this; rank 0 sends its arguments, folder and checkpoint

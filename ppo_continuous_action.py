@@ -355,45 +355,38 @@ def ppo_loss(
     oldvalues: torch.Tensor,
     args: Args,
     kl_beta: torch.Tensor,
-    *,
-    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss of one minibatch: policy loss + vf_coef * value loss - ent_coef * entropy, `advantages` used as
     given (normalised before the call if wanted). The policy loss is PPO-Clip's clipped surrogate, or PPO-Penalty's
     surrogate plus kl_beta * KL(old, new) (--policy-objective; section 4 of the PPO paper). Returns the loss and
-    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction. `mask` (0/1 per
-    sample) keeps fixed-shape minibatches exact, only the samples where it is 1 counting: the envpool scripts pass
-    one."""
-
-    def mean(x: torch.Tensor) -> torch.Tensor:
-        return x.mean() if mask is None else (x * mask).sum() / mask.sum()
+    detached statistics: policy and value loss, entropy, old and new approximate KL, clip fraction."""
 
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     # KL(old || new) estimated from the sampled actions (http://joschu.net/blog/kl-approx.html): approx_kl is
     # never negative, its mean is the KL and so is the mean of its gradient: the penalty's term
-    approx_kl = mean((ratio - 1) - logratio)
+    approx_kl = ((ratio - 1) - logratio).mean()
     with torch.no_grad():
-        old_approx_kl = mean(-logratio)
-        clipfrac = mean(((ratio - 1.0).abs() > args.clip_coef).float())
+        old_approx_kl = (-logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
 
     if args.policy_objective == "clip":  # clipped surrogate (as a loss to minimise: the max of the negated terms)
         pg_loss1 = -advantages * ratio
         pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-        pg_loss = mean(torch.max(pg_loss1, pg_loss2))
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
     else:  # KL-penalised surrogate
-        pg_loss = mean(-advantages * ratio) + kl_beta * approx_kl
+        pg_loss = (-advantages * ratio).mean() + kl_beta * approx_kl
 
     # Value loss, optionally clipped around the values predicted during the rollout
     if args.clip_vloss:
         v_loss_unclipped = (newvalue - returns) ** 2
         v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -args.clip_coef, args.clip_coef)
         v_loss_clipped = (v_clipped - returns) ** 2
-        v_loss = 0.5 * mean(torch.max(v_loss_unclipped, v_loss_clipped))
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
     else:
-        v_loss = 0.5 * mean((newvalue - returns) ** 2)
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
 
-    entropy_loss = mean(entropy)
+    entropy_loss = entropy.mean()
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = {
         "policy_loss": pg_loss.detach(),

@@ -46,8 +46,14 @@ def num_envs(mode: str, world_size: int, envs_per_rank: int, global_envs: int) -
     return envs_per_rank * world_size if mode == "per-rank" else global_envs
 
 
-def run_job(world_size: int, envs: int, args: argparse.Namespace, runs_dir: Path, *extra: str) -> Path:
-    """One torchrun job (`extra`: more flags of the script); returns its run folder."""
+STRAGGLER = Path(__file__).with_name("straggler")  # its sitecustomize slows the last rank (STRAGGLER_DELAY)
+
+
+def run_job(
+    world_size: int, envs: int, args: argparse.Namespace, runs_dir: Path, *extra: str, straggler_delay: float = 0.0
+) -> Path:
+    """One torchrun job (`extra`: more flags of the script; `straggler_delay`: seconds the last rank sleeps after
+    each environment step, injected by benchmark/straggler/sitecustomize.py); returns its run folder."""
     runs_dir.mkdir(parents=True)
     command = [
         sys.executable,
@@ -70,7 +76,11 @@ def run_job(world_size: int, envs: int, args: argparse.Namespace, runs_dir: Path
         str(runs_dir),
         *extra,
     ]
-    result = subprocess.run(command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if straggler_delay:
+        path = os.pathsep.join(filter(None, [str(STRAGGLER), env.get("PYTHONPATH")]))
+        env.update(PYTHONPATH=path, STRAGGLER_DELAY=str(straggler_delay))
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"scaling: W={world_size} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
@@ -142,7 +152,7 @@ def straggler_rows(args: argparse.Namespace, tmp: Path) -> str:
     for name, extra in (("off", ()), ("--preempt-fraction 0.5", ("--preempt-fraction", "0.5"))):
         runs_dir = tmp / f"straggler-{len(extra)}"
         result = measure(
-            run_job(world_size, args.num_envs, args, runs_dir, "--straggler-delay", str(args.straggler_delay), *extra)
+            run_job(world_size, args.num_envs, args, runs_dir, *extra, straggler_delay=args.straggler_delay)
         )
         lines.append(
             f"| {name} | {result['sps']:.0f} | {result['rollout']:.0%} | {result['learn']:.0%} | {result['comm']:.0%} |"

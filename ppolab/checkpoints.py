@@ -26,6 +26,9 @@ from ppolab.settings import script_of
 # their script and format; 2: NumPy arrays in the RNG state and statistics, read as data and converted by
 # as_data)
 CHECKPOINT_FORMAT = 3
+# Flags a script no longer has, with the value at which they changed nothing: a checkpoint written before one went
+# is read as if it never had it when it holds that value, and refused in one line otherwise
+RETIRED_FLAGS = {"ppo_atari_multigpu.py": {"straggler_delay": 0.0}}  # a test aid, now injected by the tests
 
 
 def device_of(saved: dict) -> torch.device:
@@ -203,6 +206,14 @@ def read_checkpoint(path: str, script: str) -> dict | str:
             f"{path} has checkpoint format {checkpoint.get('format')}; this {script} reads formats 2 and "
             f"{CHECKPOINT_FORMAT}"
         )
+    retired = RETIRED_FLAGS.get(script, {}) if isinstance(checkpoint["args"], dict) else {}
+    for name, neutral in retired.items():
+        if name in checkpoint["args"] and checkpoint["args"][name] != neutral:
+            return (
+                f"{path} was trained with {flag(name)} {checkpoint['args'][name]}, which this {script} no longer "
+                "has: read it with the version of the script that wrote it"
+            )
+        checkpoint["args"] = {key: value for key, value in checkpoint["args"].items() if key != name}
     return checkpoint
 
 

@@ -54,17 +54,6 @@ def select_backend(args, device: torch.device) -> str:
     return args.backend or ("nccl" if nccl else "gloo")
 
 
-def init_distributed(backend: str, world_size: int, timeout: float):
-    """Joins the job's process group. Under torchrun, `env://` finds the store of torchrun's rendezvous
-    through MASTER_ADDR and MASTER_PORT (and RANK, WORLD_SIZE); without torchrun the process is a world
-    of one, with an in-memory store. A collective that waits `timeout` seconds raises instead."""
-    kwargs = dict(backend=backend, timeout=timedelta(seconds=timeout))
-    if "MASTER_ADDR" in os.environ or world_size > 1:
-        dist.init_process_group(init_method="env://", **kwargs)
-    else:
-        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
-
-
 def job_store(name: str) -> dist.Store:
     """A client of the job's key-value store (the one torchrun's rendezvous runs, in torchrun's own process
     where it hosts it: it outlives the ranks), with its own keys under `name`: the ranks leave each other

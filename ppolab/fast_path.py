@@ -38,14 +38,14 @@ NUMPY_COMPUTES = {
         "Agent.act": "930e9aefd9112da5",
         "Agent.get_action_and_value": "fd82e4b88f91ba7a",
         "Agent.get_value": "0fd1e9e6c677a71c",
-        "ppo_loss": "3aa61bd45aa68a61",
+        "ppo_loss": "ebcce9417e583863",
         "update_step": "a2a2e2a8516252f7",
     },
     "gaussian": {
         "Agent.act": "88f629c549fe9e20",
         "Agent.get_action_and_value": "28c2230a9cf6fb6e",
         "Agent.get_value": "0fd1e9e6c677a71c",
-        "ppo_loss": "3aa61bd45aa68a61",
+        "ppo_loss": "ebcce9417e583863",
         "update_step": "a2a2e2a8516252f7",
     },
 }

@@ -67,3 +67,18 @@ def contract(request, monkeypatch):
 
     monkeypatch.setattr(script, "compute_gae", spy)
     return script, calls
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each script's length, where its training loop starts and how long `train` is: printed to watch, never a
+    limit to fail on (a file that reads well is the goal: docs/design.md)."""
+    from scripts import shape
+
+    terminalreporter.write_sep("-", "the scripts' shape (printed, not checked)")
+    terminalreporter.write_line(f"{'script':<34} {'lines':>6} {'loop at':>8} {'train':>6}")
+    for name in SCRIPTS:
+        try:
+            lines, loop, train = shape(name)
+        except (KeyError, StopIteration, SyntaxError):  # a script broken mid-edit: the tests say what is wrong
+            continue
+        terminalreporter.write_line(f"{name + '.py':<34} {lines:>6} {loop:>8} {train:>6}")

@@ -35,7 +35,11 @@ NEXT_STEP_GAE = ["ppo_atari_envpool", "ppo_procgen"]
 # with more than one group names an intended difference, and the comment says why it exists.
 ATARI = ["ppo_atari", "ppo_atari_lstm", "ppo_atari_multigpu", "ppo_shared_memory_lstm"]  # ale-py's games
 IDENTICAL = {
-    "ppo_loss": [SCRIPTS],
+    # the plain mean over the minibatch / the mean over the samples a 0/1 mask keeps (envpool's fixed-shape minibatches)
+    "ppo_loss": [
+        [name for name in SCRIPTS if name not in ("ppo_atari_envpool", "ppo_procgen")],
+        ["ppo_atari_envpool", "ppo_procgen"],
+    ],
     "adapt_kl_beta": [SCRIPTS],
     "layer_init": [SCRIPTS],
     "compute_gae": [SAME_STEP_GAE, NEXT_STEP_GAE],  # the two reset conventions
@@ -163,3 +167,16 @@ def without_docstrings(node: ast.AST) -> str:
 def keyword_only_arguments(name: str, function: str) -> list[str]:
     node = top_level_definitions(name)[function]
     return [arg.arg for arg in node.args.kwonlyargs]
+
+
+def shape(name: str) -> tuple[int, int, int]:
+    """A script's shape, to watch: its length in lines, the line its training loop (`for iteration in range(...)`
+    in `train`) starts at, and the length of `train`."""
+    source = script_path(name).read_text()
+    train = top_level_definitions(name)["train"]
+    loop = next(
+        node
+        for node in ast.walk(train)
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and node.target.id == "iteration"
+    )
+    return len(source.splitlines()), loop.lineno, train.end_lineno - train.lineno + 1

@@ -5,10 +5,17 @@ checkpoint and resume: test_contract.py."""
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from helpers import tiny_args
-from ppolab.checkpoints import checkpoint_data, load_checkpoint, restore, write_checkpoint_file
+from ppolab.checkpoints import (
+    checkpoint_data,
+    load_checkpoint,
+    read_checkpoint,
+    restore,
+    write_checkpoint_file,
+)
 
 
 def test_checkpoint_round_trip(script, tmp_path):
@@ -61,3 +68,23 @@ def test_checkpoint_round_trip(script, tmp_path):
         objects_["optimizer"].step()
     for (name, p), q in zip(saved["model"].state_dict().items(), restored["model"].state_dict().values()):
         assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("delay, refused", [(0.0, False), (0.05, True)])
+def test_a_retired_flag_at_its_neutral_value_is_read_as_absent_and_any_other_value_refused(tmp_path, delay, refused):
+    """ppo_atari_multigpu.py's --straggler-delay left Args (tests inject a straggler from outside): a checkpoint that
+    holds it at 0 (no delay, what every training run had) reads as if it never had it; one trained with a delay is
+    refused in one line, not a TypeError from Args."""
+    import ppo_atari_multigpu
+
+    model = torch.nn.Linear(2, 1)
+    args = ppo_atari_multigpu.Args()
+    checkpoint = checkpoint_data({"model": model}, args, iteration=1, global_step=8)
+    checkpoint["args"]["straggler_delay"] = delay
+    write_checkpoint_file(checkpoint, str(tmp_path / "checkpoint.pt"))
+    read = read_checkpoint(str(tmp_path / "checkpoint.pt"), "ppo_atari_multigpu.py")
+    if refused:
+        assert isinstance(read, str) and "was trained with --straggler-delay 0.05, which this" in read, read
+    else:
+        assert isinstance(read, dict) and "straggler_delay" not in read["args"]
+        assert ppo_atari_multigpu.Args(**read["args"]) == args

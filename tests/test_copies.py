@@ -5,8 +5,8 @@ nothing has to run:
   script that has one is in its list (the topic tests run on those lists), the copies are the same text after
   the formatter, comments and docstrings included, and they stand in the same section of every script;
 - the shared concepts have the same names and shapes everywhere;
-- the reading order and the budgets: PPO first, one banner, the loop early in a short `train` that uses
-  nothing defined below the banner but the package, and the whole file within its line budget;
+- the reading order: PPO first, one banner, the loop in a short `train` that uses nothing defined below the banner
+  but the package (each file's length and where its loop starts are printed, not checked: conftest.py);
 - no timing figures in code: measurements live in benchmark/results/.
 """
 
@@ -203,15 +203,12 @@ def test_one_vocabulary_of_metric_names_and_printed_words(name):
         assert old not in text, f"{name} still says {old}"
 
 
-# READING ORDER AND BUDGETS -----------------------------------------------------------------------
+# READING ORDER -----------------------------------------------------------------------------
 
 BANNER = "# PPO ENDS HERE."
 # what a reader meets before the banner (PPO), and what stands after it (what is particular to the run)
 ALGORITHM = ["Args", "Agent", "compute_gae", "ppo_loss", "update_step", "train"]
 MACHINERY = ["check_args", "evaluate", "main"]
-# the budgets: the whole file, and the line by which the training loop starts
-LINE_BUDGET = {name: 1300 if name in MULTI_PROCESS else 700 if name == "ppo" else 800 for name in SCRIPTS}
-LOOP_BUDGET = {name: 750 if name in MULTI_PROCESS else 500 for name in SCRIPTS}
 
 
 def training_loops(name: str, tree: ast.Module | None = None) -> list[tuple[ast.FunctionDef, ast.For]]:
@@ -236,14 +233,13 @@ def banner_line(name: str) -> int:
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_ppo_comes_first_and_the_file_keeps_its_budgets(name):
-    """The reading order: the training loop (`for iteration in range(...)` in `train`) starts by
-    line 500 (750 in the multi-process scripts) in a function of at most 200 lines; one banner says where PPO
-    ends, after the algorithm's pieces and before what is particular to the run; the file is at most 700
-    lines (ppo.py), 800 (the other single-process scripts) or 1,300 (the multi-process ones)."""
+def test_ppo_comes_first_and_the_loop_is_in_a_short_train(name):
+    """The reading order: the training loop (`for iteration in range(...)`) is in `train`, a function of at most 200
+    lines; one banner says where PPO ends, after the algorithm's pieces and before what is particular to the run.
+    How long each file is and where its loop starts are printed at the end of the run (conftest.py), to watch, not
+    to fail on."""
     ((function, loop),) = training_loops(name)
     assert function.name == "train"
-    assert loop.lineno <= LOOP_BUDGET[name], f"the training loop starts at line {loop.lineno}"
     assert function.end_lineno - function.lineno + 1 <= 200, (
         f"train is {function.end_lineno - function.lineno + 1} lines"
     )
@@ -251,8 +247,6 @@ def test_ppo_comes_first_and_the_file_keeps_its_budgets(name):
     before = [piece for piece in ALGORITHM if definitions[piece].lineno > banner]
     after = [piece for piece in MACHINERY if definitions[piece].lineno < banner]
     assert not before and not after, f"after the banner: {before}; before it: {after}"
-    lines = len(SOURCES[name].splitlines())
-    assert lines <= LINE_BUDGET[name], f"{name}.py has {lines} lines, its budget is {LINE_BUDGET[name]}"
 
 
 def names_below_the_banner_used_by_the_loop(name: str, source: str | None = None) -> set[str]:

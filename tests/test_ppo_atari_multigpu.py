@@ -64,11 +64,18 @@ HASHES = re.compile(r"^final weights of the (\d+) ranks: sha256 (.+)$", re.M)
 
 
 def torchrun(
-    *argv, cwd, launcher=("--standalone", "--nproc_per_node=2"), timeout=300, popen=False, file_size_limit=None
+    *argv,
+    cwd,
+    launcher=("--standalone", "--nproc_per_node=2"),
+    timeout=300,
+    popen=False,
+    file_size_limit=None,
+    env=None,
 ):
     """`torchrun <launcher> ppo_atari_multigpu.py argv... --no-cuda` (as `python -m torch.distributed.run`),
     on the CPU wherever the suite runs, one thread per process, stdout and stderr together; with
-    `file_size_limit` no process of the job may write a file larger than that many bytes (as on a full disk)."""
+    `file_size_limit` no process of the job may write a file larger than that many bytes (as on a full disk); `env`:
+    more environment variables."""
     command = [
         sys.executable,
         "-m",
@@ -78,7 +85,7 @@ def torchrun(
         *map(str, argv),
         "--no-cuda",
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     if popen:
         return subprocess.Popen(
             command,
@@ -165,7 +172,6 @@ def test_rank_zero_logs_every_metric_once_per_iteration(e2e):
         "perf/comm_time",
         "perf/rollout_time_max",
         "debug/update_epochs",
-        "debug/kl_stop_disagreements",
         "debug/preempted_ranks",
     ]:
         assert tag in scalars, tag
@@ -197,10 +203,7 @@ def test_episodes_of_every_rank_are_logged(e2e):
 def test_early_stopping_is_collective(e2e):
     scalars = e2e["scalars"]
     epochs = [value for _, value in scalars["debug/update_epochs"]]
-    assert min(epochs) < 4  # some updates stopped early ...
-    # ... including one in which the ranks' own KL values fell on both sides of the target: deciding
-    # alone, one rank would have stopped while the other waited in its next all-reduce
-    assert max(value for _, value in scalars["debug/kl_stop_disagreements"]) >= 1
+    assert min(epochs) < 4  # some updates stopped early, all ranks after the same epoch:
     assert e2e["result"].returncode == 0  # no hang, and identical weights (above)
 
 
@@ -227,7 +230,8 @@ def free_port() -> int:
 
 def test_two_launches_with_a_c10d_rendezvous_form_one_job_with_preemption(tmp_path):
     """Two torchrun launches, as two machines would start them, join through a c10d rendezvous on
-    127.0.0.1. The last rank is a straggler (slept 0.05 s per step): with --preempt-fraction 0.5 its
+    127.0.0.1. The last rank is a straggler (0.05 s of sleep per step, injected from outside the script by
+    benchmark/straggler/sitecustomize.py): with --preempt-fraction 0.5 its
     rollouts end early once the other rank is done, and the update still agrees on every rank."""
     launcher = (
         "--nnodes=2",
@@ -244,10 +248,9 @@ def test_two_launches_with_a_c10d_rendezvous_form_one_job_with_preemption(tmp_pa
         1,
         "--preempt-fraction",
         0.5,
-        "--straggler-delay",
-        0.05,
     ]
-    nodes = [torchrun(*argv, cwd=tmp_path, launcher=launcher, popen=True) for _ in range(2)]
+    straggler = {"PYTHONPATH": f"{REPO / 'benchmark' / 'straggler'}{os.pathsep}{REPO}", "STRAGGLER_DELAY": "0.05"}
+    nodes = [torchrun(*argv, cwd=tmp_path, launcher=launcher, popen=True, env=straggler) for _ in range(2)]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     rank0 = next(output for output in outputs if "final weights" in output)
@@ -426,7 +429,8 @@ def rank_gradient(rank: int, store: str, shares: list[list[int]], out: str):
     averaged = script.all_reduce_gradients(
         list(agent.parameters()), len(idx), torch.stack(list(stats.values())), torch.device("cpu")
     )
-    torch.save(dict(local=local, grads=[p.grad for p in agent.parameters()], stats=averaged), out)
+    own = torch.stack(list(stats.values()))
+    torch.save(dict(local=local, grads=[p.grad for p in agent.parameters()], own=own, stats=averaged), out)
     dist.destroy_process_group()
 
 
@@ -464,6 +468,12 @@ def test_two_ranks_average_to_the_gradient_of_the_whole_minibatch(split, tmp_pat
     assert not torch.allclose(results[0]["local"][-1], agent.critic.bias.grad, rtol=1e-3)
     if split != MINIBATCH // 2:
         assert not torch.allclose(plain[-1], agent.critic.bias.grad, rtol=1e-3)
+    # Early stopping (--target-kl) is decided from the all-reduced approx_kl, which both ranks hold to the bit; each
+    # rank's own differs, so a target between the two would stop one rank alone and leave the other waiting in
+    # its next all-reduce: the decision must be the collective one
+    kl = list(stats).index("approx_kl")
+    own = [rank["own"][kl].item() for rank in results]
+    assert own[0] != own[1] and results[0]["stats"][kl].item() == results[1]["stats"][kl].item()
 
 
 # A world of one (no torchrun), in-process ----------------------------------------------------------
@@ -625,7 +635,7 @@ COLLECTIVE = "# collective: every rank calls this"
 # all_gather or all_reduce through the timer `comm`, the update step's all-reduce), joining the job, DistributedRun
 # (rank 0 sends the arguments), the checkpoint (gathers every rank's random streams), the end (compares the weights)
 COLLECTIVES = {
-    "ppolab.distributed.init_distributed",
+    "dist.init_process_group",
     "ppolab.distributed.DistributedRun",
     "broadcast_weights",
     "comm",
