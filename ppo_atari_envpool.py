@@ -24,7 +24,7 @@ What is special in this file (the places where envpool scripts usually go wrong)
   treats it as a termination, as older scripts did).
 - Observations stay uint8 (4x84x84 per step, a quarter of float32) in a channels-last buffer; they are
   scaled to [0, 1] on the fly, and the CNN runs channels-last, the layout oneDNN's CPU convolutions
-  are fastest in (`benchmark/throughput.py` measures it).
+  are fastest in (`python -m benchmark.studies.speed throughput` measures it).
 - An evaluation (`--eval-every`, `--save-model`, `--evaluate`) plays whole games with the training
   preprocessing, one per environment, and scores them as the training logs them.
 """

@@ -13,7 +13,8 @@ it are the input checks, the evaluation and the entry point (the rest of a run i
 
 What is special in this file:
 - `Agent.run_lstm` runs every stretch of steps without an episode start in one `nn.LSTM` call, not one call per
-  step: the same numbers (tests/test_ppo_atari_lstm.py), many fewer calls (benchmark/throughput.py).
+  step: the same numbers (tests/test_ppo_atari_lstm.py), many fewer calls (`python -m benchmark.studies.speed
+  throughput` measures it).
 - Same-step autoreset, episodic life with the game score over all lives, truncation bootstrapped with the value
   of the final observation *and the LSTM state it was reached with*; uint8 observations, one frame per step.
 """

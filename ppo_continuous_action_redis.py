@@ -128,7 +128,16 @@ class Args(ppolab.RunSettings):  # and every run's settings: --seed, --cuda, --t
     """sampler processes the learner starts on this machine (0: only samplers started elsewhere)"""
     sampler_timeout: float = 60.0
     """the learner gives up (exit 1) after this many seconds without a chunk; a sampler waits this long for its run"""
-    changeable_on_resume = ("redis_url", "allow_open_redis", "run_id", "num_samplers", "sampler_timeout")
+    max_restarts: int = 3
+    """local samplers that die are started again this many times in all; the next one that dies ends the run"""
+    changeable_on_resume = (
+        "redis_url",
+        "allow_open_redis",
+        "run_id",
+        "num_samplers",
+        "sampler_timeout",
+        "max_restarts",
+    )
 
     @property
     def batch_size(self) -> int:
@@ -597,7 +606,10 @@ def train(args: Args, run: ppolab.Run, lab: "Lab") -> str:
     client.set(key(run_id, "info"), json.dumps({"args": asdict(args), "run_dir": run.dir}), ex=RUN_TTL)
     policy_bytes, publish_time = publish_policy(client, run_id, start_iteration, agent, obs_normalizer, args.num_chunks)
     hint = lab.start_samplers(args.num_samplers)
-    beat = ppolab.redis_server.watching(lab.samplers, beat, client, run)  # a local sampler that dies ends the run
+    # a local sampler that dies is restarted, --max-restarts times; the next one ends the run
+    beat = ppolab.redis_server.watching(
+        lab.samplers, beat=beat, client=client, run=run, restart=lab.restart_sampler, max_restarts=args.max_restarts
+    )
     schema = chunk_schema(args.num_steps, obs_dim, act_dim)
 
     # --compile runs the same update step through torch.compile; --cudagraphs also records its kernels in a
@@ -870,7 +882,7 @@ def receive_chunks(
         popped = client.blpop([key(run_id, "chunks")], timeout=POP_TIMEOUT)
         if popped is None:
             if time.monotonic() - last_chunk > args.sampler_timeout:
-                ppolab.redis_server.abort(
+                raise ppolab.redis_server.NoChunks(
                     f"no chunk from any sampler for {args.sampler_timeout:g} s (run {run_id}, version {version}, "
                     f"{len(chunks)}/{args.num_chunks} chunks); start samplers with: {sampler_hint}"
                 )
@@ -991,6 +1003,9 @@ def run_sampler(args: Args):
                 time.sleep(BEAT_PERIOD)
         print(f"sampler {sampler_id}: the Redis server {OUT_OF_MEMORY}; exiting", file=sys.stderr)
         raise SystemExit(1)
+    except MemoryError as e:  # its environment or its chunk did not fit: one line; the learner restarts local ones
+        print(f"sampler {sampler_id}: cannot allocate memory ({e or 'MemoryError'}); exiting", file=sys.stderr)
+        raise SystemExit(1)
     except KeyboardInterrupt:  # a sampler started by hand (local ones have their own session: no Ctrl-C)
         print(f"sampler {sampler_id}: interrupted; the learner gives its tickets to other samplers", file=sys.stderr)
         raise SystemExit(130)
@@ -1028,9 +1043,17 @@ class Lab:
         hint = shlex.join(sampler_command(self.url, self.run_id))
         print(f"run {self.run_id} on {ppolab.redis_server.redact(self.url)}; samplers join with: {hint}", flush=True)
         for _ in range(count):  # each in the list as it starts: redis_lab stops every one, however the run ends
-            command = sampler_command(self.url, self.run_id, sys.executable, __file__)
-            self.samplers.append(subprocess.Popen(command, start_new_session=True))
+            self.samplers.append(None)
+            self.restart_sampler(len(self.samplers) - 1)
         return hint
+
+    def restart_sampler(self, k: int):
+        """Starts local sampler `k` (again): it joins the run as a new sampler, with its own seed stream. The
+        scheduler's --requeue-signal, which may reach every process, is the learner's to answer (ignored here)."""
+        command = sampler_command(self.url, self.run_id, sys.executable, __file__)
+        self.samplers[k] = subprocess.Popen(
+            command, start_new_session=True, preexec_fn=ppolab.redis_server.ignore_requests
+        )
 
 
 @contextlib.contextmanager
@@ -1061,9 +1084,12 @@ def redis_lab(args: Args, run_dir: str):
         yield lab
     except ppolab.redis_server.ServerDidNotStart as e:
         ppolab.redis_server.abort(str(e))
+    except ppolab.redis_server.NoChunks as e:
+        ppolab.redis_server.abort(f"{e}; {ppolab.stops.resume_hint(run_dir, args.checkpoint_every)}")
     except (redis.ConnectionError, redis.TimeoutError) as e:
         ppolab.redis_server.abort(
-            f"lost the Redis server at {ppolab.redis_server.redact(url)} ({type(e).__name__}: {e})"
+            f"lost the Redis server at {ppolab.redis_server.redact(url)} ({type(e).__name__}: {e}); "
+            f"{ppolab.stops.resume_hint(run_dir, args.checkpoint_every)}"
         )
     except redis.OutOfMemoryError:
         ppolab.redis_server.abort(
@@ -1220,7 +1246,7 @@ def check_args(args: Args):
             ppolab.fail("--role sampler needs --redis-url and --run-id (the learner prints the command)")
         return
     batch = f"--num-chunks {args.num_chunks} x --num-steps {args.num_steps}"
-    ppolab.check_args(args, positive=("num_chunks",), non_negative=("num_samplers",), batch=batch)
+    ppolab.check_args(args, positive=("num_chunks",), non_negative=("num_samplers", "max_restarts"), batch=batch)
     if args.obs_clip <= 0 or args.reward_clip <= 0 or args.sampler_timeout <= 0:
         ppolab.fail("--obs-clip, --reward-clip and --sampler-timeout must be positive")
     if args.resume is None and args.evaluate is None:  # else the checkpoint's environment, made later

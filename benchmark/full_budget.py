@@ -100,7 +100,7 @@ def code_history(log_text: str, segments: list) -> list[dict]:
 
 def export_run(run_dir: Path, seed: str, logs: Path) -> tuple[dict, list[tuple]]:
     """The record (.json) and the curve (one tuple per episode, COLUMNS) of one run folder."""
-    from benchmark.speed_vs_cleanrl import machine
+    from benchmark.scripts import machine
 
     env_id, exp_name = run_dir.name.split("__")[:2]
     segments = read_segments(run_dir)

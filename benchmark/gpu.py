@@ -13,7 +13,7 @@ figures use), at the script's default hyperparameters:
   --warmup (5), where torch.compile compiles and CUDA graphs are recorded, from the wall times of the run's own
   `charts/SPS` events. Beside it, the time from the run's first log to the end of its first iteration (compilation
   included);
-- the env-only SPS over 16,384 steps: random actions through the script's own `make_envs` (benchmark.throughput's),
+- the env-only SPS over 16,384 steps: random actions through the script's own `make_envs` (scripts.env_only_sps),
   the ceiling of any training loop with these environments on this host;
 then `pytest -m gpu` over the test files that hold tests marked `gpu`. The file names the host: GPU, driver, CUDA,
 CPU model and cores, the versions of Python, torch and the environment packages, the date and the command.
@@ -40,7 +40,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from benchmark.scripts import ENV_ID, ROOT, import_script
+from benchmark.scripts import ENV_ID, ROOT, env_only_in_child, import_script
 
 OUT = ROOT / "runs" / "benchmark" / "gpu.md"
 DRY_RUN_OUT = ROOT / "runs" / "benchmark" / "gpu-dry-run.md"
@@ -79,7 +79,7 @@ def host(command: str) -> dict:
     """What the results depend on: the GPU and its driver, CUDA, the CPU, the versions, the date, the command."""
     import torch
 
-    from benchmark.speed_vs_cleanrl import machine
+    from benchmark.scripts import machine
 
     info = {"date": now(), "command": command, "cpu": machine(), "python": platform.python_version()}
     if torch.cuda.is_available():
@@ -250,7 +250,7 @@ def markdown(info: dict, rows: dict[str, dict], tests: list[str], iterations: di
         "the end of its first iteration, compilation included. Each run is a fresh process at the script's default "
         "hyperparameters: `python SCRIPT.py --env-id ENV --total-timesteps STEPS --cuda`, then with `--compile`, "
         "then with `--compile --cudagraphs`. Env-only: random actions through the script's own environments "
-        "(`benchmark.throughput`'s env-only SPS), the ceiling of any training loop with them on this host.",
+        "(`benchmark.scripts.env_only_sps`), the ceiling of any training loop with them on this host.",
         "",
         f"| script | env | iterations | env-only SPS | {' | '.join(label(mode) for mode in modes)} |",
         "|---|---|---|---|" + "---|" * len(modes),
@@ -265,10 +265,8 @@ def markdown(info: dict, rows: dict[str, dict], tests: list[str], iterations: di
 
 def env_only(script: str, steps: int) -> str:
     """The script's env-only SPS over `steps` steps in a fresh process, as a table cell: the number, or why none."""
-    from benchmark.throughput import measure_in_child
-
     try:
-        return f"{measure_in_child(script, SPS_ENV[script], steps):,.0f}"
+        return f"{env_only_in_child(script, SPS_ENV[script], steps):,.0f}"
     except subprocess.CalledProcessError as error:
         last = (error.stderr or "").strip().splitlines()
         return f"fails: {last[-1][:200] if last else f'exit {error.returncode}'}".replace("|", "/")

@@ -36,8 +36,8 @@
 #             RESULTS_DIR/fullbudget/curves while it trains (benchmark.full_budget export); the table beside CleanRL's
 #             published scores, RESULTS_DIR/fullbudget.md, and its plots are made from those curves alone
 #   parity    early learning on Breakout, 300k steps (PARITY_STEPS): CleanRL's ppo_atari.py,
-#             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.cleanrl_parity, its own virtualenv, made once
-#             with `python -m benchmark.cleanrl_parity build`, which downloads CleanRL and its stack), then
+#             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.studies.cleanrl, its own virtualenv, made once
+#             with `python -m benchmark.studies.cleanrl build`, which downloads CleanRL and its stack), then
 #             ours and ppo_atari_multigpu.py (torchrun, 2 ranks) and ppo_shared_memory_lstm.py (Atari flags);
 #             seeds 1-3 for the ppo_atari.py pair and ppo_atari_multigpu.py, 1-2 for the others (SEEDS, when
 #             given, for all); the table of the pairs, from every run in the folders: RESULTS_DIR/parity.md
@@ -271,13 +271,13 @@ for block in $BLOCKS; do
     parity)
         steps=${PARITY_STEPS:-300000}
         [[ $QUICK == 1 ]] && steps=2048
-        echo "== parity needs: CleanRL's own virtualenv (python -m benchmark.cleanrl_parity build), envpool, ale-py"
+        echo "== parity needs: CleanRL's own virtualenv (python -m benchmark.studies.cleanrl build), envpool, ale-py"
         # the seeds of results/parity.md: three for the ppo_atari.py pair and ppo_atari_multigpu.py, two for the others
         three="1 2 3" two="1 2"
         [[ -n $seeds_given ]] && three=$SEEDS two=$SEEDS
-        run "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
+        run "$PYTHON" -m benchmark.studies.cleanrl parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
             --scripts ppo_atari --seeds $three --workers "$WORKERS" || status=1
-        run "$PYTHON" -m benchmark.cleanrl_parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
+        run "$PYTHON" -m benchmark.studies.cleanrl parity run --runs-dir "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
             --scripts ppo_atari_envpool ppo_atari_lstm --seeds $two --workers "$WORKERS" || status=1
         SEEDS=$three bench parity ppo_atari.py "$steps" "--total-timesteps 2048" Breakout
         SEEDS=$two bench parity ppo_atari_envpool.py "$steps" "--total-timesteps 2048" Breakout-v5
@@ -286,7 +286,7 @@ for block in $BLOCKS; do
         atari_flags="--num-workers 4 --num-envs-per-worker 2 --seq-len 128 --clip-coef 0.1 --learning-rate 2.5e-4"
         SEEDS=$two bench parity ppo_shared_memory_lstm.py "$steps $atari_flags" "--total-timesteps 2048 $atari_flags" \
             Breakout
-        run "$PYTHON" -m benchmark.cleanrl_parity table --ours "$RUNS_DIR/parity" --cleanrl "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
+        run "$PYTHON" -m benchmark.studies.cleanrl parity table --ours "$RUNS_DIR/parity" --cleanrl "$RUNS_DIR/parity-cleanrl" --steps "$steps" \
             --out "$RESULTS_DIR/parity.md" --plots "$RESULTS_DIR/parity" || status=1
         continue  # its own table: the pairs, not the generic one
         ;;

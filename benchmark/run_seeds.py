@@ -217,6 +217,12 @@ def main():
     args = parser.parse_args()
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    try:
+        if not shlex.split(args.command):
+            raise ValueError("it is empty")
+    except ValueError as error:  # one line, as for any bad input: the command is a shell's words
+        print(f"benchmark.run_seeds: error: --command {args.command!r}: {error}", file=sys.stderr)
+        sys.exit(2)
 
     jobs = make_jobs(args.command, args.env_ids, args.seeds, args.logs, args.resume)
     print(f"{len(jobs)} jobs, {args.workers} at a time, logs in {args.logs}/: {args.command}", flush=True)

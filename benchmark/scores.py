@@ -30,6 +30,7 @@ env and exp_name are the seeds of one row (and of one plot).
 import argparse
 import contextlib
 import json
+import re
 import shlex
 import sys
 import time
@@ -45,21 +46,74 @@ REFERENCES = Path(__file__).with_name("reference.json")
 
 
 def seed_order(seed: str) -> tuple[int, str]:
-    """Seeds in numeric order (2 before 10), any other name first."""
-    return int(seed) if seed.isdigit() else 0, seed
+    """Seeds in numeric order (2 before 10, a branch after its seed's first run), any other name first."""
+    number = re.match(r"-?\d+", seed)
+    return (int(number.group()) if number else 0), seed
 
 
-def group_runs(root: Path) -> dict[tuple[str, str], list[tuple[Path, str]]]:
-    """{(env_id, exp_name): [(run_dir, seed), ...]} for every run folder with event files below root, each group's
-    runs in the order of their seeds (2 before 10) and start times."""
+# the folders the scripts write: `<env>__<exp_name>__<seed>__<time>` (`-2`, `-3` when two started in the same second;
+# the exp_name may hold `__`), and a --resume's branch of one, `<folder>__from-iteration-<i>` (a branch of a branch too)
+RUN_NAME = re.compile(r"(?P<env>.+?)__(?P<exp>.+)__(?P<seed>[^_]+)__\d+(-\d+)?")
+BRANCH = re.compile(r"__from-iteration-(\d+)(-\d+)?$")
+
+
+def parse_run_name(name: str) -> tuple[str, str, str] | None:
+    """(env_id, exp_name, seed) of a run folder's name, None for another folder. A branch's seed says where it
+    branched: "1 (from iteration 40)"."""
+    iterations = []
+    while found := BRANCH.search(name):
+        iterations.insert(0, found.group(1))
+        name = name[: found.start()]
+    run = RUN_NAME.fullmatch(name)
+    if run is None:
+        return None
+    seed = run["seed"] + (f" (from iteration {', then '.join(iterations)})" if iterations else "")
+    return run["env"], run["exp"], seed
+
+
+def group_runs(root: Path, skipped: list[str] | None = None) -> dict[tuple[str, str], list[tuple[Path, str]]]:
+    """{(env_id, exp_name): [(run_dir, seed), ...]} for every run folder with event files below root (branches
+    included), each group's runs in the order of their seeds (2 before 10) and start times. A folder with event
+    files whose name is not a run folder's is named in `skipped`, when given."""
     groups = defaultdict(list)
     for run_dir in sorted({events.parent for events in root.rglob("events.out.tfevents.*")}):
-        parts = run_dir.name.split("__")
-        if len(parts) == 4:
-            groups[(parts[0], parts[1])].append((run_dir, parts[2]))
+        parsed = parse_run_name(run_dir.name)
+        if parsed is None:
+            if skipped is not None:
+                skipped.append(f"{run_dir} (not named <env>__<exp-name>__<seed>__<time>)")
+            continue
+        groups[parsed[:2]].append((run_dir, parsed[2]))
     return {
         key: sorted(runs, key=lambda run: (*seed_order(run[1]), run[0].name)) for key, runs in sorted(groups.items())
     }
+
+
+def counted_runs(root: Path, skipped: list[str] | None = None) -> dict[tuple[str, str], list[tuple[Path, str]]]:
+    """group_runs, with one run per seed in a group and only runs with episodes: of a seed's runs (its first and its
+    branches) the one that went furthest counts. What is left out is named in `skipped`, when given, with why."""
+    skipped = [] if skipped is None else skipped
+    counted = {}
+    for group, runs in group_runs(root, skipped).items():
+        furthest = {}
+        for run_dir, seed in runs:
+            scalars = read_scalars(run_dir)
+            if not scalars.get("charts/episodic_return"):
+                skipped.append(f"{run_dir} (no episode in its event files: unreadable, or none ended yet)")
+                continue
+            steps = max(step for points in scalars.values() for step, _ in points)
+            base = seed.split(" ")[0]
+            if base in furthest and furthest[base][2] >= steps:
+                skipped.append(f"{run_dir} (seed {base} counted from {furthest[base][0].name}, which went further)")
+                continue
+            if base in furthest:
+                skipped.append(f"{furthest[base][0]} (seed {base} counted from {run_dir.name}, which went further)")
+            furthest[base] = (run_dir, seed, steps)
+        if furthest:
+            counted[group] = sorted(
+                [(run_dir, seed) for run_dir, seed, _ in furthest.values()],
+                key=lambda run: (*seed_order(run[1]), run[0].name),
+            )
+    return counted
 
 
 FINISHED = 0.99  # a run counts once it reached this share of its step budget (runs end on whole iterations)
@@ -119,8 +173,8 @@ def table(root: Path, last: int, references: dict[tuple[str, str], dict] | None 
         "| SPS | published reference |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    sources = []
-    for (env_id, exp_name), runs in group_runs(root).items():
+    sources, skipped = [], []
+    for (env_id, exp_name), runs in counted_runs(root, skipped).items():
         summaries = [summarize_run(run_dir, last) for run_dir, _ in runs]
         per_seed = ", ".join(f"{s['return']:.2f}" for s in summaries)
         means = np.array([s["return"] for s in summaries])
@@ -137,7 +191,14 @@ def table(root: Path, last: int, references: dict[tuple[str, str], dict] | None 
         )
     if sources:
         lines += ["", "Published references (CleanRL): " + "; ".join(sources) + "."]
+    if skipped:
+        lines += ["", "Not counted: " + "; ".join(shown(entry, root) for entry in skipped) + "."]
     return "\n".join(lines)
+
+
+def shown(entry: str, root: Path) -> str:
+    """A skipped folder's line with its path relative to the folder read."""
+    return entry.replace(f"{root}/", "", 1) if entry.startswith(f"{root}/") else entry
 
 
 def normalise(score: float, reference: float) -> float:
@@ -176,7 +237,7 @@ def block_scores(root: Path, last: int, references: dict[tuple[str, str], dict])
     """{exp_name: (env ids, normalised scores of shape (seeds, envs))} for every script with a published
     reference on at least one environment; seeds are those run on every such environment of the script."""
     per_script = defaultdict(dict)
-    for (env_id, exp_name), runs in group_runs(root).items():
+    for (env_id, exp_name), runs in counted_runs(root).items():
         reference = references.get((f"{exp_name}.py", env_id))
         if reference and reference["mean"] != 0:
             per_script[exp_name][env_id] = {
@@ -201,7 +262,7 @@ def aggregate_table(
     in a line under its table instead of a row (its IQM would be its mean)."""
     references = load_references() if references is None else references
     rows, few = [], []
-    for (env_id, exp_name), runs in group_runs(root).items():
+    for (env_id, exp_name), runs in counted_runs(root).items():
         if len(runs) < MIN_IQM_RUNS:
             few.append(f"{label(exp_name)} on {env_id} ({len(runs)})")
             continue
@@ -326,7 +387,7 @@ def plot(
     references = load_references() if references is None else references
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for (env_id, exp_name), runs in group_runs(root).items():
+    for (env_id, exp_name), runs in counted_runs(root).items():
         reference = references.get((f"{exp_name}.py", env_id))
         for axis, suffix, xlabel in (("step", "", "global step"), ("time", "-time", "wall time (s)")):
             curve = curves([run_dir for run_dir, _ in runs], axis, window)
@@ -355,10 +416,16 @@ def plot(
     return written
 
 
+def fail(message: str):
+    """One line on stderr and exit 2, as the training scripts do for bad input."""
+    print(f"benchmark.scores: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def header(argv: list[str]) -> str:
     """The first line of a written table: when, the command that wrote it (paths below the current folder relative
     to it, so that the line reads as it was typed from the repository root) and the machine."""
-    from benchmark.speed_vs_cleanrl import machine
+    from benchmark.scripts import machine
 
     here = Path.cwd()
     relative = [
@@ -378,6 +445,13 @@ def main():
     parser.add_argument("--references", type=Path, default=REFERENCES, help="published numbers (JSON)")
     parser.add_argument("--reps", type=int, default=10_000, help="bootstrap resamples of the IQM intervals")
     args = parser.parse_args()
+    if not args.root.is_dir():
+        fail(f"{args.root}: no such folder")
+    skipped = []
+    if not counted_runs(args.root, skipped):
+        if skipped:
+            fail(f"no run to count below {args.root}: " + "; ".join(shown(entry, args.root) for entry in skipped))
+        fail(f"no run folder below {args.root} (a folder <env>__<exp-name>__<seed>__<time> with events.out.tfevents.*)")
     references = load_references(args.references)
     aggregates = aggregate_table(args.root, args.last, references, args.reps)
     text = table(args.root, args.last, references) + ("\n\n" + aggregates if aggregates else "")

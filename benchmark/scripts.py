@@ -1,10 +1,17 @@
-"""The training scripts, as the benchmark tools and the tests know them: the one list of the nine, the
-environment each is measured on, where they stand, and how to import one or start one in a fresh
-process. tests/test_copies.py fails when a ppo*.py at the repository root is missing from SCRIPTS."""
+"""What every benchmark tool shares, so that no tool borrows from another: the one list of the nine training
+scripts, the environment each is measured on, the repository root, importing a script or starting one in a
+fresh process, its environment's own speed, the machine and the commit a results file names, and the one way
+CleanRL is installed. tests/test_copies.py fails when a ppo*.py at the repository root is missing from SCRIPTS."""
 
 import importlib
+import inspect
 import os
+import platform
+import re
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,3 +57,92 @@ def import_script(script: str):
 def child_env() -> dict[str, str]:
     """The environment of a script started in a fresh process: one thread, the repository importable."""
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+
+def machine() -> str:
+    """CPU model, cores and OS, for a results file's header."""
+    model = platform.processor() or platform.machine()
+    try:
+        names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
+        model = names[0] if names else model
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} logical cores, {platform.platform()}"
+
+
+def our_commit(root: Path = ROOT) -> str:
+    """The checkout's short commit, and whether tracked files differ from it."""
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def env_only_sps(script: str, env_id: str, steps: int) -> float:
+    """Steps per second of the script's own vector environment (its `make_envs`) under pre-drawn random actions."""
+    import numpy as np
+
+    module = import_script(script)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = module.Args(env_id=env_id, runs_dir=tmp)
+        # the scripts' make_envs take some of: the number of envs, the run folder, the seed (envpool)
+        wanted = inspect.signature(module.make_envs).parameters
+        given = {"num_envs": args.num_envs, "run_dir": tmp, "seed": 0}
+        envs = module.make_envs(args, **{name: value for name, value in given.items() if name in wanted})
+        if "seed" in wanted:
+            envs.reset()
+        else:
+            envs.reset(seed=0)
+        space = getattr(envs, "single_action_space", envs.action_space)
+        space.seed(0)
+        actions = [np.array([space.sample() for _ in range(args.num_envs)]) for _ in range(steps // args.num_envs)]
+        start = time.perf_counter()
+        for action in actions:
+            envs.step(action)
+        elapsed = time.perf_counter() - start
+        envs.close()
+    return len(actions) * args.num_envs / elapsed
+
+
+def env_only_in_child(script: str, env_id: str, steps: int) -> float:
+    """env_only_sps in a fresh process with one thread, like the training runs it is compared with."""
+    code = f"from benchmark.scripts import env_only_sps; print(env_only_sps({script!r}, {env_id!r}, {steps}))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=child_env(), cwd=ROOT
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# CleanRL, the one way every tool installs it: its scripts only (its pinned requirements are of 2023 and it declares
+# Python < 3.11), beside the packages a tool chooses
+CLEANRL_VERSION = "1.2.0"
+
+
+def pip_cleanrl(python: str, *pip_args: str) -> list[str]:
+    """The pip command that installs (or, with `download`, fetches) CleanRL's scripts for `python`."""
+    verb = pip_args[0] if pip_args else "install"
+    return [
+        python,
+        "-m",
+        "pip",
+        verb,
+        *pip_args[1:],
+        "--no-deps",
+        "--ignore-requires-python",
+        f"cleanrl=={CLEANRL_VERSION}",
+    ]
+
+
+def versions(packages) -> dict[str, str]:
+    """This Python's version and those of the `packages` installed here, by name."""
+    from importlib import metadata
+
+    found = {"python": platform.python_version()}
+    for package in packages:
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return found

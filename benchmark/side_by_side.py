@@ -12,7 +12,7 @@ SPS after warm-up and the ratios ours / LeanRL and ours / CleanRL in one table.
 
 The runs, each a fresh process:
 - CleanRL 1.2.0's ppo_atari_envpool.py, from the package index (`pip install --no-deps cleanrl==1.2.0`, as
-  benchmark.cleanrl_parity installs it) into --packages, eager (it has no other mode);
+  every tool installs it: benchmark.scripts.pip_cleanrl) into --packages, eager (it has no other mode);
 - LeanRL's ppo_atari_envpool_torchcompile.py (LeanRL is not on the package index: --leanrl names its file, or a
   checkout of its repository), as its run.sh runs it: plain, `--compile`, `--compile --cudagraphs`; it needs
   tensordict, installed into --packages beside CleanRL;
@@ -54,8 +54,7 @@ from importlib import metadata
 from pathlib import Path
 
 from benchmark import gpu
-from benchmark.cleanrl_parity import VERSION as CLEANRL_VERSION
-from benchmark.scripts import ROOT
+from benchmark.scripts import CLEANRL_VERSION, ROOT
 
 RESULTS = ROOT / "benchmark" / "results" / "side_by_side.md"
 DRY_RUN_OUT = ROOT / "runs" / "benchmark" / "side_by_side-dry-run.md"

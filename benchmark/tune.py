@@ -640,7 +640,7 @@ def now() -> datetime:
 
 
 def machine() -> str:
-    from benchmark.speed_vs_cleanrl import machine as cpu
+    from benchmark.scripts import machine as cpu
 
     return f"{socket.gethostname()}: {cpu()}"
 

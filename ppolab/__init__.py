@@ -18,7 +18,8 @@ loop) and imports this package for what never changes what PPO computes and is t
 - evaluation.py: a saved policy played on the run's evaluation seed, and --evaluate of a saved file
   (`evaluate_file`);
 - tracking.py: the TensorBoard writer and, with --track, the Weights & Biases run;
-- checkpoints.py: checkpoints as data, written atomically, read without running code, and --resume's rules;
+- checkpoints.py: checkpoints as data, written atomically, read without running code, checked against the script
+  before anything is loaded, and --resume's rules (rewrite_checkpoint.py: a checked copy of a trusted legacy file);
 - stops.py: Ctrl-C and refused writes end a run in one line that says how to resume it;
 - seeding.py: seeds, deterministic kernels, the device;
 - fast_path.py: the NumPy policy and update steps of the small-MLP scripts on the CPU, with the guard that

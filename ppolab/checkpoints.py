@@ -6,6 +6,7 @@ script saves (`model`, `optimizer`, and a script's own, such as `obs_rms`), `ite
 `torch.load(..., weights_only=True)` reads it, so opening one never runs code from it.
 """
 
+import dataclasses
 import io
 import math
 import os
@@ -155,12 +156,14 @@ def damaged(path: str) -> str | None:
     return None if bad is None else f"the CRC-32 of its entry {bad} does not match its bytes"
 
 
-def read_checkpoint(path: str, script: str) -> dict | str:
+def read_checkpoint(path: str, script: str, Args=None, *, unchecked: bool = False) -> dict | str:
     """Reads a checkpoint written by `script` (`ppo.py`), as data only: its bytes checked first (the CRC-32 of each
     entry of a torch archive, `damaged`), then torch.load with weights_only=True, which rebuilds tensors, numbers,
-    strings, lists and dicts and refuses anything else, so opening a file never runs code from it. Returns the problem, in words,
+    strings, lists and dicts and refuses anything else, so opening a file never runs code from it; then its layout
+    (`layout_problem`, with its arguments against `Args` where given). Returns the problem, in words,
     if the file is not a checkpoint (empty or truncated, damaged, holding code or other objects, of another
-    script, of another format)."""
+    script, of another format, of another layout) or has no checksums to check (a legacy torch.save file, read only
+    when `unchecked`: `python -m ppolab.rewrite_checkpoint`)."""
     head = b""
     try:
         with open(path, "rb") as f:
@@ -214,22 +217,174 @@ def read_checkpoint(path: str, script: str) -> dict | str:
                 "has: read it with the version of the script that wrote it"
             )
         checkpoint["args"] = {key: value for key, value in checkpoint["args"].items() if key != name}
+    problem = layout_problem(checkpoint, Args)
+    if problem is not None:
+        return f"{path} is not a checkpoint of this {script}: {problem}"
+    if head != b"PK\x03\x04" and not unchecked:  # torch.save's legacy format: no checksum of any entry
+        return (
+            f"{path} is a legacy torch.save file, without the per-entry checksums that show its bytes are those "
+            f"written: refused; if you trust it, python -m ppolab.rewrite_checkpoint {path} NEW.pt writes a "
+            "checked copy"
+        )
     return checkpoint
 
 
-def load_checkpoint(path: str, script: str) -> dict:
+# What every checkpoint holds besides the script's objects, and the type of each
+REQUIRED = {"model": dict, "optimizer": dict, "iteration": int, "global_step": int, "args": dict, "rng": dict}
+
+
+def layout_problem(checkpoint: dict, Args=None) -> str | None:
+    """What in `checkpoint` is not laid out as checkpoint_data lays it out, in words (None: nothing): the entries
+    every checkpoint holds, of their types; the model's entries tensors; the optimizer's `state` and
+    `param_groups`; the random states (`rng_problem`, and each rank's in `rank_rng`); with `Args` (the reading
+    script's), its arguments: one that `Args` does not have, or one it has that is missing (except the flags that may
+    change on a resume, which a missing one leaves at the script's default)."""
+    for name, kind in REQUIRED.items():
+        if name not in checkpoint:
+            return f"it has no {name}"
+        if not isinstance(checkpoint[name], kind) or isinstance(checkpoint[name], bool):
+            return f"its {name} is a {type(checkpoint[name]).__name__}, not a {kind.__name__}"
+    if checkpoint["iteration"] < 0 or checkpoint["global_step"] < 0:
+        return "its iteration or global step is negative"
+    bad = [key for key, value in checkpoint["model"].items() if not isinstance(value, torch.Tensor)]
+    if bad:
+        return f"its model entry {bad[0]} is not a tensor"
+    optimizer = checkpoint["optimizer"]
+    if not isinstance(optimizer.get("state"), dict) or not isinstance(optimizer.get("param_groups"), list):
+        return "its optimizer has no state and param_groups (an optimizer's state_dict)"
+    for states in [checkpoint["rng"], *checkpoint.get("rank_rng", [])]:
+        problem = rng_problem(states)
+        if problem is not None:
+            return f"its random states: {problem}"
+    if Args is not None:
+        fields = {field.name for field in dataclasses.fields(Args)}
+        unknown = [name for name in checkpoint["args"] if name not in fields]
+        if unknown:
+            return f"its arguments hold {flag(unknown[0])}, which this script does not have (another version of it?)"
+        optional = set(CHANGEABLE_ON_RESUME) | set(getattr(Args, "changeable_on_resume", ()))
+        missing = [name for name in fields if name not in checkpoint["args"] and name not in optional]
+        if missing:
+            return f"its arguments do not hold {flag(missing[0])} (another version of the script?)"
+    return None
+
+
+def rng_problem(states) -> str | None:
+    """What in `states` is not the random states rng_state saves (those set_rng_state sets), in words; None."""
+    if not isinstance(states, dict) or not {"torch", "numpy", "python"} <= set(states):
+        return "not a dict of the torch, numpy and python states"
+    for name in ("torch", "cuda"):
+        state = states.get(name, torch.zeros(1, dtype=torch.uint8))
+        if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
+            return f"{name}'s is not a byte tensor"
+    numpy_state, python_state = states["numpy"], states["python"]
+    if not (
+        isinstance(numpy_state, (tuple, list))
+        and len(numpy_state) == 5
+        and numpy_state[0] == "MT19937"
+        and isinstance(numpy_state[1], torch.Tensor)
+        and numpy_state[1].shape == (624,)
+        and not numpy_state[1].is_floating_point()
+        and bool(((numpy_state[1] >= 0) & (numpy_state[1] < 2**32)).all())
+        and all(isinstance(value, int) for value in numpy_state[2:4])
+        and isinstance(numpy_state[4], float)
+    ):
+        return "numpy's is not an MT19937 state"
+    if not (
+        isinstance(python_state, (tuple, list))
+        and len(python_state) == 3
+        and isinstance(python_state[1], (tuple, list))
+        and len(python_state[1]) == 625
+        and all(isinstance(value, int) and 0 <= value < 2**32 for value in python_state[1][:624])
+        and isinstance(python_state[1][624], int)
+        and 0 <= python_state[1][624] <= 624
+    ):
+        return "python's is not a Mersenne Twister state"
+    return None
+
+
+def fit_problem(checkpoint: dict, saved: dict) -> str | None:
+    """What in `checkpoint` does not fit the objects of `saved` (name -> object) that it is to be loaded into, in
+    words (None: all fits), checked before anything is loaded: every tensor's name and shape against the object's
+    state_dict (the model's, the statistics'), an optimizer's groups, parameter count and per-parameter state against
+    the parameters it updates (Adam's moments: a fused kernel trusts their shapes, and other ones corrupt memory)."""
+    for name, obj in saved.items():
+        if name not in checkpoint:
+            if isinstance(obj, torch.Tensor):
+                continue  # (a tensor the script added later: PPO-Penalty's beta, left at its start value)
+            return f"it has no {name}"
+        held = checkpoint[name]
+        if isinstance(obj, torch.Tensor):
+            if not isinstance(held, torch.Tensor) or held.shape != obj.shape:
+                return f"its {name} is not a tensor of shape {tuple(obj.shape)}"
+        elif isinstance(obj, torch.optim.Optimizer):
+            problem = optimizer_problem(held, obj)
+            if problem is not None:
+                return f"its {name}: {problem}"
+        else:
+            problem = entries_problem(held, obj.state_dict())
+            if problem is not None:
+                return f"its {name}: {problem}"
+    return None
+
+
+def entries_problem(held, expected: dict) -> str | None:
+    """Where the state_dict `held` does not have the names of `expected`, and its tensors their shapes."""
+    if not isinstance(held, dict):
+        return "not a state_dict"
+    missing, unexpected = [k for k in expected if k not in held], [k for k in held if k not in expected]
+    if missing or unexpected:
+        return f"{missing[0]} is missing" if missing else f"{unexpected[0]} is not in this script's"
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor) and (
+            not isinstance(held[key], torch.Tensor) or held[key].shape != value.shape
+        ):
+            shape = tuple(held[key].shape) if isinstance(held[key], torch.Tensor) else type(held[key]).__name__
+            return f"{key} has shape {shape}, this script's {tuple(value.shape)}"
+    return None
+
+
+def optimizer_problem(held: dict, optimizer: torch.optim.Optimizer) -> str | None:
+    """Where the optimizer state_dict `held` does not fit `optimizer`: the number of parameter groups and of parameters
+    in each, each parameter's state (every tensor of more than one number, such as Adam's moments, of the
+    parameter's shape; its step count one number)."""
+    groups = held["param_groups"]
+    if len(groups) != len(optimizer.param_groups):
+        return f"{len(groups)} parameter groups, this script's optimizer {len(optimizer.param_groups)}"
+    parameters = {}
+    for group, ours in zip(groups, optimizer.param_groups):
+        if not isinstance(group, dict) or not isinstance(group.get("params"), list):
+            return "a parameter group without its params"
+        if len(group["params"]) != len(ours["params"]):
+            return f"{len(group['params'])} parameters in a group, this script's optimizer {len(ours['params'])}"
+        parameters.update(zip(group["params"], ours["params"]))
+    for index, state in held["state"].items():
+        if index not in parameters or not isinstance(state, dict):
+            return f"a state for parameter {index}, which it does not update"
+        shape = parameters[index].shape
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if key == "step" and value.numel() != 1:
+                return f"the step count of parameter {index} has {value.numel()} numbers"
+            if key != "step" and value.shape != shape:
+                return f"its {key} of parameter {index} has shape {tuple(value.shape)}, the parameter {tuple(shape)}"
+    return None
+
+
+def load_checkpoint(path: str, script: str, Args=None) -> dict:
     """`read_checkpoint`, with a one-line error if the file is not a checkpoint of `script`."""
-    checkpoint = read_checkpoint(path, script)
+    checkpoint = read_checkpoint(path, script, Args)
     if isinstance(checkpoint, str):
         fail(checkpoint)
     return checkpoint
 
 
-# The flags of every script that a --resume may change: where and how the run goes on (RunSettings' machine flags),
-# and --total-timesteps to train longer or stop sooner. A script's Args adds its own (`changeable_on_resume`, e.g.
+# The flags of every script that a --resume may change: where and how the run goes on (RunSettings' machine flags,
+# --runs-dir for a branch), and --total-timesteps to train longer or stop sooner. A script's Args adds its own (`changeable_on_resume`, e.g.
 # ("envpool_threads",)); every other flag keeps the checkpoint's value
 CHANGEABLE_ON_RESUME = (
     "resume",
+    "requeue_signal",
     "total_timesteps",
     "torch_threads",
     "cuda",
@@ -244,6 +399,7 @@ CHANGEABLE_ON_RESUME = (
     "eval_deterministic",
     "compile",
     "cudagraphs",
+    "runs_dir",  # where a branch goes (a resume in the folder of its file stays there)
 )
 
 
@@ -285,6 +441,9 @@ def restore(checkpoint: dict | None, saved: dict, *, rng: bool = True) -> tuple[
     streams; returns the first iteration to run and the global step (1 and 0 for a new run: checkpoint None)."""
     if checkpoint is None:
         return 1, 0
+    problem = fit_problem(checkpoint, saved)
+    if problem is not None:
+        fail(f"the checkpoint does not fit this script's model and optimizer: {problem} (was the script changed?)")
     for name, obj in saved.items():
         if isinstance(obj, torch.optim.Optimizer):
             learning_rates = [group["lr"] for group in obj.param_groups]

@@ -53,6 +53,18 @@ def check_numbers(args):
     for name, value in asdict(args).items():
         if isinstance(value, float) and not math.isfinite(value):
             fail(f"{flag(name)} must be a finite number, got {value}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > LARGEST:
+            fail(f"{flag(name)} {value} is too large: at most {LARGEST} (what a run's step and time counts can hold)")
+        if isinstance(value, str) and not encodable(value):
+            fail(
+                f"{flag(name)} {ascii(value)} holds bytes that are not UTF-8 (the run's files and logs name it in UTF-8)"
+            )
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if getattr(args, "torch_threads", 0) > 4 * threads:
+        fail(
+            f"--torch-threads {args.torch_threads} is more than 4 x the {threads} CPUs this process may use: pass at "
+            f"most {4 * threads} (more threads than CPUs only slow PyTorch down)"
+        )
     for name, valid, meaning in (
         (
             "seed",
@@ -77,6 +89,46 @@ def check_numbers(args):
     ):
         if not valid:
             fail(f"{flag(name)} must be {meaning}, got {getattr(args, name)}")
+
+
+# The largest whole number a flag may hold: a trillion steps, far beyond any run, and what the bookkeeping (step
+# counts in 64-bit integers, the time left in days) holds with room to spare
+LARGEST = 10**12
+
+
+def encodable(text: str) -> bool:
+    """`text` is valid Unicode (a command-line argument with a byte that is not UTF-8 holds a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# What the renderers' variables may hold on this platform: MuJoCo reads MUJOCO_GL when its first environment is made
+# (with or without rendering), PyOpenGL reads PYOPENGL_PLATFORM; another value ends the run in their traceback
+MUJOCO_GL = {"linux": ("egl", "osmesa", "glx"), "darwin": ("cgl",), "win32": ("wgl",)}.get(sys.platform, ())
+MUJOCO_GL += ("glfw", "disable", "disabled", "off", "false", "0", "enable", "enabled", "on", "true", "1", "")
+PYOPENGL_PLATFORM = ("egl", "osmesa", "glx", "x11", "linux", "posix", "wayland", "xwayland", "nt", "darwin", "")
+
+
+def check_environment_variables():
+    """MUJOCO_GL and PYOPENGL_PLATFORM, where set, hold values that MuJoCo and PyOpenGL can use here, and agree (MuJoCo's
+    egl and osmesa need PyOpenGL's same platform); else one line naming the variable and what would work."""
+    mujoco_gl = os.environ.get("MUJOCO_GL", "").lower().strip()
+    platform = os.environ.get("PYOPENGL_PLATFORM", "").lower().strip()
+    if mujoco_gl not in MUJOCO_GL:
+        fail(
+            f"the environment variable MUJOCO_GL={ascii(os.environ['MUJOCO_GL'])[1:-1]} is not a renderer MuJoCo has "
+            f"here: set it to one of {', '.join(MUJOCO_GL[:4])} (egl needs no display), or unset it"
+        )
+    if platform not in PYOPENGL_PLATFORM:
+        fail(
+            f"the environment variable PYOPENGL_PLATFORM={ascii(os.environ['PYOPENGL_PLATFORM'])[1:-1]} is not a "
+            "platform PyOpenGL has: set it to egl, osmesa or glx, or unset it"
+        )
+    if mujoco_gl in ("egl", "osmesa") and platform not in ("", mujoco_gl):
+        fail(f"MUJOCO_GL={mujoco_gl} needs PYOPENGL_PLATFORM={mujoco_gl} (or unset), not {platform}")
 
 
 # the counts every script has that must be positive (the scripts name their own besides)
@@ -111,6 +163,7 @@ def check_args(
     first iteration, --eval-every, --track's login, --runs-dir, and that --resume and --evaluate name files
     (where they are read: `files_here`; under torchrun only rank 0 reads them)."""
     check_numbers(args)
+    check_environment_variables()
     for name in [name for name in POSITIVE if hasattr(args, name)] + list(positive):
         if getattr(args, name) <= 0:
             fail(f"{flag(name)} must be positive, got {getattr(args, name)}")

@@ -2,6 +2,7 @@
 script's entry point: its main, run as the program, ppolab.program) and `use_threads` (--torch-threads, the thread
 limits of PyTorch and NumPy)."""
 
+import glob
 import sys
 from pathlib import Path
 
@@ -22,13 +23,35 @@ def parse(Args, *, from_command_line: tuple = ()):
     password redacted). A file that is not a readable checkpoint is left to the run's checks, which say what is
     wrong with it in one line."""
     args = tyro.cli(Args)
+    auto = args.resume == "auto"
+    if auto:
+        args.resume = latest_checkpoint(args)
     if args.resume is None or not Path(args.resume).is_file():
         return args
-    checkpoint = read_checkpoint(args.resume, script_of(args))
+    checkpoint = read_checkpoint(args.resume, script_of(args), Args)
     if isinstance(checkpoint, str):
         return args
     given = {name: getattr(args, name) for name in from_command_line}  # or the script's default
-    return tyro.cli(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
+    resumed = tyro.cli(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
+    if auto:  # (the command line says auto again)
+        resumed.resume = args.resume
+    return resumed
+
+
+def latest_checkpoint(args) -> str | None:
+    """--resume auto: the checkpoint.pt of the newest run under --runs-dir of the same script, environment,
+    experiment name and seed (the run folders named `<env>__<exp_name>__<seed>__...`, branches included, newest
+    checkpoint first, the first that says it is of this script and --env-id); None where there is none, and the run
+    starts anew. So the same command, started again (a requeued job), continues its run."""
+    pattern = f"*__{glob.escape(args.exp_name)}__{args.seed}__*/checkpoint.pt"
+    paths = [path for path in Path(args.runs_dir).glob(pattern) if path.is_file()]
+    for path in sorted(paths, key=lambda path: path.stat().st_mtime, reverse=True):
+        checkpoint = read_checkpoint(str(path), script_of(args))
+        same = ("env_id", "exp_name", "seed")
+        if not isinstance(checkpoint, str) and all(checkpoint["args"].get(n) == getattr(args, n) for n in same):
+            print(f"--resume auto: continuing from {path}", flush=True)
+            return str(path)
+    return None
 
 
 def run_program(main, Args, **options):
@@ -37,6 +60,9 @@ def run_program(main, Args, **options):
     moment ends it with the right exit code and one line at most, never a traceback."""
     # the script's own process, when its top level calls this (not a tool that runs it with runpy)
     owner = sys._getframe(1).f_back is None
+    for stream in (sys.stdout, sys.stderr):  # a character the terminal's encoding lacks: written as "?", not lost
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     program.run(lambda: main(parse(Args, **options)), owner=owner)
 
 

@@ -26,6 +26,7 @@ from ppolab.checkpoints import device_of, read_checkpoint, restore, rng_state, s
 from ppolab.checks import fail, program
 from ppolab.run import Run, new_run_dir, resume_dir
 from ppolab.settings import script_of
+from ppolab.stops import REQUEUE_EXIT
 
 # JOINING THE JOB AND LEAVING IT ------------------------------------------------------------------
 
@@ -242,7 +243,7 @@ class DistributedRun(Run):
         sent = None
         if self.rank == 0:
             if args.resume is not None:  # in its own folder, or a branch in a new one (resume_dir)
-                checkpoint, run_dir, problem = read_checkpoint(args.resume, script_of(args)), None, None
+                checkpoint, run_dir, problem = read_checkpoint(args.resume, script_of(args), type(args)), None, None
                 if not isinstance(checkpoint, str):
                     run_dir, problem = resume_dir(args, checkpoint)
             else:
@@ -331,11 +332,27 @@ class DistributedRun(Run):
 
     def checkpoint_if_due(self, iteration: int, global_step: int, saved: dict):
         """On every rank: --checkpoint-every N gathers every rank's random streams (one all_gather) after every
-        N-th iteration, and rank 0 writes the checkpoint with them as `rank_rng`."""
-        if self.args.checkpoint_every and iteration % self.args.checkpoint_every == 0:
+        N-th iteration, and rank 0 writes the checkpoint with them as `rank_rng`. With --requeue-signal, the ranks
+        first tell each other whether the signal came to any of them (one all_gather): then every rank stops at
+        this same iteration, after rank 0 wrote the checkpoint, with the same exit code (REQUEUE_EXIT)."""
+        if self.args.requeue_signal != "none":  # (what the signal set, read once: it may come during the gather)
+            self.requeue = next((name for name in all_gather(self.requested) if name is not None), None)
+        ending = SystemExit(REQUEUE_EXIT)  # (rank 0 says it)
+        if (self.args.checkpoint_every and iteration % self.args.checkpoint_every == 0) or self.requeue:
             rank_rng = all_gather(rng_state(device_of(saved)))
             if self.rank == 0:
-                super().checkpoint_if_due(iteration, global_step, saved, rank_rng=rank_rng)
+                try:
+                    super().checkpoint_if_due(iteration, global_step, saved, rank_rng=rank_rng)
+                except SystemExit as e:
+                    if self.requeue is None:
+                        raise
+                    ending = e
+        if self.requeue is not None:
+            all_gather(None)  # no rank exits before rank 0 wrote the checkpoint (torchrun would stop rank 0)
+            raise ending
+
+    def agree(self):
+        """Decided by every rank together, in checkpoint_if_due."""
 
     def finish(self, global_step: int, saved: dict, *, iteration: int | None = None):
         """On every rank: the weights compared across the ranks (every rank took the same optimizer steps, so

@@ -7,6 +7,8 @@ plays on (`make_eval_env`), whose episodes always end."""
 import contextlib
 import importlib
 import os
+import re
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -53,9 +55,20 @@ def env_spec(env_id: str, ids: str = IDS) -> gym.envs.registration.EnvSpec:
     ones)."""
     name = env_module(env_id)
     try:
-        return gym.spec(name)
-    except gym.error.Error:
-        fail(f"unknown environment id '{env_id}' ({ids})")
+        spec = gym.spec(name)
+    except gym.error.Error as e:
+        fail(f"unknown environment id '{env_id}'{suggestion(e)} ({ids})")
+    with making(env_id), warnings.catch_warnings():  # registered, yet not makeable here: Pusher-v4 needs mujoco<3
+        warnings.simplefilter("ignore")  # (what making one says, the run's own says again)
+        gym.make(name).close()
+    return spec
+
+
+def suggestion(error: gym.error.Error) -> str:
+    """Gymnasium's "Did you mean" for an id it does not know (`cartpole-v1`: CartPole), as `: did you mean CartPole?`;
+    else nothing."""
+    match = re.search(r"Did you mean: `([^`]+)`", str(error))
+    return f": did you mean {match[1]}?" if match else ""
 
 
 @contextlib.contextmanager
@@ -68,6 +81,28 @@ def making(env_id: str, whose: str = ""):
         yield
     except (gym.error.Error, ImportError) as e:
         fail(f"cannot make {whose}{env_id} here: {described(e)}")
+
+
+def environment_failure(error: BaseException | None):
+    """Where `error` (an exception that ends a run) was raised by an environment's step() or reset() (the user's
+    environment, a wrapper, or the vector environment given what they returned: a wrong shape or dtype): (the
+    traceback from the outermost environment frame on, the environment's id, the function, the run's global step
+    where the training loop (`train`) has one, else None); None for any other error."""
+    envs, tb, step = [], getattr(error, "__traceback__", None), None
+    while tb is not None:
+        frame = tb.tb_frame
+        obj = frame.f_locals.get("self")
+        if frame.f_code.co_name == "train" and isinstance(frame.f_locals.get("global_step"), int):
+            step = frame.f_locals["global_step"]
+        if frame.f_code.co_name in ("step", "reset") and isinstance(obj, (gym.Env, gym.vector.VectorEnv)):
+            envs.append((tb, obj, frame.f_code.co_name))
+        tb = tb.tb_next
+    if not envs:
+        return None
+    (outermost, _, _), (_, env, function) = envs[0], envs[-1]
+    spec = getattr(env, "spec", None)
+    name = spec.id if spec is not None else type(getattr(env, "unwrapped", env)).__name__
+    return outermost, name, function, step
 
 
 class ActionsFromZero(gym.ActionWrapper):
@@ -105,6 +140,12 @@ def policy_actions(env: gym.Env) -> gym.Env:
     wrapper, no cost). A script's `make_env` and the evaluation's environment (make_eval_env) pass every
     environment through it."""
     space = env.action_space
+    if isinstance(space, gym.spaces.Box) and (space.dtype == np.bool_ or not np.issubdtype(space.dtype, np.number)):
+        env.close()
+        fail(
+            f"{env.spec.id if env.spec else type(env.unwrapped).__name__} has a Box of {space.dtype} actions, which "
+            "a policy's numbers do not map onto: a Box of floats or integers, or MultiBinary for on/off actions"
+        )
     if isinstance(space, gym.spaces.Discrete) and space.start != 0:
         return ActionsFromZero(env)
     if isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.integer):
@@ -140,9 +181,9 @@ def check_atari_game(args, env_id: str):
     what the Atari wrappers use (lives, action meanings); else one line."""
     try:
         gym.spec(env_module(env_id))  # `module:Name-v0`: the module imported first, as gym.make does
-    except gym.error.Error:
+    except gym.error.Error as e:
         fail(
-            f"unknown Atari game '{args.env_id}' (python -c 'import gymnasium as gym, ale_py; "
+            f"unknown Atari game '{args.env_id}'{suggestion(e)} (python -c 'import gymnasium as gym, ale_py; "
             "gym.register_envs(ale_py); gym.pprint_registry()' lists the ids: Breakout, Pong, ... as "
             "BreakoutNoFrameskip-v4 or ALE/Breakout-v5)"
         )

@@ -35,7 +35,7 @@ def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str
     run's evaluation episodes (those of the evaluation reported right after training), and returns the returns.
     With --capture-video every episode is recorded into `videos/` beside the file."""
     path = args.evaluate
-    checkpoint = load_checkpoint(path, script_of(args))
+    checkpoint = load_checkpoint(path, script_of(args), type(args))
     # what the policy plays with: its weights and its statistics (observation normalisation, ...), not the optimizer
     played = {name: value for name, value in checkpoint.items() if name not in ("optimizer", "rng", "args")}
     problem = non_finite(played)
@@ -51,6 +51,11 @@ def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str
             deterministic=args.eval_deterministic,
             video_prefix=video_prefix,
         )
+    except RuntimeError as e:  # the script's model.load_state_dict, which checks every name and shape first
+        if not str(e).startswith("Error(s) in loading state_dict"):
+            raise
+        detail = str(e).splitlines()[1].strip().rstrip(".") if len(str(e).splitlines()) > 1 else str(e)
+        fail(f"{path} does not fit this script's model: {detail} (was the script changed?)")
     except OSError as e:
         if video_prefix is None or not is_write_error(e, str(Path(video_prefix).parent)):
             raise

@@ -5,7 +5,7 @@ Why it exists: on a handful of observations one call of the PyTorch `act`, and o
 PyTorch update step, is nearly all per-operation overhead (dispatch, tensor allocation, autograd's and the
 optimizer's bookkeeping), while the arithmetic is a few microseconds; NumPy's overhead is a fraction of
 PyTorch's, and a run takes hundreds of thousands of policy steps and many thousands of update steps (why and
-how much: benchmark/results/speed_cpu.md; `python -m benchmark.fast_path_speed ppo` measures both).
+how much: benchmark/results/speed_cpu.md; `python -m benchmark.studies.speed fast-path ppo` measures both).
 
 What it computes is the script's own code, written out: `Agent.act` (NumpyPolicy), and `update_step` with
 `Agent.get_action_and_value`, `ppo_loss` and `torch.optim.Adam` (NumpyUpdate), for the two agents the scripts

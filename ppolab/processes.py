@@ -67,9 +67,11 @@ def send_to_all(conns: list, message):
 
 def leave_signals_to_parent():
     """In a child process: Ctrl-C (SIGINT) and a closed terminal (SIGHUP), which the terminal sends to every process
-    of its group, are the parent's, which stops its children itself; the child ignores them."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    of its group, are the parent's, which stops its children itself; the child ignores them, and a scheduler's
+    requeue signals (SIGUSR1, SIGUSR2), which it may send to every process of the job: the parent checkpoints the run
+    and stops its children (--requeue-signal)."""
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def receive_from_each(processes: list, conns: list, timeout: float | None = None) -> Iterator[tuple[int, object]]:

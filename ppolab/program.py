@@ -68,6 +68,20 @@ def uncatch(previous: dict):
 
 # where the program is: "starting" (before `run`), "main" (the command line read, main running), "exiting"
 stage = "starting"
+# the signal that is ending the program (None: none yet): the first decides the exit code and the one line, and the
+# signals that follow it (a storm a few milliseconds apart, a scheduler's second warning) change nothing
+ending = None
+# main returned: the program's work was done
+done = False
+
+
+def first_to_end(signum: int) -> bool:
+    """Whether `signum` is the first signal to end the program (then it is recorded as the one that does)."""
+    global ending
+    if ending is not None:
+        return False
+    ending = signum
+    return True
 
 
 def on_signal(signum, frame):
@@ -76,22 +90,33 @@ def on_signal(signum, frame):
     SystemExit, so that `finally` blocks run. After `main`, the program ends at once with exit code 128 +
     the signal's number: nothing to unwind. Only Ctrl-C, which a person at the terminal pressed, gets a line outside
     a run (a run's own handler, ppolab.stops, says how to resume it): SIGTERM is how a scheduler, or a learner its
-    sampler processes, ends a program, and after SIGHUP no terminal shows one."""
+    sampler processes, ends a program, and after SIGHUP no terminal shows one. A signal after the first that
+    ends the program changes nothing."""
+    if not first_to_end(signum):
+        return
     if stage == "main":
         # a video being recorded stays unfinished: no "Unable to save last video" warning while unwinding
         warnings.filterwarnings("ignore", message=".*Unable to save last video")
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
-    if signum == signal.SIGINT:
+    if signum == signal.SIGINT and done:
         say(f"{program()}: {SIGNALS[signum]} while exiting; its work was done")
     flush()
     os._exit(128 + signum)
 
 
+def on_request(signum, frame):
+    """A requeue signal (SIGUSR1, SIGUSR2: a scheduler's warning, --requeue-signal) outside a run, which answers it
+    (ppolab.stops): nothing to checkpoint, and no reason to die of it (their default)."""
+
+
 def start():
-    """The program's signals taken over (`on_signal`) and its output guarded (`Output`)."""
+    """The program's signals taken over (`on_signal`; the requeue signals, `on_request`) and its output guarded
+    (`Output`)."""
     catch(on_signal)
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, on_request)
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, Output):
@@ -111,12 +136,12 @@ def run(main, *args, owner: bool = True):
     printed where it is one), 130 after one line for a KeyboardInterrupt that `main` let through. Any other
     exception is a bug: its traceback, as Python prints it. Where the process is not the program's own (`owner`
     False: the script run by a tool, e.g. runpy), the exit code is raised as SystemExit instead of `end`."""
-    global stage
+    global stage, done
     stage = "main"
     start()
     try:
         main(*args)
-        stage = "exiting"  # (the first statement after main: a signal before it is main's, caught below)
+        stage, done = "exiting", ending is None  # (the first statement after main: a signal before it is main's)
         code = 0
     except KeyboardInterrupt:
         stage = "exiting"

@@ -77,6 +77,18 @@ def die_with_parent():
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+def ignore_requests():
+    """Run in a local sampler before it starts: the requeue signals (SIGUSR1, SIGUSR2), which a scheduler may send to
+    every process of the job, are ignored; the learner answers them for the run."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+class NoChunks(RuntimeError):
+    """No chunk came for --sampler-timeout seconds (the message says so): the script's redis_lab ends the run in one
+    line with where it can be resumed from."""
+
+
 class ServerDidNotStart(RuntimeError):
     """The redis-server started for the run did not answer (the message says why, in one line)."""
 
@@ -123,6 +135,7 @@ def start_redis_server() -> tuple[subprocess.Popen, str]:
 
 def stop_processes(processes: list[subprocess.Popen]):
     """SIGTERM to every process, SIGKILL to those still there after five seconds, and wait: none is left."""
+    processes = [process for process in processes if process is not None]
     for process in processes:
         if process.poll() is None:
             process.terminate()
@@ -135,14 +148,17 @@ def stop_processes(processes: list[subprocess.Popen]):
             process.wait()
 
 
-def watching(processes: list[subprocess.Popen], beat, client: redis.Redis, run):
+def watching(processes: list[subprocess.Popen], beat, client: redis.Redis, run, restart, max_restarts: int):
     """The learner's heartbeat `beat`, which its waits and its update call often, watching besides the local
-    `processes` (the samplers it started): one that ends while the run goes on ends the run at once (`abort`), in one
-    line naming it and how it ended, with where `run` (ppolab's Run) can be resumed from; not a minute later as a
-    sampler that sends nothing. A sampler that ended because the server is gone leaves that to the server's own error
-    (a ping first). Looks at most every quarter second, from the main thread (a thread that beats for it, see
-    the script's `beating`, only beats)."""
-    last = [0.0]
+    `processes` (the samplers it started), as a supervisor does: one that ends while the run goes on is started
+    again (`restart(k)` replaces `processes[k]`; it joins as a new sampler, with its own seed stream), in one line
+    each time, and the run goes on; once `max_restarts` restarts were made (--max-restarts), the next that ends ends
+    the run in one line naming it and how it ended, with a checkpoint first where one can be written and where `run`
+    (ppolab's Run) can be resumed from (`run.end_safely`); not a minute later as a sampler that sends nothing. A
+    sampler that ended because the server is gone leaves that to the server's own error (a ping first). Looks at most
+    every quarter second, from the main thread (a thread that beats for it, see the script's `beating`, only
+    beats)."""
+    last, restarts = [0.0], [0]
 
     def beat_and_watch():
         beat()
@@ -150,11 +166,21 @@ def watching(processes: list[subprocess.Popen], beat, client: redis.Redis, run):
             return
         last[0] = time.monotonic()
         for k, process in enumerate(processes):
-            code = process.poll()
+            code = None if process is None else process.poll()
             if code is not None:
                 client.ping()  # the server gone: its own error (ConnectionError), which the learner reports
                 how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                abort(f"local sampler {k} (pid {process.pid}) died ({how}) while the run went on; {run.resume_hint()}")
+                died = f"local sampler {k} (pid {process.pid}) died ({how})"
+                if restarts[0] < max_restarts:
+                    restarts[0] += 1
+                    restart(k)
+                    print(
+                        f"{program()}: {died}; restarted ({restarts[0]}/{max_restarts} of --max-restarts)",
+                        file=sys.stderr,
+                    )
+                    continue
+                processes[k] = None  # (watched no more while the run ends)
+                run.end_safely(f"{program()}: error: {died} after --max-restarts {max_restarts} restarts")
 
     return beat_and_watch
 

@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import time
+import traceback
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
@@ -32,10 +33,11 @@ from ppolab.checkpoints import (
     write_checkpoint_file,
 )
 from ppolab.checks import fail, flag, program
+from ppolab.environments import environment_failure
 from ppolab.evaluation import evaluate_saved
 from ppolab.program import uncatch
 from ppolab.settings import script_of
-from ppolab.stops import exit_on_ctrl_c, exit_on_write_error, resume_hint
+from ppolab.stops import REQUEUE_EXIT, REQUEUE_SIGNALS, exit_on_ctrl_c, exit_on_write_error, resume_hint
 from ppolab.tracking import finish_tracking, start_tracking, tensorboard_writer
 
 
@@ -143,6 +145,11 @@ def lock_run_dir(run_dir: str) -> tuple[int | None, str | None]:
     return fd, None
 
 
+# The settings that decide what an evaluation's score measures (the seed is the run's): a best model's score is
+# compared only with scores measured with the same
+MEASURED_BY = ("eval_episodes", "eval_deterministic", "eval_max_steps")
+
+
 class Run:
     """One training run: its arguments (a resumed run's are its checkpoint's, with the flags that may change),
     its folder, and everything it writes there. `evaluate` is the script's
@@ -172,7 +179,9 @@ class Run:
         self.script, self.evaluate = script_of(args), evaluate
         self.new, self.runs_dir_existed = args.resume is None, os.path.isdir(args.runs_dir)
         if args.resume is not None:
-            self.checkpoint = checkpoint if checkpoint is not None else load_checkpoint(args.resume, self.script)
+            self.checkpoint = (
+                checkpoint if checkpoint is not None else load_checkpoint(args.resume, self.script, type(args))
+            )
             self.args = resume_args(args, self.checkpoint)
             self.dir, problem = (run_dir, None) if run_dir is not None else resume_dir(self.args, self.checkpoint)
             if problem:
@@ -195,22 +204,29 @@ class Run:
         self.episode_returns = []  # of the episodes that ended in this iteration
         self.exits = contextlib.ExitStack()
         self.wrote = False  # an iteration logged or a file written: the folder holds the run's work
+        self.requested = None  # the name of the signal that asked for a checkpoint and a requeue (--requeue-signal)
+        self.requeue = None  # ... as the run acts on it at the end of this iteration (`agree`)
+        self.stop = None  # the line of a problem that ends the run at the end of this iteration (`end_safely`)
+        self.safe = None  # the last iteration's end: what a checkpoint of it needs (`checkpoint_if_due`)
+        self.checkpointed = None  # the iteration of the checkpoint.pt this run wrote last
 
     def __enter__(self):
-        self.exits.callback(uncatch, exit_on_ctrl_c(self.dir, self.args.checkpoint_every))
+        signum = REQUEUE_SIGNALS.get(self.args.requeue_signal)
+        requeue = None if signum is None else (signum, self.request_requeue)
+        self.exits.callback(uncatch, exit_on_ctrl_c(self.dir, self.args.checkpoint_every, requeue))
         self.exits.enter_context(exit_on_write_error(self.dir, self.args.checkpoint_every))
         # no warning from NumPy at each NaN or overflow of a diverging run: the run says so itself, in one line
         self.exits.enter_context(np.errstate(all="ignore"))
         return self
 
     def __exit__(self, *exception):
-        allocation = allocation_failure(exception[1])
+        allocation, failure = allocation_failure(exception[1]), environment_failure(exception[1])
         if self.lock is not None:
             os.close(self.lock)  # the lock goes with it (also for a resume in this same process)
             if exception[0] is not None and self.new:
                 # a new run that ended before it wrote anything leaves no folder: its own, and --runs-dir if it
                 # made it and it is empty; one that could not allocate its memory, not even its first logs
-                if allocation is not None and not self.wrote:
+                if (allocation is not None or failure is not None) and not self.wrote:
                     if self.writer is not None:
                         self.writer.close()
                     shutil.rmtree(self.dir, ignore_errors=True)
@@ -219,11 +235,28 @@ class Run:
                         os.rmdir(self.dir)
                     if not self.runs_dir_existed:
                         os.rmdir(self.args.runs_dir)
+        if failure is not None:  # the environment's own frames, then one line
+            return self.environment_failed(exception[1], *failure)
         if allocation is None:
             return self.exits.__exit__(*exception)
         self.exits.__exit__(None, None, None)
         print(f"{program()}: error: {allocation}; {sizes(self.args)}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+
+    def environment_failed(self, error: BaseException, tb, env_id: str, function: str, step: int | None):
+        """An exception of the environment (`environment_failure`): its traceback from the environment's frames on (the
+        bug is in its code), then one line naming it, the step and where the run can go on from; exit code 1."""
+        self.exits.__exit__(None, None, None)
+        traceback.print_exception(type(error), error, tb, file=sys.stderr)
+        at = f" at global step {step}" if step is not None else ""
+        where = self.resume_hint() if os.path.isdir(self.dir) else "the run had written nothing (no folder is left)"
+        print(
+            f"{program()}: error: the environment {self.args.env_id} raised {type(error).__name__} in {function}()"
+            f"{at} (its traceback above; {env_id} raised it); {where}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(1) from None
 
     def resume_hint(self) -> str:
         """Where this run can go on from: its last checkpoint and the command that resumes it (ppolab.stops)."""
@@ -256,6 +289,10 @@ class Run:
         every checkpoint holds) from --resume's checkpoint, the random streams too (`rng`); then opens the run
         folder and its logs. Returns the first iteration and the global step (1 and 0 for a new run)."""
         start_iteration, global_step = restore(self.checkpoint, saved, rng=rng)
+        # the first safe point: where the run starts (nothing to write there: it is new, or the checkpoint it resumed)
+        optimizer = next((obj for obj in saved.values() if isinstance(obj, torch.optim.Optimizer)), None)
+        self.safe = (start_iteration - 1, global_step, saved, {}, optimizer_steps(optimizer))
+        self.checkpointed = start_iteration - 1
         if self.checkpoint is not None:
             where = ""
             if self.new:  # (`newer_work` in the writing process, which has the files: under torchrun, rank 0)
@@ -271,16 +308,21 @@ class Run:
 
     def best_so_far(self) -> float:
         """The evaluation score of the run folder's `best_model.pt` (-inf without one, or in a new folder), so that a
-        resumed run replaces it only with a better one: as the file says (`eval_return`), or, in a file written
-        before files said it, as evaluate_saved scores it again (the same episodes: the same score)."""
+        resumed run replaces it only with a better one: as the file says (`eval_return`) where it was measured as
+        this run measures (the same MEASURED_BY), or else as evaluate_saved scores it again with this run's settings
+        (the same episodes: the same score)."""
         path = Path(self.dir) / "best_model.pt"
         if self.new or not self.args.eval_every or not path.is_file():
             return float("-inf")
         best = read_checkpoint(str(path), self.script)
         if isinstance(best, str):
             return float("-inf")  # (not a best model of this script: replaced by the first evaluation)
-        if "eval_return" in best:
+        if "eval_return" in best and all(best["args"].get(name) == getattr(self.args, name) for name in MEASURED_BY):
             return float(best["eval_return"])
+        if "eval_return" in best:  # measured another way: scored again as this run's evaluations score
+            print(
+                f"{path} was scored with other evaluation settings ({', '.join(map(flag, MEASURED_BY))}): scored again"
+            )
         return float(
             np.mean(evaluate_saved(best, self.evaluate, self.args.eval_episodes, self.args.eval_deterministic))
         )
@@ -400,10 +442,53 @@ class Run:
         self.writer.add_scalar("eval/mean_return", float(np.mean(returns)), global_step)
 
     def checkpoint_if_due(self, iteration: int, global_step: int, saved: dict, **extras):
-        """--checkpoint-every N: `checkpoint.pt` in the run folder after every N-th iteration, holding `saved`."""
+        """--checkpoint-every N: `checkpoint.pt` in the run folder after every N-th iteration, holding `saved`. The
+        end of an iteration is the run's safe point: where --requeue-signal asked for it, the checkpoint is written
+        here and the run exits (REQUEUE_EXIT); where a problem asked to end the run (`end_safely`), likewise with
+        exit code 1."""
         args = self.args
-        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
+        self.agree()
+        if (args.checkpoint_every and iteration % args.checkpoint_every == 0) or self.requeue or self.stop:
             self.write(checkpoint_data(saved, args, iteration, global_step, **extras), "checkpoint.pt", iteration)
+            self.checkpointed = iteration
+        if self.requeue is not None:
+            print(
+                f"{program()}: {self.requeue}: checkpoint written at iteration {iteration}, exiting with code "
+                f"{REQUEUE_EXIT} to be requeued; {self.resume_hint()} (or the same command with --resume auto)",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(REQUEUE_EXIT)
+        if self.stop is not None:
+            print(f"{self.stop}; checkpoint written at iteration {iteration}; {self.resume_hint()}", file=sys.stderr)
+            raise SystemExit(1)
+        optimizer = next((obj for obj in saved.values() if isinstance(obj, torch.optim.Optimizer)), None)
+        self.safe = (iteration, global_step, saved, extras, optimizer_steps(optimizer))
+
+    def request_requeue(self, name: str):
+        """--requeue-signal arrived (its `name`): the run writes its checkpoint at the end of this iteration and
+        exits (`checkpoint_if_due`)."""
+        self.requested = name
+
+    def agree(self):
+        """Whether the run stops for a requeue at the end of this iteration: where the signal asked for it (a job of
+        several processes decides together: DistributedRun)."""
+        self.requeue = self.requested
+
+    def end_safely(self, line: str):
+        """Ends the run for the problem `line` says (`<script>: error: ...`), exit code 1, with a checkpoint first:
+        at once where nothing was trained since the last iteration's end (its optimizer has not stepped), with a
+        checkpoint of it; else at the end of this iteration (`checkpoint_if_due`)."""
+        if self.safe is None or self.safe[-1] is None or not same_steps(self.safe[-1], self.safe[2]):
+            self.stop = line
+            return
+        iteration, global_step, saved, extras, _ = self.safe
+        if self.checkpointed != iteration:
+            self.write(checkpoint_data(saved, self.args, iteration, global_step, **extras), "checkpoint.pt", iteration)
+            self.checkpointed = iteration
+            line += f"; checkpoint written at iteration {iteration}"
+        print(f"{line}; {self.resume_hint()}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
 
     def evaluate_if_due(self, iteration: int, global_step: int, saved: dict, **extras):
         """--eval-every N: after every N-th iteration the policy as it is now (`saved`, as a checkpoint would
@@ -445,6 +530,23 @@ class Run:
         self.writer.close()
         if args.track:
             finish_tracking(self.dir)
+
+
+def optimizer_steps(optimizer) -> list | None:
+    """A copy of the step counts of `optimizer`'s state (of its first parameter, with Adam's per-parameter count:
+    every parameter steps together), to tell later whether it stepped since (`same_steps`); None without one."""
+    if optimizer is None:
+        return None
+    state = next(iter(optimizer.state.values()), {})
+    step = state.get("step", 0)
+    return [step.clone() if isinstance(step, torch.Tensor) else step]
+
+
+def same_steps(steps: list, saved: dict) -> bool:
+    """Whether the optimizer of `saved` is where `steps` (optimizer_steps) found it: it has not stepped since."""
+    optimizer = next(obj for obj in saved.values() if isinstance(obj, torch.optim.Optimizer))
+    now = optimizer_steps(optimizer)[0]
+    return bool(now == steps[0]) if isinstance(now, torch.Tensor) else now == steps[0]
 
 
 def allocation_failure(error: BaseException | None) -> str | None:

@@ -7,7 +7,7 @@ import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 
 @dataclass
@@ -40,7 +40,9 @@ class RunSettings:
     checkpoint_every: int = 0
     """write a resumable `runs/<run>/checkpoint.pt` every this many iterations (0: never)"""
     resume: str | None = None
-    """path of a checkpoint to continue from, with its arguments: only --total-timesteps and how it runs, writes and evaluates may change"""
+    """a checkpoint to continue from, with its arguments (only --total-timesteps and how it runs may change); auto: this command's newest run, if any"""
+    requeue_signal: Literal["USR1", "USR2", "TERM", "none"] = "USR1"
+    """this signal makes the run write its checkpoint at the end of the iteration and exit with code 75, to be requeued"""
     evaluate: str | None = None
     """path of a checkpoint or model to evaluate; evaluates and exits without training"""
     eval_every: int = 0

@@ -1,5 +1,6 @@
 """How a run ends when it is stopped: Ctrl-C, SIGTERM, SIGHUP, or a write the file system refuses. One line on
-stderr that says where the last checkpoint is and how to resume from it, and an exit code; never a traceback."""
+stderr that says where the last checkpoint is and how to resume from it, and an exit code; never a traceback. And how
+it ends when a scheduler warns it (--requeue-signal): a checkpoint at the end of the iteration, then REQUEUE_EXIT."""
 
 import contextlib
 import errno
@@ -11,8 +12,15 @@ import threading
 import warnings
 from pathlib import Path
 
+import ppolab.program
 from ppolab.checks import program
-from ppolab.program import SIGNALS, catch, say
+from ppolab.program import SIGNALS, catch, first_to_end, say
+
+# the exit code of a run that stopped because the scheduler asked for it (--requeue-signal), after writing its
+# checkpoint: EX_TEMPFAIL of sysexits.h, "try again later"; a job script requeues the job on it (docs/cluster.md)
+REQUEUE_EXIT = 75
+# the signals --requeue-signal can name
+REQUEUE_SIGNALS = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "TERM": signal.SIGTERM}
 
 
 def launch_info() -> tuple[int, int, int]:
@@ -41,24 +49,49 @@ def error_line(message: str, run_dir: str, checkpoint_every: int | None = None) 
     return f"{program()}: error: {message}; {resume_hint(run_dir, checkpoint_every)}"
 
 
-def exit_on_ctrl_c(run_dir: str, checkpoint_every: int | None = None) -> dict:
+def exit_on_ctrl_c(run_dir: str, checkpoint_every: int | None = None, requeue: tuple | None = None) -> dict:
     """From here on, Ctrl-C (SIGINT) ends the run with one line on stderr, where its last checkpoint is and
     how to resume from it, and exit code 130 (128 + SIGINT), instead of a KeyboardInterrupt traceback; SIGTERM,
     what schedulers (Slurm, Kubernetes) send first, does the same with exit code 143 (128 + SIGTERM), and SIGHUP
     (the terminal closed, an ssh session dropped) with 129, its line written where it still can be (not where
     SIGHUP was ignored when the program started: `nohup`). It raises SystemExit, so `finally` blocks still run
     (closing environments, stopping processes). Under torchrun each rank gets the signal and prints its line,
-    naming its rank. Returns the handlers it replaced (ppolab.program.uncatch puts them back)."""
+    naming its rank. Returns the handlers it replaced (ppolab.program.uncatch puts them back).
+
+    `requeue`, (signal, request): that signal (--requeue-signal) asks for a checkpoint instead, `request(name)`, which
+    the run writes at its next safe point before it exits with REQUEUE_EXIT. Only the first signal counts: those
+    that follow it change nothing, but for one that ends the run (Ctrl-C, SIGTERM, SIGHUP) before the checkpoint
+    asked for is written: it ends the run at once, with REQUEUE_EXIT still (the last checkpoint continues it); the
+    requeue signal again asks nothing new."""
     rank, _, world_size = launch_info()
+    requeue_signum, request = requeue if requeue is not None else (None, None)
+    unwinding = []
 
     def handler(signum, frame):
+        if signum == requeue_signum:  # asked again: asked already
+            if first_to_end(signum):
+                request(signal.Signals(signum).name)
+            return
+        if unwinding:
+            return
         who = "" if world_size == 1 else f"rank {rank}: "
-        say(f"{program()}: {who}{SIGNALS[signum]}: {resume_hint(run_dir, checkpoint_every)}")
+        if first_to_end(signum):
+            line, code = f"{who}{SIGNALS[signum]}", 128 + signum
+        elif ppolab.program.ending == requeue_signum:
+            name = signal.Signals(requeue_signum).name
+            line, code = f"{who}{SIGNALS[signum]} before the checkpoint {name} asked for was written", REQUEUE_EXIT
+        else:
+            return
+        unwinding.append(signum)
+        say(f"{program()}: {line}: {resume_hint(run_dir, checkpoint_every)}")
         # the video being recorded stays unfinished: no "Unable to save last video" warning while exiting
         warnings.filterwarnings("ignore", message=".*Unable to save last video")
-        raise SystemExit(128 + signum)
+        raise SystemExit(code)
 
-    return catch(handler)
+    previous = catch(handler)
+    if requeue_signum is not None and requeue_signum not in previous:
+        previous[requeue_signum] = signal.signal(requeue_signum, handler)
+    return previous
 
 
 # what a file system answers a write it refuses wherever the file is: no space left, a file larger than allowed

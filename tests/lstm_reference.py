@@ -1,5 +1,5 @@
 """The step-by-step LSTM loop: the reference that tests/test_ppo_atari_lstm.py holds an agent's `run_lstm` to,
-and what benchmark/throughput.py's `--straightforward` runs in the recurrent scripts in place of `run_lstm`."""
+and what `python -m benchmark.studies.speed throughput --straightforward` runs in the recurrent scripts in place of `run_lstm`."""
 
 import torch
 

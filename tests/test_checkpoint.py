@@ -79,10 +79,11 @@ def test_a_retired_flag_at_its_neutral_value_is_read_as_absent_and_any_other_val
 
     model = torch.nn.Linear(2, 1)
     args = ppo_atari_multigpu.Args()
-    checkpoint = checkpoint_data({"model": model}, args, iteration=1, global_step=8)
+    saved = {"model": model, "optimizer": torch.optim.Adam(model.parameters())}
+    checkpoint = checkpoint_data(saved, args, iteration=1, global_step=8)
     checkpoint["args"]["straggler_delay"] = delay
     write_checkpoint_file(checkpoint, str(tmp_path / "checkpoint.pt"))
-    read = read_checkpoint(str(tmp_path / "checkpoint.pt"), "ppo_atari_multigpu.py")
+    read = read_checkpoint(str(tmp_path / "checkpoint.pt"), "ppo_atari_multigpu.py", ppo_atari_multigpu.Args)
     if refused:
         assert isinstance(read, str) and "was trained with --straggler-delay 0.05, which this" in read, read
     else:

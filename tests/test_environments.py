@@ -8,6 +8,8 @@ environment does (a Discrete space with a start, a Box of integers) reach it ins
 takes them, or are refused in one line (an Atari game whose actions do not start at 0)."""
 
 import importlib
+import os
+import subprocess
 from dataclasses import asdict
 
 import gymnasium as gym
@@ -17,8 +19,9 @@ import torch
 
 import ppolab
 from fake_envs import FIXED_LENGTH
-from helpers import read_scalars
-from scripts import SCRIPTS
+from helpers import read_scalars, script_command
+from ppolab.checkpoints import rng_state
+from scripts import REPO, SCRIPTS
 
 # the scripts that take any of Gymnasium's ids, and those that take ale-py's games through Gymnasium
 GYMNASIUM = ["ppo", "ppo_continuous_action", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]
@@ -94,6 +97,59 @@ def test_a_module_that_cannot_be_imported_is_named_in_one_line(name, module, cap
     assert ("ModuleNotFoundError" if module == "no_such_module" else "RuntimeError: this module fails") in line
 
 
+@pytest.mark.parametrize("name", ["ppo", "ppo_continuous_action"])
+def test_a_registered_id_that_cannot_be_made_here_is_one_line(name, capsys, tmp_path):
+    """Pusher-v4 is registered, and needs mujoco<3: one line naming it, in every script, the Discrete ones too."""
+    line = refusal(name, capsys, tmp_path, env_id="Pusher-v4")
+    assert "cannot make Pusher-v4 here: ImportError: `Pusher-v4` is only supported on `mujoco<3`" in line
+
+
+@pytest.mark.parametrize("env_id", ["cartpole-v1", "CartPol-v1"])
+@pytest.mark.parametrize("name", ["ppo", "ppo_continuous_action"])
+def test_a_typo_keeps_gymnasiums_suggestion(name, env_id, capsys, tmp_path):
+    line = refusal(name, capsys, tmp_path, env_id=env_id)
+    assert f"'{env_id}'" in line and "did you mean CartPole?" in line
+
+
+@pytest.mark.parametrize("name", CONTINUOUS)
+def test_a_box_of_bools_as_actions_is_refused_in_one_line(name, capsys, tmp_path):
+    """A policy's numbers are floats (rounded for a Box of integers); a Box of bools has no such mapping."""
+    line = refusal(name, capsys, tmp_path, env_id="tests.crashing_envs:BoolActions-v0")
+    assert "BoolActions-v0 has a Box of bool actions" in line
+
+
+@pytest.mark.parametrize(
+    "name, env_id, words",
+    [
+        ("ppo", "RaisingCartPole-v0", "raised ValueError in step() at global step 120"),
+        ("ppo", "WrongShapeCartPole-v0", "raised ValueError in step() at global step 4"),
+        ("ppo_continuous_action", "RaisingPendulum-v0", "raised ValueError in reset() at global step 12"),
+    ],
+)
+def test_an_environment_that_raises_shows_its_frames_then_one_line_with_the_step_and_the_resume(
+    name, env_id, words, tmp_path
+):
+    """An environment's exception in step() or reset(), or what it returned that the vector environment cannot take
+    (an observation of another shape): its own frames (the bug is in its code), then one line naming the environment,
+    the global step, the last checkpoint and the command that resumes from it (or that nothing was written)."""
+    env_id = f"tests.crashing_envs:{env_id}"
+    command = script_command(name, "--env-id", env_id, "--num-steps", "64", "--total-timesteps", "4096",
+                             "--checkpoint-every", "1", "--runs-dir", tmp_path / "runs")  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith(f"{name}.py: error: the environment {env_id} {words[: words.index(' at ')]}"), last
+    assert "Traceback" in result.stderr and ("crashing_envs.py" in result.stderr or "vector_env.py" in result.stderr)
+    runs = list((tmp_path / "runs").glob("*"))
+    if "WrongShape" in env_id:  # at the first step: nothing written, no folder left
+        assert runs == [] and "the run had written nothing" in last
+    else:
+        assert words.split(" at ")[0] in last and " at global step " in last
+        (run_dir,) = runs
+        assert f"last checkpoint {run_dir}/checkpoint.pt; continue with: " in last and "--resume" in last
+
+
 # OBSERVATION SPACES ------------------------------------------------------------------------------
 
 
@@ -141,7 +197,11 @@ def test_evaluate_of_a_checkpoint_whose_environment_cannot_be_made_here_is_one_l
     """A model trained elsewhere, on an environment this machine does not have: one line naming it, not gymnasium's
     traceback. The environment is made before the weights are read: a checkpoint without weights does."""
     script, path = importlib.import_module(name), tmp_path / "model.pt"
-    torch.save({"model": {}, "args": asdict(script.Args(env_id=env_id)), "script": f"{name}.py", "format": 3}, path)
+    checkpoint = {"model": {}, "args": asdict(script.Args(env_id=env_id)), "script": f"{name}.py", "format": 3}
+    checkpoint.update(
+        optimizer={"state": {}, "param_groups": []}, iteration=1, global_step=8, rng=rng_state(torch.device("cpu"))
+    )
+    torch.save(checkpoint, path)
     line = refusal(name, capsys, tmp_path, evaluate=str(path))
     if ":" in env_id:
         assert f"cannot import the module no_such_module of the checkpoint's environment {env_id}: " in line

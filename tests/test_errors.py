@@ -12,6 +12,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import time
 import zipfile
 from dataclasses import asdict
@@ -132,6 +133,124 @@ def test_resume_refuses_a_damaged_checkpoint_and_writes_nothing(tmp_path, monkey
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
 
 
+def unfit(case: str, checkpoint: dict) -> list[str]:
+    """`checkpoint` (ppo.py's) changed in place as `case` says, with valid checksums; returns the words of the line."""
+    optimizer, model = checkpoint["optimizer"]["state"], checkpoint["model"]
+    if case == "adam_moment":  # two layers' moments swapped, as editing the script's layers would
+        optimizer[0]["exp_avg"], optimizer[2]["exp_avg"] = optimizer[2]["exp_avg"], optimizer[0]["exp_avg"]
+        return ["exp_avg of parameter 0 has shape (64, 64), the parameter (64, 4)"]
+    if case == "adam_count":
+        checkpoint["optimizer"]["param_groups"][0]["params"].append(99)
+        return ["parameters in a group"]
+    if case == "shape":
+        model["critic.0.weight"] = torch.zeros(64, 5)
+        return ["critic.0.weight has shape (64, 5), this script's (64, 4)"]
+    if case == "name":
+        model["critic.9.weight"] = model.pop("critic.0.weight")
+        return ["critic.0.weight is missing"]
+    if case == "unknown_arg":
+        checkpoint["args"]["frame_skip"] = 4
+        return ["--frame-skip, which this script does not have"]
+    if case == "missing_arg":
+        del checkpoint["args"]["gamma"]
+        return ["do not hold --gamma"]
+    if case in ("rng", "optimizer", "iteration"):
+        del checkpoint[case]
+        return [f"it has no {case}"]
+    assert case == "numpy_rng"
+    checkpoint["rng"]["numpy"] = ("MT19937", torch.zeros(10, dtype=torch.int64), 0, 0, 0.0)
+    return ["numpy's is not an MT19937 state"]
+
+
+UNFIT = ["adam_moment", "adam_count", "shape", "name", "unknown_arg", "missing_arg", "rng", "optimizer", "iteration"]
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory) -> Path:
+    """A short run of ppo.py's with its checkpoint.pt."""
+    runs = tmp_path_factory.mktemp("runs")
+    return Path(ppo.main(ppo.Args(runs_dir=str(runs), total_timesteps=128, num_steps=32, num_envs=2,
+                                  checkpoint_every=1, cuda=False)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case, flag",
+    [(case, flag) for case in [*UNFIT, "numpy_rng", "legacy"] for flag in ("resume", "evaluate")
+     if flag == "resume" or not case.startswith("adam")],  # (an evaluation does not read the optimizer)
+)  # fmt: skip
+def test_a_checkpoint_that_does_not_fit_the_script_is_refused_before_anything_is_loaded(ppo_run, case, flag, tmp_path):
+    """A checkpoint whose checksums hold but whose contents do not fit the script (Adam's moments of other shapes or
+    counts, tensors of other shapes or names, arguments of another version of Args, a missing entry, random states
+    of another form), or a legacy torch.save file without checksums: one line naming it, exit 2, nothing written.
+    Run as a command: a fused Adam given moments of other shapes corrupts memory (a crash, or weights near 1e18)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(ppo_run, run_dir)
+    path = run_dir / "checkpoint.pt"
+    checkpoint = load(path)
+    if case == "legacy":
+        path.unlink()
+        torch.save(checkpoint, path, _use_new_zipfile_serialization=False)
+        words = ["legacy torch.save file", "python -m ppolab.rewrite_checkpoint"]
+    else:
+        words = unfit(case, checkpoint)
+        write_checkpoint_file(checkpoint, str(path))
+        if flag == "evaluate" and case in ("shape", "name"):  # the model's own load_state_dict names it
+            words = ["does not fit this script's model", "critic.0.weight"]
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    result = subprocess.run(
+        script_command("ppo", f"--{flag}", path, *(["--total-timesteps", "256"] if flag == "resume" else []),
+                       "--runs-dir", tmp_path / "runs"),
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and ": error: " in lines[0], result.stderr
+    for word in words:
+        assert word in lines[0]
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("case", ["unknown_arg", "missing_arg", "rng", "numpy_rng", "legacy"])
+def test_every_script_refuses_a_checkpoint_of_another_layout_in_one_line(
+    every_script, case, tmp_path, monkeypatch, capsys
+):
+    """--evaluate and --resume of every script read through the same checks: a checkpoint of the script's own Args
+    with one thing out of place is one line, exit 2, and no run folder."""
+    monkeypatch.chdir(tmp_path)
+    checkpoint = {"model": {}, "optimizer": {"state": {}, "param_groups": []}, "iteration": 1, "global_step": 8,
+                  "args": asdict(every_script.Args()), "script": f"{every_script.__name__}.py", "format": 3,
+                  "rng": {"torch": torch.get_rng_state(), "numpy": ("MT19937", torch.zeros(624, dtype=torch.int64),
+                          624, 0, 0.0), "python": __import__("random").getstate()}}  # fmt: skip
+    path = tmp_path / "run" / "checkpoint.pt"
+    path.parent.mkdir()
+    if case == "legacy":
+        torch.save(checkpoint, path, _use_new_zipfile_serialization=False)
+        words = ["legacy torch.save file"]
+    else:
+        words = unfit(case, checkpoint)
+        write_checkpoint_file(checkpoint, str(path))
+    for flag in ("evaluate", "resume"):
+        line = refusal(every_script, capsys, runs_dir=str(tmp_path / "runs"), **{flag: str(path)})
+        assert all(word in line for word in words) and str(path) in line, line
+    assert not (tmp_path / "runs").exists() and sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.pt"]
+
+
+def test_a_trusted_legacy_file_is_rewritten_as_a_checked_copy_that_resumes(ppo_run, tmp_path):
+    """The word that accepts a legacy file: `python -m ppolab.rewrite_checkpoint OLD NEW` writes a checked copy with
+    the same contents, which the script then reads."""
+    legacy, copy = tmp_path / "legacy.pt", tmp_path / "run" / "checkpoint.pt"
+    torch.save(load(ppo_run / "checkpoint.pt"), legacy, _use_new_zipfile_serialization=False)
+    command = [sys.executable, "-m", "ppolab.rewrite_checkpoint", legacy, copy]
+    copy.parent.mkdir()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert result.returncode == 0 and zipfile.is_zipfile(copy), result.stderr
+    assert torch.equal(load(copy)["model"]["critic.0.weight"], load(legacy)["model"]["critic.0.weight"])
+    resume = subprocess.run(script_command("ppo", "--resume", copy, "--total-timesteps", "256"), cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    assert resume.returncode == 0, resume.stderr
+    assert load(copy)["global_step"] == 256
+
+
 def test_a_checkpoint_is_flushed_before_its_rename_and_stale_temporary_files_go(tmp_path, monkeypatch):
     """write_checkpoint_file (the package's, every script's): fsync of the file, then the rename, then fsync of
     the folder; a `.pt.tmp` that a killed run left is gone after the next checkpoint."""
@@ -223,6 +342,55 @@ def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, mo
         2 * step,
         2 * unrestricted["iteration"],
     )
+
+
+# THE PROCESS'S ENVIRONMENT AND LIMITS ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ({"torch_threads": 100_000}, "--torch-threads 100000 is more than 4 x the"),
+        ({"torch_threads": 32768}, "--torch-threads 32768 is more than 4 x the"),
+        ({"total_timesteps": 10**18}, "--total-timesteps 1000000000000000000 is too large"),
+        ({"total_timesteps": 2**63}, "--total-timesteps 9223372036854775808 is too large"),
+        ({"eval_every": 2**64}, "--eval-every 18446744073709551616 is too large"),
+        ({"runs_dir": "runs\udcff"}, "holds bytes that are not UTF-8"),
+        ({"exp_name": "a\udcffb"}, "--exp-name 'a\\udcffb' holds bytes that are not UTF-8"),
+        ({"MUJOCO_GL": "bogus"}, "MUJOCO_GL=bogus is not a renderer MuJoCo has here"),
+        ({"PYOPENGL_PLATFORM": "bogus"}, "PYOPENGL_PLATFORM=bogus is not a platform PyOpenGL has"),
+        ({"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "osmesa"}, "MUJOCO_GL=egl needs PYOPENGL_PLATFORM=egl"),
+    ],
+    ids=lambda case: "-".join(map(str, case)) if isinstance(case, dict) else "",
+)
+def test_numbers_strings_and_variables_the_run_cannot_hold_are_one_line_before_its_folder(
+    every_script, case, words, tmp_path, monkeypatch, capsys
+):
+    """Every numeric flag bounded to what the machine and the bookkeeping hold (a thread count that crashes PyTorch, a
+    step budget whose time left overflows), every string flag valid UTF-8 (a byte that is not fails in TensorBoard),
+    and the renderers' variables (read by MuJoCo when an environment is made, by PyOpenGL): one line, exit 2, no run
+    folder."""
+    monkeypatch.chdir(tmp_path)
+    fields = {key: value for key, value in case.items() if key.islower()}
+    for name, value in case.items():
+        if name.isupper():
+            monkeypatch.setenv(name, value)
+    line = refusal(every_script, capsys, **{"runs_dir": str(tmp_path / "runs"), **fields})
+    assert words in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_the_terminal_cannot_encode_is_written_with_replacement_characters(tmp_path):
+    """PYTHONIOENCODING=ascii and a run whose lines hold a character outside it (its --exp-name): every line is
+    written, the character as "?", none dropped."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONIOENCODING="ascii")
+    command = script_command("ppo", "--exp-name", "café", "--total-timesteps", "128", "--num-steps", "32",
+                             "--num-envs", "2", "--runs-dir", tmp_path / "runs")  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    stdout = result.stdout.decode("ascii")
+    assert "CartPole-v1__caf?__1__" in stdout and "iteration 2/2 " in stdout, stdout
+    assert result.stderr == b""
 
 
 # RESUME WITH OTHER FLAGS -------------------------------------------------------------------------

@@ -247,6 +247,42 @@ def test_a_resumed_run_keeps_its_best_model_unless_an_evaluation_beats_it(tmp_pa
     assert run.best_so_far() == pytest.approx(best["eval_return"])
 
 
+def test_a_best_model_is_compared_only_with_scores_measured_the_same_way(tmp_path, capsys):
+    """A resume that changes how evaluations score (--eval-episodes, --eval-deterministic) scores best_model.pt again
+    with its own settings before comparing: a score measured another way (here one no evaluation can reach) is not
+    the bar; with the same settings it is."""
+    fields = dict(runs_dir=str(tmp_path), checkpoint_every=1, eval_every=1, eval_episodes=2, **SMALL)
+    run_dir = Path(ppo.main(ppo.Args(total_timesteps=2 * 64, **fields)))
+    best = load(run_dir / "best_model.pt")
+    write_checkpoint_file({**best, "eval_return": 1e9}, str(run_dir / "best_model.pt"))
+    capsys.readouterr()
+    ppo.main(resume_args(ppo, run_dir / "checkpoint.pt", total_timesteps=3 * 64))
+    assert "best, in best_model.pt: 1000000000.00" in capsys.readouterr().out  # the same settings: the same bar
+    for changes in ({"eval_episodes": 3}, {"eval_deterministic": True}):
+        write_checkpoint_file({**best, "eval_return": 1e9}, str(run_dir / "best_model.pt"))
+        step = load(run_dir / "checkpoint.pt")["global_step"]
+        ppo.main(resume_args(ppo, run_dir / "checkpoint.pt", total_timesteps=step + 64, **changes))
+        out = capsys.readouterr().out
+        assert "was scored with other evaluation settings" in out and "1000000000.00" not in out, out
+
+
+def test_a_branch_goes_under_the_runs_dir_given_with_resume_as_the_error_advises(tmp_path, capsys):
+    """--runs-dir may change on --resume: a branch (a resume from a file that is not its folder's latest) goes there.
+    A --runs-dir where no folder can be made is one line that advises another, and the advice works."""
+    fields = dict(runs_dir=str(tmp_path / "runs"), checkpoint_every=1, **SMALL)
+    run_dir = Path(ppo.main(ppo.Args(total_timesteps=2 * 64, **fields)))
+    shutil.copy(run_dir / "checkpoint.pt", run_dir / "old.pt")
+    (tmp_path / "a_file").write_text("")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        ppo.main(resume_args(ppo, run_dir / "old.pt", total_timesteps=3 * 64, runs_dir=str(tmp_path / "a_file")))
+    line = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in line and "pass another --runs-dir" in line, line
+    branch = Path(ppo.main(resume_args(ppo, run_dir / "old.pt", total_timesteps=3 * 64, runs_dir=str(tmp_path / "b"))))
+    assert branch.parent == tmp_path / "b" and branch.name == f"{run_dir.name}__from-iteration-2"
+    assert load(branch / "checkpoint.pt")["iteration"] == 3
+
+
 def test_a_rollout_too_large_for_memory_is_refused_in_one_line_and_leaves_no_folder(tmp_path, capsys):
     """--num-steps 10**14: a rollout larger than any address space. One line naming the flags that size it, exit 2,
     no run folder (nor the --runs-dir the run made)."""

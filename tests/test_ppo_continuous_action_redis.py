@@ -3,7 +3,8 @@ command line, samplers killed and joining, the learner starved, killed or withou
 and foreign chunks, the chunk accounting (trained + stale == sent, per version), bad --redis-url, an
 open server refused (tested with a host under the reserved .invalid domain: no test contacts another
 machine), the embedded server on loopback only and without persistence, a refused write ending the
-learner, its samplers and its server in one line, a local sampler that dies ending the learner at once, a closed
+learner, its samplers and its server in one line, a local sampler that dies restarted (and past --max-restarts
+ending the learner at once, with a checkpoint), a closed
 stdout that stops the printing and not the run, and the wire format's checks. Samplers and learners
 run as the commands a user types."""
 
@@ -281,6 +282,7 @@ def test_learner_ends_with_one_line_and_leaves_no_process(tmp_path, server, case
     assert len(lines) == 1 and lines[0].startswith(f"{NAME}.py: error: "), stderr
     expected = "lost the Redis server" if case == "server_killed" else "no chunk from any sampler for 3 s"
     assert expected in lines[0]
+    assert re.search(r"; no checkpoint in runs/\S+ \(--checkpoint-every N writes one every N iterations\)$", lines[0])
     assert len(seen) == (0 if case == "lab_server" else 1) and not running(seen)
 
 
@@ -352,27 +354,66 @@ def test_sigterm_ends_the_learner_as_ctrl_c_does(tmp_path, server, client, case)
                 p.kill()
 
 
-def test_a_local_sampler_that_dies_ends_the_learner_at_once(tmp_path):
-    """The learner's own sampler killed mid-run (SIGKILL; a crash looks the same): the learner ends within seconds,
-    not after --sampler-timeout (60 s by default) and not blaming "no chunk from any sampler", in one line naming the
-    sampler and how it ended, with the last checkpoint and the resume command; exit 1; its server stopped."""
-    learner = launch(
-        tmp_path, "learner", *FAST, "--num-samplers", 1, "--total-timesteps", 10**6, "--checkpoint-every", 1
-    )
+def local_samplers(learner: subprocess.Popen) -> list[int]:
+    """The pids of the learner's local samplers, as they are now."""
+    seen = descendants(learner.pid)
+    return sorted(pid for pid, _ in seen if b"--role" in Path(f"/proc/{pid}/cmdline").read_bytes())
+
+
+def test_a_local_sampler_that_dies_is_restarted_and_the_run_goes_on(tmp_path):
+    """One of two local samplers killed mid-run (SIGKILL; a crash looks the same): it is started again, as a new
+    sampler with its own seed stream, in one line naming it and how it ended, and the run finishes (exit 0) without
+    a checkpoint ever asked for."""
+    argv = [*FAST, "--num-samplers", 2, "--total-timesteps", 40 * T * K]
+    learner = launch(tmp_path, "learner", *argv)
     try:
-        wait_until(lambda: list(tmp_path.glob("runs/*/checkpoint.pt")), 90, "the first checkpoint")
+        wait_until(lambda: "iteration 1/" in output(tmp_path, "learner")[0], 90, "the first iteration")
+        first, second = local_samplers(learner)
+        os.kill(first, signal.SIGKILL)
+        seen = wait_watching(learner, 120)
+        stdout, stderr = output(tmp_path, "learner")
+        assert learner.returncode == 0, stderr
+        k = r"[01]"
+        assert re.fullmatch(
+            rf"{NAME}\.py: local sampler {k} \(pid {first}\) died \(signal SIGKILL\); restarted \(1/3 of --max-restarts\)",
+            stderr.strip(),
+        ), stderr
+        assert len({pid for pid, _ in seen} - {first, second}) >= 2  # the server, and the sampler started again
+        assert "iteration 40/40" in stdout
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+
+
+def test_a_local_sampler_that_dies_past_max_restarts_ends_the_run_with_a_checkpoint(tmp_path):
+    """--max-restarts 1: the learner's sampler killed, restarted; killed again: the run ends within seconds, not after
+    --sampler-timeout, in one line naming the sampler and how it ended, with a checkpoint written first (the run
+    never asked for one: no --checkpoint-every) and the command that resumes it; exit 1; nothing left running."""
+    argv = [*FAST, "--num-samplers", 1, "--total-timesteps", 10**6, "--max-restarts", 1]
+    learner = launch(tmp_path, "learner", *argv)
+    try:
+        wait_until(lambda: "iteration 1/" in output(tmp_path, "learner")[0], 90, "the first iteration")
+        (first,) = local_samplers(learner)
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: "restarted" in output(tmp_path, "learner")[1], 30, "the restart")
+        wait_until(lambda: output(tmp_path, "learner")[0].count("joined run") == 2, 60, "the new sampler to join")
         seen = descendants(learner.pid)
-        (sampler,) = [pid for pid, _ in seen if b"--role" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-        os.kill(sampler, signal.SIGKILL)
+        (second,) = local_samplers(learner)
+        os.kill(second, signal.SIGKILL)
         killed = time.monotonic()
         seen |= wait_watching(learner, 30)
         assert time.monotonic() - killed < 10
         stderr = output(tmp_path, "learner")[1]
         assert learner.returncode == 1, stderr
-        assert stderr.splitlines() == [
-            f"{NAME}.py: error: local sampler 0 (pid {sampler}) died (signal SIGKILL) while the run went on; "
-            + resume_line(tmp_path)
-        ]
+        restart, end = stderr.splitlines()
+        assert restart.endswith("restarted (1/1 of --max-restarts)")
+        assert re.fullmatch(
+            rf"{NAME}\.py: error: local sampler 0 \(pid {second}\) died \(signal SIGKILL\) after --max-restarts 1 "
+            rf"restarts; checkpoint written at iteration \d+; {re.escape(resume_line(tmp_path))}",
+            end,
+        ), end
+        checkpoint = load(next(tmp_path.glob("runs/*/checkpoint.pt")))
+        assert checkpoint["iteration"] >= 1
         assert not running(seen)
     finally:
         if learner.poll() is None:

@@ -97,6 +97,13 @@ def test_a_command_that_cannot_start_fails_its_job(tmp_path):
     assert result.returncode == 1 and "FAILED A-v0 seed 1 (exit 127)" in result.stdout
 
 
+@pytest.mark.parametrize("command, why", [("python 'x", "No closing quotation"), ("  ", "it is empty")])
+def test_a_malformed_command_is_refused_in_one_line_before_any_job(tmp_path, command, why):
+    result = run_runner(command, ["A-v0"], [1], 1, tmp_path / "logs")
+    assert result.returncode == 2 and result.stdout == "" and not (tmp_path / "logs").exists()
+    assert result.stderr == f"benchmark.run_seeds: error: --command {command!r}: {why}\n"
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_jobs_overlap_up_to_the_number_of_workers(tmp_path, job, workers):
     result = run_runner(job(1.0), ["A-v0", "B-v0", "C-v0"], [1], workers, tmp_path / "logs")

@@ -2,6 +2,7 @@
 
 import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -15,14 +16,16 @@ from benchmark.scores import (
     iqm_with_ci,
     load_references,
     normalise,
+    parse_run_name,
     plot_profiles,
     published,
     table,
 )
+from benchmark.scores import main as scores_main
 
 
-def write_run(root, seed, returns, sps):
-    writer = SummaryWriter(root / f"Fake-v0__ppo__{seed}__1700000000")
+def write_run(root, seed, returns, sps, name="Fake-v0__ppo__{seed}__1700000000"):
+    writer = SummaryWriter(root / name.format(seed=seed))
     for step, value in enumerate(returns, start=1):
         writer.add_scalar("charts/episodic_return", value, step * 10)
     writer.add_scalar("charts/SPS", sps, len(returns) * 10)
@@ -131,3 +134,45 @@ def test_iqm_with_bootstrap_intervals_per_env_and_over_normalised_envs(tmp_path)
     assert iqm_with_ci(scores, reps=REPS) == (iqm, low, high)  # a seeded bootstrap
     (profile,) = plot_profiles(tmp_path, tmp_path / "plots", 100, reps=REPS)
     assert profile.name == "profile__ppo.png" and profile.stat().st_size > 10_000
+
+
+def test_branches_and_exp_names_with_double_underscores_are_read_and_what_is_left_out_is_named(tmp_path):
+    """A --resume's branch `<run>__from-iteration-<i>` is a run of its seed (the run of a seed that went furthest
+    counts), an --exp-name may hold `__`, and a garbage events file is named, not a row of nan."""
+    write_run(tmp_path, 1, [1.0] * 3, sps=100)  # to step 30
+    write_run(tmp_path, 1, [5.0] * 6, sps=100, name="Fake-v0__ppo__{seed}__1700000000__from-iteration-2")  # step 60
+    write_run(tmp_path, 2, [3.0] * 3, sps=100, name="Fake-v0__my__exp__{seed}__1700000001-2")
+    garbage = tmp_path / "Fake-v0__other__1__1700000002"
+    garbage.mkdir()
+    (garbage / "events.out.tfevents.1700000002.host").write_bytes(b"not an events file" * 10)
+    assert parse_run_name("Fake-v0__ppo__1__1700000000__from-iteration-2__from-iteration-7") == (
+        "Fake-v0",
+        "ppo",
+        "1 (from iteration 2, then 7)",
+    )
+    text = table(tmp_path, last=100)
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if "Fake-v0" in line and line.startswith("|")}
+    assert set(rows) == {"| ppo.py", "| my__exp (--exp-name)"}
+    assert "| 1 (from iteration 2) | 5.00 |" in rows["| ppo.py"]
+    assert "| 2 | 3.00 |" in rows["| my__exp (--exp-name)"]
+    assert "nan" not in text
+    (left_out,) = [line for line in text.splitlines() if line.startswith("Not counted: ")]
+    assert "Fake-v0__ppo__1__1700000000 (seed 1 counted from Fake-v0__ppo__1__1700000000__from-iteration-2" in left_out
+    assert "Fake-v0__other__1__1700000002 (no episode in its event files" in left_out
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda root: None, "no such folder"),
+    (lambda root: root.mkdir(), "no run folder below"),
+    (lambda root: (root / "Fake-v0__ppo__1__1").mkdir(parents=True) or
+     (root / "Fake-v0__ppo__1__1" / "events.out.tfevents.1").write_bytes(b"garbage"), "no run to count below"),
+])  # fmt: skip
+def test_a_missing_folder_or_nothing_to_count_is_an_error_in_one_line(tmp_path, monkeypatch, capsys, make, message):
+    make(tmp_path / "runs")
+    monkeypatch.setattr(sys, "argv", ["scores", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit) as exit:
+        scores_main()
+    err = capsys.readouterr().err
+    assert (
+        exit.value.code == 2 and err.count("\n") == 1 and err.startswith("benchmark.scores: error: ") and message in err
+    )

@@ -1,11 +1,11 @@
-"""benchmark.multigpu_scaling on event files written here with known wall times: SPS after the first iteration,
+"""benchmark.studies.scaling multigpu on event files written here with known wall times: SPS after the first iteration,
 the time split, speedup S = SPS_W / SPS_1 and efficiency E = S / W."""
 
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from benchmark.events import read_timed_scalars
-from benchmark.multigpu_scaling import measure, scaling_table, time_to_return
+from benchmark.studies.scaling import measure, scaling_table, time_to_return
 
 
 def write_run(path, batch, seconds_per_iteration, split, iterations=5):

@@ -1,71 +1,85 @@
-"""Side by side with CleanRL: the whole-process time of our scripts and of CleanRL 1.2.0's, same steps
-and hyperparameters, measured in one run.
+"""Beside CleanRL on this machine, with CleanRL 1.2.0 on its own pinned stack in one virtualenv (results/speed_cpu.md,
+results/parity.md):
 
-    python -m benchmark.speed_vs_cleanrl --build   # once: CleanRL 1.2.0 and its packages, in a virtualenv outside git
-    python -m benchmark.speed_vs_cleanrl             # CartPole-v1 500k, Hopper-v4 1M, Breakout-v5 10M steps, 3 rounds
-                                         # (on 2 cores a 10M Breakout run takes most of a day: give --steps)
-    python -m benchmark.speed_vs_cleanrl --pairs cartpole,hopper --steps cartpole=50000,hopper=20480 --rounds 1 --busy
-    python -m benchmark.speed_vs_cleanrl --pairs cartpole,hopper --baseline /tmp/before  # and an older commit's
-    python -m benchmark.speed_vs_cleanrl --pairs breakout --steps breakout=102400 --busy --torch-threads 1 \\
-        --log benchmark/results/speed_cpu_runs.jsonl --out /tmp/speed_breakout.md
+    python -m benchmark.studies.cleanrl build    # once: downloads CleanRL 1.2.0 and its stack (a Python 3.10 makes it)
+    python -m benchmark.studies.cleanrl speed     # CartPole-v1 500k, Hopper-v4 1M, Breakout-v5 10M steps, 3 rounds
+    python -m benchmark.studies.cleanrl speed --pairs cartpole,hopper --steps cartpole=50000,hopper=20480 --rounds 1
+    python -m benchmark.studies.cleanrl speed --pairs cartpole,hopper --baseline ../before   # and another checkout's
+    python -m benchmark.studies.cleanrl parity run --runs-dir runs/benchmark/parity-cleanrl --steps 300000 --seeds 1 2
+    python -m benchmark.studies.cleanrl parity table --ours runs/benchmark/parity --cleanrl runs/benchmark/parity-cleanrl
 
-The pairs (ours against CleanRL's script of the same name):
-- cartpole: ppo.py against cleanrl/ppo.py on CartPole-v1 (default budget 500k steps),
-- hopper: ppo_continuous_action.py against cleanrl/ppo_continuous_action.py on Hopper-v4 (1M),
-- breakout: ppo_atari_envpool.py against cleanrl/ppo_atari_envpool.py on Breakout-v5 (10M).
+`build`: the virtualenv (`--venv`, default $PPO_LAB_CLEANRL_DIR or ~/.cache/ppo-lab/cleanrl-1.2.0): CleanRL 1.2.0's
+scripts (`pip install --no-deps`, as every tool installs it) and the packages of their time: gym 0.23.1 (ppo.py and
+the envpool script use its API), gymnasium 0.29.1 and mujoco 2.3.7 (ppo_continuous_action.py), envpool 0.8.4, ale-py
+0.7.4 with Stable-Baselines3 1.2.0's Atari wrappers (ppo_atari.py, ppo_atari_lstm.py), numpy<2; torch is ours, so that
+the networks' kernels are the same on both sides. ale-py 0.7.4 has no wheel for Python 3.11: a Python 3.10 makes the
+virtualenv (pyenv's, or --python). Its ROMs came from AutoROM, a download this machine cannot make: the build copies
+the game files that our ale-py bundles into ale-py 0.7.4's ROM folder (ale-py identifies a ROM by its MD5, so only the
+same games load). It checks that the pairs' environments open, then writes versions.json, which marks it built.
+CleanRL's code runs from the virtualenv, never copied here.
 
-CleanRL runs from the virtualenv's site-packages at its own package versions (gym 0.23.1, gymnasium
-0.29.1, envpool 0.8.4, numpy<2, mujoco 2.3.7), with the same torch as ours; its code is never copied
-into this repository. Both sides get the same hyperparameters as explicit flags, our script's
-defaults (learning rate, envs, steps per rollout, minibatches, epochs, clipping, coefficients, seed,
-...), and before the first run every flag of CleanRL's script is checked to be either one we pass or
-one that does not change the training (run name, W&B names); its tracking, video and CUDA are off.
+`speed`: the whole-process time of our scripts and of CleanRL's, same steps and hyperparameters, in one run. The pairs:
+cartpole (ppo.py, CartPole-v1, 500k steps), hopper (ppo_continuous_action.py, Hopper-v4, 1M), breakout
+(ppo_atari_envpool.py, Breakout-v5, 10M; on 2 cores most of a day: give --steps). Both sides get our defaults as
+explicit flags, and before the first run every flag of CleanRL's script is checked to be one we pass or one that does
+not change the training (run name, W&B names); tracking, video and CUDA off. Timed: the whole process, interpreter
+start to exit, each side at its own thread default (OMP_NUM_THREADS unset). `--busy` also times every run beside a
+process busy on one core; `--torch-threads 1,2` adds our scripts at those thread counts. Where our script has
+`--compile`, both modes are timed (`--no-split`: its default only) and a second table gives the eager/compiled split
+(the compile time: the script's own `perf/compile_time`, else the first iteration's extra time); `--cold-compile`
+gives every run an empty torch.compile cache. Each round measures every run once, the order reversed every other
+round; the table gives each round, the median, the range and CleanRL time / our time. Every run is appended to the
+`--log` (JSON lines) at once, and a run already there is not measured again: the same command resumes.
+`--table` prints the table from the log alone.
 
-What is timed: the whole process, from the interpreter's start (torch's import included) to its exit,
-each side at its own thread default (OMP_NUM_THREADS unset: CleanRL at PyTorch's default, one thread
-per core; ours at its `--torch-threads` default). `--busy` also times every run while another process
-keeps one core busy, as when runs share a machine; `--torch-threads 1,2` adds our scripts at these
-thread counts. Where our script has `--compile`, it is timed in both modes (its default and the other;
-`--no-split` leaves the other out) and a second table shows the eager/compiled split. The compile time
-there is the script's own `perf/compile_time` where it logs one, else the extra time of the first
-iteration (the script's own rollout and update timers), compiled runs less eager ones. torch.compile's
-cache is the user's (warm after the first compile of the same code) or, with `--cold-compile`, empty
-for every run.
-In each round every run is measured once, the order reversed every other round so that ours and
-CleanRL's take turns going first; the table shows each round, the median and the range, and the
-ratio CleanRL time / our time (median over rounds, and its range over the rounds' own ratios).
-
-Every finished run is appended at once to the `--log` file (JSON lines: command, seconds, the script's
-last SPS, the 1-minute load average just before it), and a run already there (same pair, steps,
-setting, run, round and compile cache) is not measured again: an interrupted benchmark resumes where
-it stopped when given the same command. `--table` prints the table from the log only.
+`parity`: early learning on Atari. `run`: each CleanRL Atari script at its defaults (ours have the same
+hyperparameters) on BreakoutNoFrameskip-v4 (Breakout-v5 for envpool), one thread per job (benchmark.run_seeds), in
+RUNS_DIR, where CleanRL writes runs/<env>__<script>__<seed>__<time>. `table`: the score of a run as CleanRL's Atari
+pages report it, the mean game score (all lives, unclipped: `charts/episodic_return`) of the games that end in the
+last `--window` steps; per pair every seed of both sides, mean ± std, and a verdict: "at parity" when the means
+differ by no more than the larger of the two standard deviations, else which side is higher. `bash benchmark/ppo.sh
+parity` runs both sides (the build aside) and writes results/parity.md.
 """
 
 import argparse
 import dataclasses
 import json
 import os
-import platform
 import re
 import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 
-from benchmark.scripts import ROOT, import_script
+import numpy as np
 
-PEER_VERSION = "1.2.0"
-PEER_DIR = Path(os.environ.get("PPO_LAB_PEER_DIR") or Path.home() / ".cache" / "ppo-lab" / f"cleanrl-{PEER_VERSION}")
-# CleanRL 1.2.0's scripts with the packages of their time: ppo.py and the envpool script are written for
-# gym 0.23's API (4-tuple step, env.seed), ppo_continuous_action.py for gymnasium 0.28/0.29; mujoco
-# 2.3.7, the last 2.x version (CleanRL pins mujoco<=2.3.3, 2.3.3 in its requirements files; imageio: gymnasium
-# 0.29's MuJoCo envs import it); gym 0.23's CartPole imports pygame, whose pin in CleanRL (2.1.0) has no Python 3.11 wheel;
-# torch is ours, so that the networks' kernels are the same on both sides.
-PEER_PACKAGES = [
+from benchmark.events import read_scalars
+from benchmark.run_seeds import die_interrupted, interrupt, make_jobs, run_jobs, summary
+from benchmark.scores import FINISHED, curves, finished, group_runs, save_figure
+from benchmark.scripts import CLEANRL_VERSION, ROOT, import_script, machine, our_commit, pip_cleanrl, versions
+
+PROG = "benchmark.studies.cleanrl"
+BUILD = f"python -m {PROG} build"
+
+
+def fail(message: str):
+    """One line on stderr and exit 2, as the training scripts do for bad input."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# build: CleanRL 1.2.0 in a virtualenv of its own
+# ----------------------------------------------------------------------------------------------------------
+VENV = Path(os.environ.get("PPO_LAB_CLEANRL_DIR") or Path.home() / ".cache" / "ppo-lab" / f"cleanrl-{CLEANRL_VERSION}")
+# gym 0.23's CartPole imports pygame, whose pin in CleanRL (2.1.0) has no recent wheel; gymnasium 0.29's MuJoCo
+# environments import imageio; mujoco 2.3.7 is the last 2.x (CleanRL pins mujoco<=2.3.3)
+PACKAGES = [
     "torch==2.13.0",
     "numpy<2",
     "gym==0.23.1",
@@ -74,10 +88,71 @@ PEER_PACKAGES = [
     "mujoco==2.3.7",
     "imageio",
     "pygame==2.6.1",
+    "ale-py==0.7.4",
+    "stable-baselines3==1.2.0",
+    "opencv-python==4.8.1.78",
     "tensorboard",
+    "protobuf<5",
 ]
-VERSIONS_OF = ["cleanrl", "torch", "numpy", "gym", "gymnasium", "envpool", "mujoco"]
-DEFAULT_LOG = ROOT / "runs" / "benchmark_peer.jsonl"
+VERSIONS_OF = ["cleanrl", "torch", "numpy", "gym", "gymnasium", "envpool", "mujoco", "ale-py"]
+ROMS = ["breakout"]  # the games the parity runs play
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def built_versions(venv: Path) -> dict[str, str]:
+    """The virtualenv's package versions, written by `build` as its last step ({} where it is not built)."""
+    ready = venv / "versions.json"
+    return json.loads(ready.read_text()) if ready.is_file() else {}
+
+
+def find_python310() -> str:
+    for candidate in ["python3.10", str(Path.home() / ".pyenv" / "versions" / "3.10.13" / "bin" / "python")]:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    fail("no Python 3.10 found (ale-py 0.7.4, CleanRL's, has no wheel for 3.11): give one with --python")
+
+
+def build(venv: Path, python: str):
+    """The virtualenv, our ale-py's ROM files for the games played, a check that the pairs' environments open."""
+    from importlib import resources
+
+    (venv / "versions.json").unlink(missing_ok=True)
+    pip = str(venv_python(venv))
+    for command in [
+        [python, "-m", "venv", "--clear", str(venv)],
+        [pip, "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools<70", "wheel"],
+        [pip, "-m", "pip", "install", "-q", *PACKAGES],
+        pip_cleanrl(pip, "install", "-q"),
+    ]:
+        print("$", shlex.join(command), flush=True)
+        subprocess.run(command, check=True)
+    roms = subprocess.run(
+        [pip, "-c", "import ale_py.roms, os; print(os.path.dirname(ale_py.roms.__file__))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    for game in ROMS:
+        shutil.copy(resources.files("ale_py") / "roms" / f"{game}.bin", roms)
+    check = (
+        "import json, sys; from importlib import metadata; import gym, gymnasium, envpool, torch, cleanrl.ppo_atari, "
+        "torch.utils.tensorboard; gym.make('CartPole-v1').reset(); gymnasium.make('Hopper-v4').reset(seed=1); "
+        "gym.make('BreakoutNoFrameskip-v4').reset(); envpool.make('Breakout-v5', env_type='gym', num_envs=1).reset(); "
+        f"json.dump({{p: metadata.version(p) for p in {VERSIONS_OF!r}}}, sys.stdout)"
+    )
+    found = subprocess.run([pip, "-c", check], check=True, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    (venv / "versions.json").write_text(found.stdout + "\n")
+    print(f"CleanRL {CLEANRL_VERSION} ready in {venv}: {found.stdout}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# speed: whole-process time of our scripts beside CleanRL's
+# ----------------------------------------------------------------------------------------------------------
+SPEED_LOG = ROOT / "runs" / "benchmark_peer.jsonl"  # (its name from before the tool was renamed: logs resume)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +168,7 @@ PAIRS = {
     "hopper": Pair("ppo_continuous_action", "ppo_continuous_action.py", "Hopper-v4", 1_000_000),
     "breakout": Pair("ppo_atari_envpool", "ppo_atari_envpool.py", "Breakout-v5", 10_000_000),
 }
+
 # given to both sides as flags, with our script's default values (CleanRL's flags have the same names)
 HYPERPARAMETERS = (
     "seed",
@@ -113,34 +189,26 @@ HYPERPARAMETERS = (
     "max_grad_norm",
     "target_kl",
 )
+
 # off on both sides: the benchmark times the training alone, on the CPU
 OFF = ("cuda", "track", "capture_video")
+
 # CleanRL's flags that do not change what is computed, which the benchmark leaves at their defaults
 NOT_PASSED = {"help", "exp-name", "wandb-project-name", "wandb-entity"}
+
 SETTINGS = {
     "plain": "default threads, nothing else started by the benchmark",
     "busy": "default threads, +1 process busy on one core",
 }
+
 THEIRS = "CleanRL"
+
 BASELINE = "baseline"  # the label of the --baseline checkout's runs
 
 
-def fail(message: str):
-    """One line on stderr and exit 2, as the training scripts do for bad input."""
-    print(f"benchmark.speed_vs_cleanrl: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The peer: CleanRL 1.2.0 in a virtualenv of its own
-# ----------------------------------------------------------------------------------------------------------
-def peer_python(peer_dir: Path) -> Path:
-    return peer_dir / "bin" / "python"
-
-
-def peer_script(peer_dir: Path, pair: Pair) -> Path:
+def cleanrl_script(venv: Path, pair: Pair) -> Path:
     """CleanRL's script of `pair` in the virtualenv's site-packages."""
-    (script,) = sorted(peer_dir.glob(f"lib/python*/site-packages/cleanrl/{pair.theirs}"))
+    (script,) = sorted(venv.glob(f"lib/python*/site-packages/cleanrl/{pair.theirs}"))
     return script
 
 
@@ -148,47 +216,6 @@ def home_relative(path: Path) -> str:
     """`path` as `~/...` when it is in the home folder: a results file names no machine's home."""
     path = Path(path)
     return f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
-
-
-def peer_versions(peer_dir: Path) -> dict[str, str]:
-    """The peer's package versions, written by --build as its last step ({} where it is not built)."""
-    ready = peer_dir / "versions.json"
-    return json.loads(ready.read_text()) if ready.is_file() else {}
-
-
-def check_peer(peer_dir: Path):
-    """A one-line error when the peer is not built."""
-    if not peer_versions(peer_dir):
-        fail(
-            f"CleanRL {PEER_VERSION}'s virtualenv is missing ({peer_dir}): build it first with "
-            "`python -m benchmark.speed_vs_cleanrl --build`"
-        )
-
-
-def build(peer_dir: Path):
-    """Creates the virtualenv and installs CleanRL 1.2.0 (its scripts only: its pinned requirements are of
-    2023 and it declares Python < 3.11) and the packages its PPO scripts import; checks that they import
-    and that the environments of the pairs open; writes versions.json last, which marks the build done."""
-    (peer_dir / "versions.json").unlink(missing_ok=True)
-    python = str(peer_python(peer_dir))
-    steps = [
-        [sys.executable, "-m", "venv", "--clear", str(peer_dir)],
-        [python, "-m", "pip", "install", "--upgrade", "pip", "setuptools", "wheel"],
-        [python, "-m", "pip", "install", *PEER_PACKAGES],
-        [python, "-m", "pip", "install", "--no-deps", "--ignore-requires-python", f"cleanrl=={PEER_VERSION}"],
-    ]
-    for command in steps:
-        print("$", shlex.join(command), flush=True)
-        subprocess.run(command, check=True)
-    check = (
-        "import json, sys; from importlib import metadata; import gym, gymnasium, envpool, torch, "
-        "torch.utils.tensorboard; gym.make('CartPole-v1').reset(); gymnasium.make('Hopper-v4').reset(seed=1); "
-        "envpool.make('Breakout-v5', env_type='gym', num_envs=1).reset(); "
-        f"json.dump({{p: metadata.version(p) for p in {VERSIONS_OF!r}}}, sys.stdout)"
-    )
-    versions = subprocess.run([python, "-c", check], check=True, capture_output=True, text=True).stdout
-    (peer_dir / "versions.json").write_text(versions + "\n")
-    print(f"CleanRL {PEER_VERSION} ready in {peer_dir}: {versions}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -230,9 +257,9 @@ def our_command(
     return [sys.executable, str(root / f"{pair.ours}.py"), *flags(values, ours=True), "--runs-dir", runs_dir, *extra]
 
 
-def their_command(pair: Pair, steps: int, defaults: dict, peer_dir: Path) -> list[str]:
+def their_command(pair: Pair, steps: int, defaults: dict, venv: Path) -> list[str]:
     values = {"env_id": pair.env_id, "total_timesteps": steps, **hyperparameters(defaults), **dict.fromkeys(OFF, False)}
-    return [str(peer_python(peer_dir)), str(peer_script(peer_dir, pair)), *flags(values, ours=False)]
+    return [str(venv_python(venv)), str(cleanrl_script(venv, pair)), *flags(values, ours=False)]
 
 
 def unmatched_flags(help_text: str, command: list[str], unset: set[str]) -> list[str]:
@@ -331,7 +358,7 @@ def measure(
     label: str,
     extra: tuple[str, ...],
     defaults: dict,
-    peer_dir: Path,
+    venv: Path,
     cold: bool,
     baseline: Path | None = None,
 ) -> dict:
@@ -344,7 +371,7 @@ def measure(
             root = baseline if label == BASELINE else ROOT
             command = our_command(pair, steps, defaults, f"{tmp}/runs", extra, root)
         else:
-            command = their_command(pair, steps, defaults, peer_dir)
+            command = their_command(pair, steps, defaults, venv)
         env = child_env(ours, f"{tmp}/compile_cache" if cold else None)
         seconds, output = time_run(command, env, setting == "busy", tmp)
         times = own_times(Path(tmp, "runs")) if ours else {}
@@ -478,35 +505,6 @@ def compile_text(compiled: list[dict], eager: list[dict]) -> str:
     return "not logged"
 
 
-def our_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for package in VERSIONS_OF[1:]:
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
-def machine() -> str:
-    """CPU model, cores and OS, for the table's header."""
-    model = platform.processor() or platform.machine()
-    try:
-        names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
-        model = names[0] if names else model
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} logical cores, {platform.platform()}"
-
-
-def our_commit(root: Path = ROOT) -> str:
-    def git(*args):
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True).stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def check_flags(command: list[str], defaults: dict):
     """Fails unless every flag of CleanRL's script (from its --help) is one the command passes or one
     that does not change the training (NOT_PASSED): then no default of theirs differs unseen from ours."""
@@ -530,7 +528,7 @@ def run_rounds(
     settings: list[str],
     variants: dict[str, list[tuple[str, tuple[str, ...]]]],
     defaults: dict[str, dict],
-    peer_dir: Path,
+    venv: Path,
     cold: bool = False,
     baseline: Path | None = None,
 ):
@@ -548,7 +546,7 @@ def run_rounds(
                     if (pair, steps[pair], setting, label, r, cold) in done:
                         continue
                     load = os.getloadavg()[0]  # the machine's state just before: a disturbed run shows here
-                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], peer_dir, cold, baseline)
+                    record = measure(pair, steps[pair], setting, label, extra, defaults[pair], venv, cold, baseline)
                     record.update(round=r, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), load=load)
                     with log.open("a") as f:
                         f.write(json.dumps(record) + "\n")
@@ -557,7 +555,7 @@ def run_rounds(
 
 def describe(
     command: str,
-    peer_dir: Path,
+    venv: Path,
     pairs: list[str],
     settings: list[str],
     defaults: dict[str, dict],
@@ -568,11 +566,11 @@ def describe(
     """The lines above the table: machine, load during the runs, versions, command, settings, scripts."""
     loads = [record["load"] for record in records if "load" in record and record["pair"] in pairs]
     during = f"1-minute load average before each run {min(loads):.2f}-{max(loads):.2f}" if loads else "no runs logged"
-    theirs = ", ".join(f"{k} {v}" for k, v in peer_versions(peer_dir).items()) or "not built here"
+    theirs = ", ".join(f"{k} {v}" for k, v in built_versions(venv).items()) or "not built here"
     lines = [
         f"Machine: {machine()}; {during}.",
-        f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in our_versions().items()) + ".",
-        f"CleanRL: {theirs} (virtualenv {home_relative(peer_dir)}).",
+        f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in versions(VERSIONS_OF[1:]).items()) + ".",
+        f"CleanRL: {theirs} (virtualenv {home_relative(venv)}).",
         *([f"Baseline: {baseline}, commit {our_commit(baseline)}, with our flags."] if baseline else []),
         f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "Settings: "
@@ -609,19 +607,144 @@ def parse_steps(text: str | None) -> dict[str, int]:
     return steps
 
 
-def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmark.speed_vs_cleanrl",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--build", action="store_true", help="create the CleanRL virtualenv (then exit)")
-    parser.add_argument(
-        "--peer-dir",
-        type=Path,
-        default=PEER_DIR,
-        help="the CleanRL virtualenv (default: $PPO_LAB_PEER_DIR or %(default)s)",
-    )
+# ----------------------------------------------------------------------------------------------------------
+# parity: early learning on Atari beside CleanRL's
+# ----------------------------------------------------------------------------------------------------------
+# CleanRL's script -> its env id; our side's scripts and the id our scripts are given
+PARITY_SCRIPTS = {
+    "ppo_atari": "BreakoutNoFrameskip-v4",
+    "ppo_atari_lstm": "BreakoutNoFrameskip-v4",
+    "ppo_atari_envpool": "Breakout-v5",
+}
+
+# the pairs of the table: (our script, the side it is set beside: "cleanrl:<script>" or our own script)
+PARITY_PAIRS = [
+    ("ppo_atari", "cleanrl:ppo_atari"),
+    ("ppo_atari_envpool", "cleanrl:ppo_atari_envpool"),
+    ("ppo_atari_lstm", "cleanrl:ppo_atari_lstm"),
+    ("ppo_atari_multigpu", "ppo_atari"),
+    ("ppo_shared_memory_lstm", "ppo_atari_lstm"),
+]
+
+PARITY_OFF = ["--track", "False", "--capture-video", "False", "--cuda", "False"]
+
+
+def parity_run(venv: Path, runs_dir: Path, steps: int, seeds: list[int], workers: int, scripts: list[str]) -> int:
+    """CleanRL's `scripts` on Breakout, every seed; a job that finished before is not run again."""
+    python = venv_python(venv)
+    if not python.is_file():
+        fail(f"no CleanRL virtualenv in {venv}: {BUILD}")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for script in scripts:
+        env_id = PARITY_SCRIPTS[script]
+        command = f"{python} -m cleanrl.{script} --total-timesteps {steps} {' '.join(PARITY_OFF)}"
+        for job in make_jobs(command, [env_id], seeds, runs_dir / "logs" / script, resume=True):
+            job.cwd = runs_dir  # (CleanRL prints no run folder: an unfinished job starts anew)
+            jobs.append(job)
+    print(f"CleanRL {CLEANRL_VERSION}: {len(jobs)} jobs, {workers} at a time, runs in {runs_dir}/runs", flush=True)
+    finished = run_jobs(jobs, workers)
+    print(summary(finished, sum(job.elapsed for job in finished)), flush=True)
+    return 0 if all(job.returncode == 0 for job in finished) else 1
+
+
+def parity_score(run_dir: Path, window: int) -> tuple[float, int, int]:
+    """(the mean return of the games that ended in the last `window` steps, how many, the run's last step)."""
+    scalars = read_scalars(run_dir)
+    last = max(step for points in scalars.values() for step, _ in points)
+    games = [value for step, value in scalars.get("charts/episodic_return", []) if step > last - window]
+    return (float(np.mean(games)) if games else float("nan")), len(games), last
+
+
+def parity_display(side: str) -> str:
+    """ "cleanrl:ppo_atari" -> "CleanRL's ppo_atari.py", "ppo_atari" -> "ppo_atari.py"."""
+    return side.replace("cleanrl:", "CleanRL's ") + ".py"
+
+
+def parity_sides(ours: Path, cleanrl: Path) -> dict[str, list[Path]]:
+    """{"ppo_atari": [run folders], "cleanrl:ppo_atari": [...], ...} from both folders."""
+    found = {}
+    for label, root in (("", ours), ("cleanrl:", cleanrl)):
+        if root.is_dir():
+            for (_, exp_name), runs in group_runs(root).items():
+                found.setdefault(label + exp_name, []).extend(run_dir for run_dir, _ in runs)
+    return found
+
+
+def parity_verdict(a: list[float], b: list[float]) -> str:
+    if len(a) < 2 or len(b) < 2:
+        return "too few seeds"
+    gap, spread = np.mean(a) - np.mean(b), max(np.std(a), np.std(b))
+    if abs(gap) <= spread:
+        return "at parity"
+    return "ours higher" if gap > 0 else "ours lower: follow it to its cause"
+
+
+def parity_counted(runs: list[Path], window: int, steps: int) -> tuple[dict[int, tuple], dict[int, int]]:
+    """({seed: (run folder, (score, games, last step))} of the finished runs, {seed: last step} of the unfinished
+    ones): a seed's furthest run stands for it, so a rerun supersedes a stopped one."""
+    furthest = {}
+    for run_dir in runs:
+        seed, result = int(run_dir.name.split("__")[2]), parity_score(run_dir, window)
+        if seed not in furthest or result[2] > furthest[seed][1][2]:
+            furthest[seed] = (run_dir, result)
+    done = {seed: run for seed, run in sorted(furthest.items()) if finished(run[1][2], steps)}
+    return done, {seed: run[1][2] for seed, run in sorted(furthest.items()) if seed not in done}
+
+
+def parity_table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
+    """Per pair, every seed of both sides; an unfinished run is listed but left out of the means and the verdict."""
+    found = parity_sides(ours, cleanrl)
+    lines = [
+        "| ours | beside | per seed, ours | per seed, beside | ours mean ± std | beside mean ± std | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mine, other in PARITY_PAIRS:
+        cells, scores = [], []
+        for side in (mine, other):
+            done, running = parity_counted(found.get(side, []), window, steps)
+            listed = {seed: f"{mean:.2f} (seed {seed}, {games} games, {last:,} steps)"
+                      for seed, (_, (mean, games, last)) in done.items()}  # fmt: skip
+            listed |= {seed: f"unfinished (seed {seed}, {last:,} steps)" for seed, last in running.items()}
+            cells.append(", ".join(listed[seed] for seed in sorted(listed)) or "not run")
+            scores.append([mean for _, (mean, _, _) in done.values()])
+        summaries = [f"{np.mean(s):.2f} ± {np.std(s):.2f}" if len(s) > 1 else "" for s in scores]
+        lines.append(
+            f"| {mine}.py | {parity_display(other)} | {cells[0]} | {cells[1]} | {summaries[0]} | {summaries[1]} "
+            f"| {parity_verdict(*scores)} |"
+        )
+    return "\n".join(lines)
+
+
+def parity_plots(ours: Path, cleanrl: Path, out_dir: Path, steps: int, window: int = 20) -> list[Path]:
+    """One PNG per pair whose two sides have a finished run each: each side's mean curve over the seeds the table
+    counts (smoothed over `window` games) and their min-max band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found, written = parity_sides(ours, cleanrl), []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for mine, other in PARITY_PAIRS:
+        runs = {side: [run_dir for run_dir, _ in parity_counted(found.get(side, []), 0, steps)[0].values()]  # (no score)
+                for side in (mine, other)}  # fmt: skip
+        if not all(runs.values()):
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for side, run_dirs in runs.items():
+            curve = curves(run_dirs, "step", window)
+            if curve is not None:
+                grid, values = curve
+                ax.plot(grid, values.mean(0), label=f"{parity_display(side)} ({len(values)} seeds)")
+                ax.fill_between(grid, values.min(0), values.max(0), alpha=0.2)
+        ax.set(title=f"{mine}.py beside {parity_display(other)}", xlabel="global step", ylabel="game score")
+        ax.legend(loc="best", fontsize="small")
+        written.append(save_figure(fig, out_dir / f"{mine}.png"))
+    return written
+
+
+def speed_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated, of: %(default)s")
     parser.add_argument("--steps", default=None, help="N for every pair or PAIR=N,...; default: the scripts' own")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating runs (default: %(default)s)")
@@ -650,15 +773,14 @@ def main(argv: list[str] | None = None):
     parser.add_argument(
         "--log",
         type=Path,
-        default=DEFAULT_LOG,
+        default=SPEED_LOG,
         help="JSON lines of the finished runs, read to resume (default: %(default)s)",
     )
     parser.add_argument("--table", action="store_true", help="print the table from --log only, run nothing")
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown to this file")
-    args = parser.parse_args(argv)
-    if args.build:
-        build(args.peer_dir)
-        return
+
+
+def speed(args, argv: list[str]):
     pairs = [name for name in args.pairs.split(",") if name]
     unknown = [name for name in pairs if name not in PAIRS]
     if unknown or not pairs:
@@ -671,8 +793,8 @@ def main(argv: list[str] | None = None):
         fail(f"--torch-threads: expected comma-separated integers, got {args.torch_threads!r}")
     steps = parse_steps(args.steps)
     settings = ["plain", "busy"] if args.busy else ["plain"]
-    if not args.table:
-        check_peer(args.peer_dir)
+    if not args.table and not built_versions(args.venv):
+        fail(f"CleanRL {CLEANRL_VERSION}'s virtualenv is missing ({args.venv}): build it first with `{BUILD}`")
     defaults = {pair: our_defaults(PAIRS[pair]) for pair in pairs}
     for pair in pairs:
         batch = defaults[pair]["num_envs"] * defaults[pair]["num_steps"]
@@ -686,7 +808,7 @@ def main(argv: list[str] | None = None):
     modes = {pair: {label: mode(defaults[pair], label) for label, _ in variants[pair]} for pair in pairs}
     if not args.table:
         for pair in pairs:
-            check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.peer_dir), defaults[pair])
+            check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.venv), defaults[pair])
         run_rounds(
             args.log,
             args.rounds,
@@ -695,21 +817,106 @@ def main(argv: list[str] | None = None):
             settings,
             variants,
             defaults,
-            args.peer_dir,
+            args.venv,
             args.cold_compile,
             args.baseline,
         )
 
     records = read_log(args.log)
-    command = "python -m benchmark.speed_vs_cleanrl " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = f"python -m {PROG} " + shlex.join(argv)
     text = (
-        describe(command, args.peer_dir, pairs, settings, defaults, records, args.cold_compile, args.baseline)
+        describe(command, args.venv, pairs, settings, defaults, records, args.cold_compile, args.baseline)
         + "\n\n"
         + table(records, pairs, steps, settings, args.rounds, modes, args.cold_compile)
     )
     print("\n" + text)
     if args.out:
         args.out.write_text(text + "\n")
+
+
+def parity_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("what", choices=["run", "table"])
+    parser.add_argument("--runs-dir", type=Path, help="run: CleanRL's runs and logs go here")
+    parser.add_argument("--steps", type=int, default=300_000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--scripts", nargs="+", choices=list(PARITY_SCRIPTS), default=list(PARITY_SCRIPTS), help="run: which"
+    )
+    parser.add_argument("--ours", type=Path, help="table: the folder of our runs")
+    parser.add_argument("--cleanrl", type=Path, help="table: the folder given to `run`")
+    parser.add_argument("--window", type=int, default=50_000, help="table: the last steps whose games count")
+    parser.add_argument("--out", type=Path, help="table: write the markdown here (else print it)")
+    parser.add_argument("--plots", type=Path, help="table: a PNG per pair into this folder")
+
+
+def parity(args, argv: list[str]):
+    if args.what == "run":
+        if args.runs_dir is None:
+            fail("run needs --runs-dir")
+        signal.signal(signal.SIGTERM, interrupt)  # SIGTERM, as Ctrl-C: the running jobs are stopped first
+        try:
+            code = parity_run(args.venv, args.runs_dir.resolve(), args.steps, args.seeds, args.workers, args.scripts)
+        except KeyboardInterrupt:
+            die_interrupted("interrupted: CleanRL's running jobs killed")
+        sys.exit(code)
+    else:
+        if args.ours is None or args.cleanrl is None:
+            fail("table needs --ours and --cleanrl")
+        text = "\n".join(
+            [
+                "# Atari early learning beside CleanRL",
+                "",
+                (
+                    f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m {PROG} "
+                    f"{' '.join(argv)}` on {machine()}, no GPU. "
+                    "Runs: `bash benchmark/ppo.sh parity`, every seed the table lists (both sides, at their defaults, "
+                    "one run at a time with `OMP_NUM_THREADS=1`). CleanRL's side runs CleanRL "
+                    f"{CLEANRL_VERSION} in its own virtualenv ({', '.join(PACKAGES)}; Python 3.10), made once by "
+                    "`python -m benchmark.studies.cleanrl build`, which downloads them.\n\n"
+                    f"Score: the mean game score of the games that end in the last {args.window:,} steps of each run "
+                    "(all lives, unclipped), per seed; the verdict compares the means with the larger of the two "
+                    f"standard deviations over seeds (ddof 0, as benchmark.scores). A run counts once it reached "
+                    f"{FINISHED:.0%} of {args.steps:,} steps (runs end on whole iterations)."
+                ),
+                "",
+                parity_table(args.ours, args.cleanrl / "runs", args.window, args.steps),
+            ]
+        )
+        if args.plots:
+            for path in parity_plots(args.ours, args.cleanrl / "runs", args.plots, args.steps):
+                print(f"wrote {path}")
+        if args.out:
+            args.out.write_text(text + "\n")
+            print(f"wrote {args.out}")
+        else:
+            print(text)
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {PROG}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    built = commands.add_parser("build", help="create CleanRL's virtualenv (downloads it and its stack)")
+    built.add_argument("--python", help="the Python 3.10 that makes it (default: python3.10 or pyenv's)")
+    speed_arguments(commands.add_parser("speed", help="whole-process time beside CleanRL's scripts"))
+    parity_arguments(commands.add_parser("parity", help="early learning on Atari beside CleanRL's scripts"))
+    for command in commands.choices.values():
+        command.add_argument(
+            "--venv",
+            type=Path,
+            default=VENV,
+            help="CleanRL's virtualenv (default: $PPO_LAB_CLEANRL_DIR or %(default)s)",
+        )
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.venv, args.python or find_python310())
+    elif args.command == "speed":
+        speed(args, argv)
+    else:
+        parity(args, argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""benchmark.redis_scaling (and benchmark.shared_memory_scaling's time split) on event files written here with
+"""benchmark.studies.scaling samplers (and benchmark.studies.scaling workers's time split) on event files written here with
 known values: medians over the iterations after the first, the last end-to-end SPS, the split of the time."""
 
 from torch.utils.tensorboard import SummaryWriter
 
 from benchmark.events import read_scalars
-from benchmark.redis_scaling import summarize
+from benchmark.studies.scaling import summarize_samplers as summarize
 
 
 def test_summary_leaves_out_the_first_iteration_and_splits_the_time(tmp_path):

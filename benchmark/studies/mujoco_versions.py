@@ -1,9 +1,9 @@
 """Whether two MuJoCo versions step the MuJoCo tasks alike: each task steps 1,000 times from the same seed with the
 same random actions (no resets), its observations are recorded, and two recordings are compared step by step.
 
-    python -m benchmark.mujoco_versions record a.npz     # in an environment with one MuJoCo version
-    python -m benchmark.mujoco_versions record b.npz     # in one with the other
-    python -m benchmark.mujoco_versions compare a.npz b.npz
+    python -m benchmark.studies.mujoco_versions record a.npz     # in an environment with one MuJoCo version
+    python -m benchmark.studies.mujoco_versions record b.npz     # in one with the other
+    python -m benchmark.studies.mujoco_versions compare a.npz b.npz
 
 `compare` prints, per task, the first step whose observation differs, the largest difference there, and the
 largest differences at steps 100 and 1,000 (benchmark/results/mujoco_versions.md).

@@ -1,10 +1,10 @@
-"""benchmark.studies from run folders written here: the objective table normalises as the PPO paper's Table 1
+"""benchmark.studies.options from run folders written here: the objective table normalises as the PPO paper's Table 1
 (0 = random, 1 = the best setting), the bootstrap table counts the runs on their backs and leaves out the unfinished
 ones, a results file keeps its hand-written verdict."""
 
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmark import studies
+from benchmark.studies import options as studies
 
 
 def write_run(root, block, name, score, steps=studies.STEPS):
@@ -51,10 +51,10 @@ def test_the_bootstrap_table_counts_the_runs_on_their_backs(tmp_path, monkeypatc
 
 
 def test_a_results_file_keeps_its_verdict(tmp_path):
-    studies.write("dmc", "| table |", tmp_path, "python -m benchmark.studies runs")
+    studies.write("dmc", "| table |", tmp_path, "python -m benchmark.studies.options runs")
     path = tmp_path / "study_dmc.md"
     path.write_text(path.read_text().replace("(not yet)", "Written by hand."))
-    studies.write("dmc", "| another table |", tmp_path, "python -m benchmark.studies runs")
+    studies.write("dmc", "| another table |", tmp_path, "python -m benchmark.studies.options runs")
     text = path.read_text()
     assert (
         "| another table |" in text and "| table |\n" not in text and text.endswith("## Verdict\n\nWritten by hand.\n")

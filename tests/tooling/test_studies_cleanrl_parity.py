@@ -1,4 +1,4 @@
-"""benchmark.cleanrl_parity's table from run folders written here: a run's score is the mean of the games that end
+"""benchmark.studies.cleanrl parity's table from run folders written here: a run's score is the mean of the games that end
 in its last `window` steps, each pair sets every seed of both sides beside each other, and the verdict follows the
 seeds' spread; `run` starts only what is asked and stops its jobs on SIGTERM."""
 
@@ -10,7 +10,7 @@ import time
 
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmark import cleanrl_parity
+from benchmark.studies import cleanrl as cleanrl_parity
 from helpers import REPO, alive, still_alive
 
 
@@ -24,15 +24,15 @@ def write_run(root, name, games):
 
 def test_the_score_counts_only_the_games_that_end_in_the_last_window(tmp_path):
     write_run(tmp_path, "BreakoutNoFrameskip-v4__ppo_atari__1__1", [(10_000, 100.0), (260_000, 4.0), (300_000, 8.0)])
-    mean, games, last = cleanrl_parity.score(tmp_path / "BreakoutNoFrameskip-v4__ppo_atari__1__1", 50_000)
+    mean, games, last = cleanrl_parity.parity_score(tmp_path / "BreakoutNoFrameskip-v4__ppo_atari__1__1", 50_000)
     assert (mean, games, last) == (6.0, 2, 300_000)
 
 
 def test_the_verdict_compares_the_gap_with_the_larger_spread():
-    assert cleanrl_parity.verdict([10.0, 12.0], [11.0, 13.0]) == "at parity"
-    assert cleanrl_parity.verdict([20.0, 21.0], [10.0, 11.0]) == "ours higher"
-    assert cleanrl_parity.verdict([10.0, 11.0], [20.0, 21.0]) == "ours lower: follow it to its cause"
-    assert cleanrl_parity.verdict([10.0], [20.0, 21.0]) == "too few seeds"
+    assert cleanrl_parity.parity_verdict([10.0, 12.0], [11.0, 13.0]) == "at parity"
+    assert cleanrl_parity.parity_verdict([20.0, 21.0], [10.0, 11.0]) == "ours higher"
+    assert cleanrl_parity.parity_verdict([10.0, 11.0], [20.0, 21.0]) == "ours lower: follow it to its cause"
+    assert cleanrl_parity.parity_verdict([10.0], [20.0, 21.0]) == "too few seeds"
 
 
 def test_the_table_sets_both_sides_of_each_pair_beside_each_other(tmp_path):
@@ -41,7 +41,7 @@ def test_the_table_sets_both_sides_of_each_pair_beside_each_other(tmp_path):
         write_run(ours, f"BreakoutNoFrameskip-v4__ppo_atari__{seed}__1", [(300_000, score)])
         write_run(theirs, f"BreakoutNoFrameskip-v4__ppo_atari__{seed}__1", [(300_000, score + 30.0)])
         write_run(ours, f"BreakoutNoFrameskip-v4__ppo_atari_multigpu__{seed}__1", [(300_000, score + 1.0)])
-    text = cleanrl_parity.table(ours, theirs, 50_000, 300_000)
+    text = cleanrl_parity.parity_table(ours, theirs, 50_000, 300_000)
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()}
     assert rows["ppo_atari.py"].startswith(
         "| ppo_atari.py | CleanRL's ppo_atari.py | 10.00 (seed 1, 1 games, 300,000 steps), 14.00 (seed 2, 1 games, "
@@ -60,7 +60,7 @@ def test_an_unfinished_run_is_listed_but_not_counted_and_a_rerun_of_its_seed_sup
     write_run(ours, "Breakout-v5__ppo_atari_envpool__3__2", [(299_008, 12.0)])
     write_run(theirs, "Breakout-v5__ppo_atari_envpool__1__1", [(299_008, 11.0)])
     write_run(theirs, "Breakout-v5__ppo_atari_envpool__2__1", [(299_008, 13.0)])
-    text = cleanrl_parity.table(ours, theirs, 50_000, 300_000)
+    text = cleanrl_parity.parity_table(ours, theirs, 50_000, 300_000)
     (row,) = [line for line in text.splitlines() if line.startswith("| ppo_atari_envpool.py")]
     assert row == (
         "| ppo_atari_envpool.py | CleanRL's ppo_atari_envpool.py | 10.00 (seed 1, 1 games, 299,008 steps), "
@@ -75,13 +75,13 @@ def test_run_starts_only_the_scripts_asked_for_and_skips_the_finished_ones(tmp_p
     python.write_text('#!/bin/sh\necho "$@" >> "$0.calls"\n')
     python.chmod(0o755)
     calls = tmp_path / "venv" / "bin" / "python.calls"
-    assert cleanrl_parity.run(tmp_path / "venv", tmp_path / "runs", 2048, [1, 2], 1, ["ppo_atari_envpool"]) == 0
+    assert cleanrl_parity.parity_run(tmp_path / "venv", tmp_path / "runs", 2048, [1, 2], 1, ["ppo_atari_envpool"]) == 0
     lines = calls.read_text().splitlines()
     assert len(lines) == 2 and all(
         line.startswith("-m cleanrl.ppo_atari_envpool --total-timesteps 2048") for line in lines
     )
     assert [line.split("--seed ")[1].split()[0] for line in lines] == ["1", "2"]
-    assert cleanrl_parity.run(tmp_path / "venv", tmp_path / "runs", 2048, [1, 2], 1, ["ppo_atari_envpool"]) == 0
+    assert cleanrl_parity.parity_run(tmp_path / "venv", tmp_path / "runs", 2048, [1, 2], 1, ["ppo_atari_envpool"]) == 0
     assert len(calls.read_text().splitlines()) == 2  # both finished: not run again
 
 
@@ -92,7 +92,7 @@ def test_run_stops_its_jobs_on_sigterm_and_dies_of_sigint(tmp_path):
     python.parent.mkdir(parents=True)
     python.write_text('#!/bin/sh\necho $$ > "$0.pid.tmp"; mv "$0.pid.tmp" "$0.pid"; exec sleep 60\n')
     python.chmod(0o755)
-    argv = [sys.executable, "-m", "benchmark.cleanrl_parity", "run", "--venv", str(tmp_path / "venv")]
+    argv = [sys.executable, "-m", "benchmark.studies.cleanrl", "parity", "run", "--venv", str(tmp_path / "venv")]
     argv += ["--runs-dir", str(tmp_path / "runs"), "--seeds", "1", "--scripts", "ppo_atari_envpool"]
     runner = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pid_file = python.parent / "python.pid"
@@ -120,5 +120,5 @@ def test_the_plots_draw_only_the_runs_the_table_counts(tmp_path):
     write_run(ours, "BreakoutNoFrameskip-v4__ppo_atari_lstm__1__1", [(1_000, 1.0), (9_000, 2.0)])  # stopped early
     write_run(theirs, "BreakoutNoFrameskip-v4__ppo_atari_lstm__1__1", games)
     write_run(ours, "BreakoutNoFrameskip-v4__ppo_atari__1__1", games)  # the multigpu pair's other side only
-    written = cleanrl_parity.plots(ours, theirs, tmp_path / "plots", 300_000, window=1)
+    written = cleanrl_parity.parity_plots(ours, theirs, tmp_path / "plots", 300_000, window=1)
     assert [path.name for path in written] == ["ppo_atari_envpool.png"]  # both sides finished: the only pair drawn

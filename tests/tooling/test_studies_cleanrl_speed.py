@@ -1,4 +1,4 @@
-"""benchmark.speed_vs_cleanrl without CleanRL's virtualenv: the command lines of both sides (same steps and
+"""benchmark.studies.cleanrl speed without CleanRL's virtualenv: the command lines of both sides (same steps and
 hyperparameters, parsed back by our script's own parser), the check of CleanRL's flags, the table's
 medians, ranges and ratios from known timings, the resumable rounds, and the error when the
 virtualenv is missing."""
@@ -9,7 +9,7 @@ import sys
 import pytest
 import tyro
 
-from benchmark import speed_vs_cleanrl as peer
+from benchmark.studies import cleanrl as peer
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_both_sides_get_the_same_steps_and_hyperparameters(name, fake_peer):
     ours = peer.our_command(pair, 12_288, defaults, "/tmp/runs")
     theirs = peer.their_command(pair, 12_288, defaults, fake_peer)
     assert ours[1].endswith(f"/{pair.ours}.py")
-    assert theirs[:2] == [str(fake_peer / "bin" / "python"), str(peer.peer_script(fake_peer, pair))]
+    assert theirs[:2] == [str(fake_peer / "bin" / "python"), str(peer.cleanrl_script(fake_peer, pair))]
     # our parser reads back our defaults, with the pair's environment and steps, on the CPU, tracking nothing
     parsed = tyro.cli(module.Args, args=ours[2:])
     expected = module.Args(env_id=pair.env_id, total_timesteps=12_288, cuda=False, runs_dir="/tmp/runs")
@@ -245,12 +245,12 @@ def test_steps_for_every_pair_or_per_pair():
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
-        peer.main([*argv, "--peer-dir", str(tmp_path / "nothing"), "--log", str(tmp_path / "log.jsonl")])
+        peer.main(["speed", *argv, "--venv", str(tmp_path / "nothing"), "--log", str(tmp_path / "log.jsonl")])
     assert exit.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("benchmark.speed_vs_cleanrl: error: ") and message in err
+    assert err.count("\n") == 1 and err.startswith("benchmark.studies.cleanrl: error: ") and message in err
     if "missing" in message:
-        assert "python -m benchmark.speed_vs_cleanrl --build" in err
+        assert "python -m benchmark.studies.cleanrl build" in err
 
 
 def test_what_our_script_sets_for_itself_does_not_reach_cleanrl(monkeypatch):
@@ -271,7 +271,7 @@ def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
         record("hopper", "ours", 1, 10.0) | {"load": 9.0},
     ]  # another pair: not in this table
     text = peer.describe(
-        "python -m benchmark.speed_vs_cleanrl --pairs cartpole",
+        "python -m benchmark.studies.cleanrl speed --pairs cartpole",
         tmp_path,
         ["cartpole"],
         ["plain", "busy"],
@@ -281,7 +281,9 @@ def test_header_names_the_load_during_the_runs_and_the_versions(tmp_path):
     )
     assert "1-minute load average before each run 0.50-1.25." in text
     assert f"CleanRL: cleanrl 1.2.0, gym 0.23.1 (virtualenv {tmp_path})." in text
-    assert "`python -m benchmark.speed_vs_cleanrl --pairs cartpole`" in text and "empty for each run (cold)" in text
+    assert (
+        "`python -m benchmark.studies.cleanrl speed --pairs cartpole`" in text and "empty for each run (cold)" in text
+    )
     assert "busy: default threads, +1 process busy on one core" in text
     assert "cartpole: ppo.py (`--torch-threads` default 1, `--compile` default False)" in text
 

@@ -2,9 +2,9 @@
 distribution dmc bootstrap`: one results file per study with its tables, set beside the default's runs (the
 `mujoco` block) and the published numbers.
 
-    python -m benchmark.studies runs/benchmark                  # every study whose runs are there, into
-                                                                # runs/benchmark/studies/study_<name>.md
-    python -m benchmark.studies runs/benchmark --only dmc --out-dir benchmark/results   # rewrites the committed file
+    python -m benchmark.studies.options runs/benchmark   # every study whose runs are there, into
+                                                          # runs/benchmark/studies/study_<name>.md
+    python -m benchmark.studies.options runs/benchmark --only dmc --out-dir benchmark/results  # the committed file
 
 - objective: PPO-Clip (the mujoco block), adaptive KL (d_targ 0.01) and fixed KL (beta 1) per task and seed, and
   each objective's score normalised as in the PPO paper's Table 1 (Schulman et al. 2017, section 6.1): per task
@@ -31,8 +31,7 @@ import gymnasium as gym
 import numpy as np
 
 from benchmark.scores import finished, group_runs, load_references, published, summarize_run
-from benchmark.scripts import import_script
-from benchmark.speed_vs_cleanrl import machine
+from benchmark.scripts import import_script, machine
 
 SCRIPT = "ppo_continuous_action"
 LAST = 100
@@ -295,14 +294,14 @@ def write(name: str, text: str, out_dir: Path, command: str) -> Path:
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(prog="python -m benchmark.studies", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmark.studies.options", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("runs", type=Path, help="the RUNS_DIR of ppo.sh (its block folders below it)")
     parser.add_argument("--only", choices=list(STUDIES), nargs="+", default=list(STUDIES))
     parser.add_argument("--out-dir", type=Path, help="where study_<name>.md goes (default: RUNS/studies)")
     args = parser.parse_args(argv)
     out_dir = args.out_dir or args.runs / "studies"
-    command = "python -m benchmark.studies " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmark.studies.options " + " ".join(argv if argv is not None else sys.argv[1:])
     for name in args.only:
         text = provenance(args.runs, name) + STUDIES[name](args.runs) + unfinished(args.runs, BLOCKS[name])
         print(f"wrote {write(name, text, out_dir, command)}")

@@ -1,0 +1,2 @@
+"""The studies: each made a results file in benchmark/results/ (benchmark/README.md maps them); run each as
+`python -m benchmark.studies.<name>`."""

@@ -1,0 +1,660 @@
+"""The speed studies on the CPU, one subcommand each (results/speed.md, speed_cpu.md, evaluation.md):
+
+    python -m benchmark.studies.speed throughput                       # every script, its default settings
+    python -m benchmark.studies.speed throughput --scripts ppo --busy  # also with another core kept busy
+    OMP_NUM_THREADS=1 python -m benchmark.studies.speed fast-path ppo --rounds 5
+    OMP_NUM_THREADS=1 python -m benchmark.studies.speed vector-env step --rounds 5
+    OMP_NUM_THREADS=1 python -m benchmark.studies.speed vector-env run --rounds 3 --baseline main
+    python -m benchmark.studies.speed evaluation --episodes 3 --scripts ppo ppo_continuous_action
+
+`throughput`: for each script, in fresh processes with OMP_NUM_THREADS=1, the env-only SPS (random actions stepped
+through the script's own `make_envs`, the upper bound for any training loop on this machine); the training SPS (the
+script's own `charts/SPS` after `--steps` steps at its defaults) with the split of its time between rollout and
+update (`perf/` scalars); their ratio; the peak memory of the training process and its children (PSS, sampled twice
+a second). `--straightforward` also measures each script with its speed levers undone: actions sampled through the
+distribution objects (`get_action_and_value` under no_grad instead of `act`), PyTorch's argument validation of
+distributions on, Adam's per-parameter loop instead of the fused kernel, NumPy's mean/var in the running
+statistics, for the pixel scripts the CNN in PyTorch's default memory layout fed `frames.float() / 255` on one
+thread, and for the recurrent scripts the LSTM stepped one time step at a time (`lstm_step_by_step` of
+tests/lstm_reference.py); the algorithm and its numbers are the same. `--busy` compares the script's thread default
+with another choice, idle and beside a busy-loop process on one core: the one-thread scripts against PyTorch's own
+default (`--torch-threads 0`, OMP_NUM_THREADS unset), the CNN scripts (2 threads) against one thread. `--repeats R`
+measures the variants in turn, R rounds, and gives medians.
+
+`fast-path`: what the fast path gives one script at one thread: the policy step (eager `Agent.act`, ppolab's
+`NumpyPolicy` where the script's training runs it, compiled `act`) on one step's observations, the update step of
+one minibatch (eager and compiled `update_step`, ppolab's `NumpyUpdate`), and the time torch.compile takes for each.
+Sizes are the script's defaults; the variants alternate within each round; medians of this thread's CPU time. A fresh
+process compiles from a cold cache unless TORCHINDUCTOR_CACHE_DIR holds one.
+
+`vector-env`: the vector environment of `ppo.py` and `ppo_continuous_action.py` (what their `make_envs` builds)
+against gymnasium's pair (`SyncVectorEnv` with same-step autoreset, `copy=False`, under its vector
+`RecordEpisodeStatistics`), at each script's default environment and number of environments (CartPole-v1 x4,
+Hopper-v4 x1). `step`: one vector step over `--steps` steps of random actions, CPU and wall time. `run`: whole
+training runs, each a process (CartPole-v1 500,000, Hopper-v4 200,000 steps unless given). `--baseline REV` adds the
+script as it is at a git revision. Each round runs every variant once, the order reversed every other round; the
+tables give the median, the range and the ratio to gymnasium's pair (below 1: faster).
+
+`evaluation`: the seconds of one evaluation (`evaluate(...)`, `--episodes` episodes on a separate environment, as
+the training loop calls it for `--eval-every`) per script on its default environment, with an untrained agent, in
+this process, one thread. An untrained agent's episodes are short; an evaluation costs in proportion to the agent
+steps it plays (on CartPole-v1 the return is the episode's length, so the seconds per 1000 steps follow).
+"""
+
+import argparse
+import copy
+import importlib.util
+import inspect
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from benchmark.events import read_scalars
+from benchmark.scripts import ENV_ID, ROOT, child_env, env_only_in_child, import_script, machine, our_commit, versions
+
+# ----------------------------------------------------------------------------------------------------------
+# throughput: each script's training speed beside its environment's own
+# ----------------------------------------------------------------------------------------------------------
+# script -> default number of steps to measure over (on its environment, ENV_ID)
+STEPS = {
+    "ppo": 50_000,
+    "ppo_continuous_action": 20_480,
+    "ppo_atari_envpool": 10_240,
+    "ppo_atari": 10_240,
+    "ppo_atari_lstm": 10_240,
+    "ppo_procgen": 2 * 64 * 256,
+}
+
+
+def process_tree_pss_mib(root: int) -> float:
+    """Memory of a process and all its descendants (environment workers too): the sum of their
+    proportional set sizes (PSS), which counts a page shared by k processes as 1/k in each, so that
+    libraries shared after a fork are not counted once per process as RSS would."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):  # a process that just ended
+            continue
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier += children
+    total_kb = 0
+    for pid in tree:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+        except OSError:
+            continue
+    return total_kb / 1024
+
+
+def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str, float]:
+    """Runs the script in a fresh process for `steps` steps, as VARIANTS[variant] says, and reads its
+    SPS and time split from its event file; its peak memory is sampled twice a second meanwhile."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [
+            sys.executable,
+            str(ROOT / f"{script}.py"),
+            "--env-id",
+            env_id,
+            "--total-timesteps",
+            str(steps),
+            "--runs-dir",
+            f"{tmp}/runs",
+        ]
+        if variant == "straightforward":
+            command = [
+                sys.executable,
+                "-m",
+                "benchmark.studies.speed",
+                "straightforward-run",
+                script,
+                env_id,
+                str(steps),
+                f"{tmp}/runs",
+            ]
+        env = child_env()
+        if variant.startswith("pytorch threads"):
+            command += ["--torch-threads", "0"]
+            del env["OMP_NUM_THREADS"]
+        if variant.startswith("one thread"):
+            command += ["--torch-threads", "1"]
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "busy" in variant else None
+        peak_mib = 0.0
+        try:
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
+            while proc.poll() is None:
+                peak_mib = max(peak_mib, process_tree_pss_mib(proc.pid))
+                time.sleep(0.5)
+            if proc.returncode != 0:
+                raise subprocess.CalledProcessError(proc.returncode, command)
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+        (run_dir,) = Path(f"{tmp}/runs").iterdir()
+        scalars = read_scalars(run_dir)
+    rollout = sum(v for _, v in scalars["perf/rollout_time"])
+    update = sum(v for _, v in scalars["perf/update_time"])
+    split = {"rollout": rollout / (rollout + update)}
+    for part in ("act", "env"):  # the pixel scripts split the rollout into acting and env stepping
+        if f"perf/{part}_time" in scalars:
+            split[part] = sum(v for _, v in scalars[f"perf/{part}_time"]) / (rollout + update)
+    return {"sps": scalars["charts/SPS"][-1][1], "peak_mib": peak_mib, **split}
+
+
+VARIANTS = {  # name -> the setting column of the table
+    "default": "default",
+    "straightforward": "speed levers undone",
+    "pytorch threads": "--torch-threads 0, OMP_NUM_THREADS unset",
+    "default, busy": "default, +1 busy process",
+    "pytorch threads, busy": "--torch-threads 0, OMP_NUM_THREADS unset, +1 busy process",
+    "one thread": "--torch-threads 1",
+    "one thread, busy": "--torch-threads 1, +1 busy process",
+}
+
+
+def thread_variants(script: str) -> list[str]:
+    """The thread settings compared with the script's default: a script that defaults to one thread
+    against PyTorch's own default, a script that defaults to more (the CNN scripts) against one thread."""
+    if import_script(script).Args.torch_threads == 1:
+        return ["pytorch threads", "default, busy", "pytorch threads, busy"]
+    return ["one thread", "default, busy", "one thread, busy"]
+
+
+def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
+    """Trains with the script's speed levers undone (see the module docstring), in this process."""
+    from tests.lstm_reference import lstm_step_by_step
+
+    module = import_script(script)
+
+    @torch.no_grad()
+    def act(agent, x, *recurrent):
+        if recurrent:  # (starts, state): one time step through the recurrent agent's sequence method
+            starts, state = recurrent
+            action, logprob, _, value, state = agent.get_action_and_value(x.unsqueeze(0), starts.unsqueeze(0), state)
+            return action[0], logprob[0], value[0], state
+        action, logprob, _, value = agent.get_action_and_value(x)
+        # the small-MLP scripts take their values from one critic pass after the rollout
+        return (action, logprob) if script in ("ppo", "ppo_continuous_action") else (action, logprob, value)
+
+    adam = torch.optim.Adam
+
+    def plain_adam(params, **kwargs):
+        kwargs.pop("fused", None)
+        return adam(params, **kwargs)
+
+    def update(rms, x):
+        batch_mean, batch_var, n = np.mean(x, axis=0), np.var(x, axis=0), x.shape[0]
+        delta, total = batch_mean - rms.mean, rms.count + n
+        rms.mean = rms.mean + delta * n / total
+        rms.var = (rms.var * rms.count + batch_var * n + delta**2 * rms.count * n / total) / total
+        rms.count = total
+
+    # this process runs nothing else: patch PyTorch itself
+    module.Agent.act = act
+    torch.optim.Adam = plain_adam
+    torch.distributions.Distribution.set_default_validate_args = staticmethod(lambda value: None)
+    for owner in (module, getattr(module, "ppolab", None)):  # the script's own running statistics, or ppolab's
+        if hasattr(owner, "RunningMeanStd"):
+            owner.RunningMeanStd.update = update
+    overrides = {}
+    if hasattr(module.Agent, "features"):  # the pixel scripts
+        agent_init = module.Agent.__init__
+
+        def default_layout_init(self, *args, **kwargs):
+            agent_init(self, *args, **kwargs)
+            self.to(memory_format=torch.contiguous_format)
+
+        module.Agent.__init__ = default_layout_init
+        module.Agent.features = lambda self, x: self.network(x.contiguous().float() / 255.0)
+        overrides["torch_threads"] = 1
+    if hasattr(module.Agent, "run_lstm"):  # the recurrent scripts: one LSTM call per time step
+        module.Agent.run_lstm = lstm_step_by_step
+    module.main(module.Args(env_id=env_id, total_timesteps=steps, runs_dir=runs_dir, **overrides))
+
+
+def throughput(args):
+    """Each script's training SPS beside its env-only SPS, with the variants asked for."""
+    rows = [
+        "| script | env | steps | env-only SPS | training SPS | training / env-only | time: act / env / update "
+        "| peak memory (MiB) | setting |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    speedups = []
+    for script in args.scripts:
+        env_id, steps = ENV_ID[script], args.steps or STEPS[script]
+        variants = ["default"] + ["straightforward"] * args.straightforward + thread_variants(script) * args.busy
+        env_sps, runs = [], {variant: [] for variant in variants}
+        for _ in range(args.repeats):
+            env_sps.append(env_only_in_child(script, env_id, steps))
+            for variant in variants:
+                runs[variant].append(training_sps(script, env_id, steps, variant))
+        env_sps = float(np.median(env_sps))
+        sps = {}
+        for variant in variants:
+            median = {key: float(np.median([r[key] for r in runs[variant]])) for key in runs[variant][0]}
+            sps[variant] = median["sps"]
+            if "act" in median:
+                split = f"{median['act']:.0%} / {median['env']:.0%} / {1 - median['rollout']:.0%}"
+            else:  # rollout (acting and env stepping together) / update
+                split = f"{median['rollout']:.0%} rollout / {1 - median['rollout']:.0%}"
+            rows.append(
+                f"| {script}.py | {env_id} | {steps} | {env_sps:,.0f} | {sps[variant]:,.0f} "
+                f"| {sps[variant] / env_sps:.2f} | {split} | {median['peak_mib']:,.0f} | {VARIANTS[variant]} |"
+            )
+            print(rows[-1], flush=True)
+        if args.straightforward:
+            speedups.append(
+                f"{script}.py: {sps['default'] / sps['straightforward']:.2f}x the training SPS with "
+                "its speed levers undone"
+            )
+
+    table = "\n".join(rows + [""] + speedups)
+    print(f"\n{table}")
+    if args.out:
+        Path(args.out).write_text(table + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fast-path: the policy and update steps of one script, per call
+# ----------------------------------------------------------------------------------------------------------
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+SIZES = {  # (observation shape, actions: an int for a discrete count, a tuple for a Box shape)
+    "ppo": ((4,), 2),
+    "ppo_continuous_action": ((11,), (3,)),
+    "ppo_continuous_action_redis": ((11,), (3,)),
+    "ppo_atari": ((4, 84, 84), 4),
+}
+
+# the scripts whose training runs ppolab's NumPy steps on the CPU (ppolab.numpy_fast_path)
+NUMPY = ("ppo", "ppo_continuous_action")
+
+
+def per_call(fn, seconds: float) -> float:
+    """Median CPU seconds of one call of fn (this thread's CPU time, which the other processes of a
+    shared machine disturb less than the wall time) over blocks of calls lasting about `seconds`."""
+    fn()
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start = time.thread_time()
+        for _ in range(10):
+            fn()
+        times.append((time.thread_time() - start) / 10)
+    return statistics.median(times)
+
+
+def fast_path(options):
+    """The policy and update steps of one script, eager, compiled and NumPy, per call."""
+    from threadpoolctl import threadpool_limits
+
+    from ppolab.fast_path import NumpyPolicy, NumpyUpdate
+
+    torch.set_num_threads(1)
+    threadpool_limits(1, user_api="blas")  # NumPy's BLAS, as the scripts set it
+    torch.distributions.Distribution.set_default_validate_args(False)
+    script = import_script(options.script)
+    args = script.Args()
+    obs_shape, actions = SIZES[options.script]
+    n_obs = getattr(args, "num_envs", 1)
+    if isinstance(actions, int):
+        agent = script.Agent(obs_shape[0], actions) if len(obs_shape) == 1 else script.Agent(actions)
+        batch_actions = torch.randint(0, actions, (args.minibatch_size,))
+    else:
+        agent = script.Agent(obs_shape[0], actions[0])
+        batch_actions = torch.randn(args.minibatch_size, *actions)
+    if len(obs_shape) == 1:
+        step_obs, batch_obs = torch.randn(n_obs, *obs_shape), torch.randn(args.minibatch_size, *obs_shape)
+    else:
+        step_obs = torch.randint(0, 255, (n_obs, *obs_shape), dtype=torch.uint8)
+        batch_obs = torch.randint(0, 255, (args.minibatch_size, *obs_shape), dtype=torch.uint8)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate), eps=1e-5, fused=True)
+    kl_beta = torch.tensor(args.kl_beta)  # PPO-Penalty's beta, as the scripts make it
+    with torch.no_grad():
+        _, logprobs, _, values = agent.get_action_and_value(batch_obs, batch_actions)
+    batch = (batch_obs, batch_actions, logprobs, torch.randn(args.minibatch_size), values + 0.1, values)
+
+    compile_seconds = {}
+    start = time.perf_counter()
+    compiled_act = torch.compile(agent.act)
+    compiled_act(step_obs)
+    compile_seconds["act"] = time.perf_counter() - start
+    start = time.perf_counter()
+    compiled_update = torch.compile(script.update_step)
+    compiled_update(agent, optimizer, args, kl_beta, *batch)
+    compile_seconds["update_step"] = time.perf_counter() - start
+
+    # NumpyUpdate first: it moves the parameters into one flat tensor, which NumpyPolicy then reads
+    numpy_update = NumpyUpdate(agent, optimizer, args, kl_beta) if options.script in NUMPY else None
+    variants = {
+        "policy step, eager act": lambda: agent.act(step_obs),
+        "policy step, compiled act": lambda: compiled_act(step_obs),
+    }
+    if options.script in NUMPY:
+        numpy_policy = NumpyPolicy(agent)
+        variants["policy step, NumpyPolicy"] = lambda: numpy_policy(step_obs.numpy())
+    variants["update step, eager"] = lambda: script.update_step(agent, optimizer, args, kl_beta, *batch)
+    variants["update step, compiled"] = lambda: compiled_update(agent, optimizer, args, kl_beta, *batch)
+    if numpy_update is not None:
+        variants["update step, NumpyUpdate"] = lambda: numpy_update(*batch)
+    results = {name: [] for name in variants}
+    for _ in range(options.rounds):
+        for name, fn in variants.items():
+            results[name].append(per_call(fn, options.seconds))
+
+    print(
+        f"{options.script}: {n_obs} observations per policy step, {args.minibatch_size} samples per update "
+        f"step, 1 thread, torch {torch.__version__}, median of {options.rounds} alternating rounds\n"
+    )
+    print("| what | CPU time per call |\n|---|---|")
+    for name, times in results.items():
+        print(f"| {name} | {statistics.median(times) * 1e6:.0f} us |")
+    for name, seconds in compile_seconds.items():
+        print(f"| torch.compile of {name} (first call) | {seconds:.1f} s |")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# vector-env: the MLP scripts' vector environment beside gymnasium's
+# ----------------------------------------------------------------------------------------------------------
+BUDGETS = {"ppo": 500_000, "ppo_continuous_action": 200_000}  # whole-run steps per script
+
+
+def gymnasium_make_envs(script):
+    """A `make_envs` for `script` that builds gymnasium's pair from the script's own `make_env`."""
+
+    def make_envs(args, run_dir: str):
+        envs = gym.vector.SyncVectorEnv(
+            [script.make_env(args.env_id, i, args.capture_video, run_dir) for i in range(args.num_envs)],
+            copy=False,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+    return make_envs
+
+
+def script_at(name: str, revision: str, folder: str) -> Path:
+    """The file `name.py` as it is at a git revision, written into `folder`."""
+    path = Path(folder) / f"{name}.py"
+    path.write_text(
+        subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{revision}:{name}.py"], check=True, capture_output=True, text=True
+        ).stdout
+    )
+    return path
+
+
+def load(path: Path, name: str):
+    """The script at `path` as the module `name` (its functions and Args, without running it)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and tyro look their classes up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def vector_variants(name: str, baseline: str | None, folder: str) -> dict[str, Path]:
+    """Variant name -> the file of the script to run (gymnasium's pair runs the current file)."""
+    found = {"script": ROOT / f"{name}.py", "gymnasium": ROOT / f"{name}.py"}
+    if baseline:
+        found[f"script at {baseline}"] = script_at(name, baseline, folder)
+    return found
+
+
+def step_times(make_envs, args, steps: int, folder: str) -> tuple[float, float]:
+    """CPU and wall seconds of one vector step, over `steps` steps after a seeded reset."""
+    envs = make_envs(args, folder)
+    rng = np.random.default_rng(0)
+    space = envs.single_action_space
+    if isinstance(space, gym.spaces.Discrete):
+        actions = rng.integers(space.n, size=(steps, envs.num_envs))
+    else:
+        actions = rng.uniform(space.low, space.high, (steps, envs.num_envs, *space.shape)).astype(np.float32)
+    envs.reset(seed=args.seed)
+    step = envs.step
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for action in actions:
+        step(action)
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    envs.close()
+    return cpu / steps, wall / steps
+
+
+def child(path: str, variant: str, flags: list[str]):
+    """One whole training run in this process: the script at `path` with the variant's `make_envs`."""
+    import tyro
+
+    script = load(Path(path), Path(path).stem)
+    if variant == "gymnasium":
+        script.make_envs = gymnasium_make_envs(script)
+    script.main(tyro.cli(script.Args, args=flags))
+
+
+def run_time(path: Path, variant: str, flags: list[str]) -> float:
+    """Wall seconds of one whole training process."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmark.studies.speed", "vector-env-run", str(path), variant, *flags],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if done.returncode != 0:
+        sys.exit(f"{variant} run of {path} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def table(unit: str, times: dict[tuple[str, str], list[float]], scale: float) -> str:
+    """Markdown: per (case, variant) every round, the median, the range and the ratio to gymnasium's."""
+    rounds = max(len(t) for t in times.values())
+    lines = [
+        f"| case | variant | {' | '.join(f'round {r + 1}' for r in range(rounds))} | median ({unit}) "
+        f"| range ({unit}) | / gymnasium |",
+        "|---|---|" + "---|" * (rounds + 3),
+    ]
+    for (case, variant), values in times.items():
+        median = statistics.median(values)
+        ratio = median / statistics.median(times[case, "gymnasium"])
+        lines.append(
+            f"| {case} | {variant} | {' | '.join(f'{v * scale:.1f}' for v in values)} | "
+            f"{median * scale:.1f} | {min(values) * scale:.1f}-{max(values) * scale:.1f} | {ratio:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+LOADS: list[float] = []  # 1-minute load average before each measurement
+
+
+def rounds_of(cases: dict[str, dict[str, Path]], rounds: int):
+    """(round, script, variant) in the measuring order: each variant once a round, the order reversed
+    every other round. Records the load average before each."""
+    for r in range(rounds):
+        for name, files in cases.items():
+            for variant in list(files) if r % 2 == 0 else list(files)[::-1]:
+                LOADS.append(os.getloadavg()[0])
+                yield r, name, variant
+
+
+def measure_steps(cases: dict[str, dict[str, Path]], rounds: int, steps: int, folder: str) -> str:
+    """The `step` command: per-step CPU and wall times as markdown tables."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")  # as the scripts set it
+    modules = {
+        (name, variant): import_script(name) if path.parent == ROOT else load(path, f"{name}_baseline")
+        for name, files in cases.items()
+        for variant, path in files.items()
+    }
+    cpu_times, wall_times = {}, {}
+    for r, name, variant in rounds_of(cases, rounds):
+        module = modules[name, variant]
+        args = module.Args()
+        make_envs = gymnasium_make_envs(module) if variant == "gymnasium" else module.make_envs
+        cpu, wall = step_times(make_envs, args, steps, folder)
+        case = f"{args.env_id} x{args.num_envs}"
+        cpu_times.setdefault((case, variant), []).append(cpu)
+        wall_times.setdefault((case, variant), []).append(wall)
+        print(f"round {r + 1} {case} {variant}: {cpu * 1e6:.1f} us", file=sys.stderr, flush=True)
+    return (
+        f"One vector step, CPU time of this thread:\n\n{table('us', cpu_times, 1e6)}\n\n"
+        f"One vector step, wall time:\n\n{table('us', wall_times, 1e6)}"
+    )
+
+
+def measure_runs(cases: dict[str, dict[str, Path]], rounds: int, total: int | None, folder: str) -> str:
+    """The `run` command: whole-process wall times as a markdown table."""
+    times = {}
+    for r, name, variant in rounds_of(cases, rounds):
+        steps = total or BUDGETS[name]
+        flags = ["--total-timesteps", str(steps), "--runs-dir", f"{folder}/runs"]
+        seconds = run_time(cases[name][variant], variant, flags)
+        case = f"{name}.py {steps:,} steps"
+        times.setdefault((case, variant), []).append(seconds)
+        print(f"round {r + 1} {case} {variant}: {seconds:.1f} s", file=sys.stderr, flush=True)
+    return f"Whole training process, wall time:\n\n{table('s', times, 1)}"
+
+
+def vector_env(options):
+    """The vector environment of the MLP scripts beside gymnasium's: per step or whole runs."""
+    wanted = ("python", "numpy", "gymnasium", "mujoco")
+    found = ", ".join(f"{k} {v}" for k, v in versions(wanted[1:]).items())
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    print(
+        f"{machine()}; commit {our_commit()}; {found}; OMP_NUM_THREADS={threads}; "
+        f"command: python -m benchmark.studies.speed {' '.join(sys.argv[1:])}"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        cases = {name: vector_variants(name, options.baseline, folder) for name in options.scripts.split(",")}
+        if options.what == "step":
+            result = measure_steps(cases, options.rounds, options.steps, folder)
+        else:
+            result = measure_runs(cases, options.rounds, options.total_timesteps, folder)
+    print(f"1-minute load average before each measurement: {min(LOADS):.2f}-{max(LOADS):.2f}\n\n{result}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# evaluation: what `--eval-every` costs
+# ----------------------------------------------------------------------------------------------------------
+# the scripts measured, each on its environment of ENV_ID
+EVALUATED = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_envpool", "ppo_procgen"]
+
+
+def measure(name: str, episodes: int) -> dict:
+    script = import_script(name)
+    args = script.Args(env_id=ENV_ID[name], cuda=False)
+    torch.manual_seed(0)
+    agent, statistics = make_agent(script, args)
+    seed = args.seed + 100_000
+    start = time.perf_counter()
+    if "checkpoint" in inspect.signature(script.evaluate).parameters:  # a script on ppolab: from checkpoint data
+        checkpoint = {"model": agent.state_dict(), "args": asdict(args)}
+        checkpoint.update((key, statistic.state_dict()) for key, statistic in statistics.items())
+        returns = script.evaluate(checkpoint, episodes, False, seed)
+    else:
+        returns = script.evaluate(copy.deepcopy(agent), args, episodes, False, seed, torch.device("cpu"), **statistics)
+    return dict(
+        script=name,
+        env=args.env_id,
+        episodes=episodes,
+        seconds=time.perf_counter() - start,
+        mean_return=float(np.mean(returns)),
+    )
+
+
+def make_agent(script, args):
+    """An untrained agent of the script for args.env_id, and the statistics its evaluate needs besides (by
+    their checkpoint key for a script on ppolab, else by evaluate's keyword)."""
+    name = script.__name__
+    if name == "ppo":
+        env = gym.make(args.env_id)
+        return script.Agent(int(np.prod(env.observation_space.shape)), int(env.action_space.n)), {}
+    if name == "ppo_continuous_action":
+        env = gym.make(args.env_id)
+        obs_shape = env.observation_space.shape
+        agent = script.Agent(int(np.prod(obs_shape)), int(np.prod(env.action_space.shape)))
+        return agent, {"obs_rms": script.ObsNormalizer(obs_shape, args.obs_clip).rms}
+    if name == "ppo_atari":
+        return script.Agent(int(gym.make(script.atari_id(args.env_id)).action_space.n)), {}
+    return script.Agent(script.make_envs(args, 1, 0).action_space.n), {}
+
+
+def evaluation(args):
+    """The seconds of one evaluation per script."""
+    torch.set_num_threads(1)
+    print("| script | env | episodes | seconds | mean return (untrained) |")
+    print("|---|---|---|---|---|")
+    for name in args.scripts:
+        r = measure(name, args.episodes)
+        print(
+            f"| {r['script']}.py | {r['env']} | {r['episodes']} | {r['seconds']:.2f} | {r['mean_return']:.1f} |",
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None):
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmark.studies.speed",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    sub = commands.add_parser("throughput", help="each script's training SPS beside its environment's")
+    sub.add_argument("--scripts", nargs="+", default=list(STEPS), choices=list(STEPS))
+    sub.add_argument("--steps", type=int, default=None, help="steps per measurement (default: per script)")
+    sub.add_argument("--repeats", type=int, default=1, help="rounds of measurements; the table shows medians")
+    sub.add_argument("--busy", action="store_true", help="also measure with a busy process on another core")
+    sub.add_argument("--straightforward", action="store_true", help="also with the scripts' speed levers undone")
+    sub.add_argument("--out", type=str, default=None, help="also write the markdown table to this file")
+    sub = commands.add_parser("fast-path", help="one script's policy and update steps, eager, compiled and NumPy")
+    sub.add_argument("script", choices=sorted(SIZES))
+    sub.add_argument("--rounds", type=int, default=3)
+    sub.add_argument("--seconds", type=float, default=1.0, help="per variant and round")
+    sub = commands.add_parser("vector-env", help="the MLP scripts' vector environment beside gymnasium's")
+    sub.add_argument("what", choices=["step", "run"], help="one vector step, or whole training runs")
+    sub.add_argument("--rounds", type=int, default=3)
+    sub.add_argument("--scripts", default=",".join(BUDGETS), help="comma-separated")
+    sub.add_argument("--baseline", help="also the script at this git revision (e.g. main)")
+    sub.add_argument("--steps", type=int, default=20_000, help="step: vector steps per variant and round")
+    budgets = ", ".join(f"{name} {steps:,}" for name, steps in BUDGETS.items())
+    sub.add_argument("--total-timesteps", type=int, help=f"run: for every script (default: {budgets})")
+    sub = commands.add_parser("evaluation", help="the seconds of one evaluation per script")
+    sub.add_argument("--episodes", type=int, default=10, help="episodes of an evaluation (--eval-episodes)")
+    sub.add_argument("--scripts", nargs="+", default=EVALUATED, choices=EVALUATED)
+    # what the measurements start in a fresh process
+    sub = commands.add_parser("straightforward-run")
+    sub.add_argument("child", nargs=4)
+    sub = commands.add_parser("vector-env-run")
+    sub.add_argument("path")
+    sub.add_argument("variant")
+    sub.add_argument("flags", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "straightforward-run":
+        script, env_id, steps, runs_dir = args.child
+        return run_straightforward(script, env_id, int(steps), runs_dir)
+    if args.command == "vector-env-run":
+        return child(args.path, args.variant, args.flags)
+    {"throughput": throughput, "fast-path": fast_path, "vector-env": vector_env, "evaluation": evaluation}[
+        args.command
+    ](args)
+
+
+if __name__ == "__main__":
+    main()
