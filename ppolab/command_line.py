@@ -4,6 +4,7 @@ limits of PyTorch and NumPy)."""
 
 import glob
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -63,6 +64,11 @@ def run_program(main, Args, **options):
     for stream in (sys.stdout, sys.stderr):  # a character the terminal's encoding lacks: written as "?", not lost
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    # Gymnasium warns, with terminal colours and before the run folder, that a task is out of date (the v4 MuJoCo
+    # tasks, those of the published benchmarks); the run says it in one plain line after its folder instead (ppolab.run)
+    warnings.filterwarnings(
+        "ignore", message=".*is out of date. You should consider upgrading", category=DeprecationWarning
+    )
     program.run(lambda: main(parse(Args, **options)), owner=owner)
 
 

@@ -176,6 +176,20 @@ def check_finite_bounds(env_id: str, space: gym.spaces.Box, envs: gym.vector.Vec
         fail(f"--distribution beta scales actions to the bounds, and those of {env_id} are not finite: {space}")
 
 
+def newer_version(env_id: str) -> str | None:
+    """The id of a newer version of `env_id` that Gymnasium registers (`Hopper-v5` for `Hopper-v4`), else None.
+    Gymnasium's own warning of it, with terminal colours, would come before the run folder: run_program silences it,
+    and the run says it in one plain line after the folder (ppolab.run)."""
+    try:
+        namespace, name, version = gym.envs.registration.parse_env_id(env_id)
+        highest = gym.envs.registration.find_highest_version(namespace, name)
+    except gym.error.Error:
+        return None
+    if version is None or highest is None or highest <= version:
+        return None
+    return gym.envs.registration.get_env_id(namespace, name, highest)
+
+
 def check_atari_game(args, env_id: str):
     """`env_id` (the full id that --env-id names) is an Atari game of ale-py that Gymnasium can make here, with
     what the Atari wrappers use (lives, action meanings); else one line."""

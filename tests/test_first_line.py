@@ -1,0 +1,44 @@
+"""What a user sees first: every script, on its default task, prints its run folder before anything else (stdout and
+stderr together, in the order they were written), a library's warning included: Gymnasium's warning that a v4 task is
+out of date becomes one plain line after the folder."""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from helpers import RUNS, batch_size, script_command
+from scripts import SCRIPTS
+
+
+def flags(config: dict) -> list[str]:
+    """A run's Args (tests/helpers.RUNS, its env id left out: the script's default task) as command-line flags."""
+    argv = []
+    for name, value in config.items():
+        if name == "env_id":
+            continue
+        flag = "--" + name.replace("_", "-")
+        argv += ([flag] if value else [f"--no-{name.replace('_', '-')}"]) if isinstance(value, bool) else [flag, value]
+    return argv
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_first_line_of_a_default_run_is_its_run_folder(name, tmp_path):
+    config = RUNS[name]
+    argv = [*flags(config), "--total-timesteps", batch_size(config), "--runs-dir", tmp_path / "runs"]
+    result = subprocess.run(
+        script_command(name, *argv),
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = result.stdout.splitlines()
+    assert re.fullmatch(rf"run folder: {re.escape(str(tmp_path / 'runs'))}/\S+", lines[0]), lines[:3]
+    assert "\x1b[" not in result.stdout  # no terminal colour codes from a library's warning
+    if "Hopper-v4" in lines[0]:
+        assert "note: Gymnasium has a newer version of Hopper-v4, Hopper-v5; this run trains Hopper-v4" in lines
