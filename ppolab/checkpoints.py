@@ -237,8 +237,8 @@ def layout_problem(checkpoint: dict, Args=None) -> str | None:
     """What in `checkpoint` is not laid out as checkpoint_data lays it out, in words (None: nothing): the entries
     every checkpoint holds, of their types; the model's entries tensors; the optimizer's `state` and
     `param_groups`; the random states (`rng_problem`, and each rank's in `rank_rng`); with `Args` (the reading
-    script's), its arguments: one that `Args` does not have, or one it has that is missing (except the flags that may
-    change on a resume, which a missing one leaves at the script's default)."""
+    script's), its arguments: one that `Args` does not have (one it has that the checkpoint lacks is taken at its
+    default: missing_arguments)."""
     for name, kind in REQUIRED.items():
         if name not in checkpoint:
             return f"it has no {name}"
@@ -261,11 +261,13 @@ def layout_problem(checkpoint: dict, Args=None) -> str | None:
         unknown = [name for name in checkpoint["args"] if name not in fields]
         if unknown:
             return f"its arguments hold {flag(unknown[0])}, which this script does not have (another version of it?)"
-        optional = set(CHANGEABLE_ON_RESUME) | set(getattr(Args, "changeable_on_resume", ()))
-        missing = [name for name in fields if name not in checkpoint["args"] and name not in optional]
-        if missing:
-            return f"its arguments do not hold {flag(missing[0])} (another version of the script?)"
     return None
+
+
+def missing_arguments(checkpoint: dict, Args) -> list[str]:
+    """The arguments of `Args` that a checkpoint does not hold (one written before they existed): a resume takes
+    the script's defaults for them, and says so in one line (ppolab.parse)."""
+    return [field.name for field in dataclasses.fields(Args) if field.name not in checkpoint["args"]]
 
 
 def rng_problem(states) -> str | None:
@@ -284,7 +286,7 @@ def rng_problem(states) -> str | None:
         and isinstance(numpy_state[1], torch.Tensor)
         and numpy_state[1].shape == (624,)
         and not numpy_state[1].is_floating_point()
-        and bool(((numpy_state[1] >= 0) & (numpy_state[1] < 2**32)).all())
+        and bool(((numpy_state[1].long() >= 0) & (numpy_state[1].long() < 2**32)).all())  # (uint32 has no >=)
         and all(isinstance(value, int) for value in numpy_state[2:4])
         and isinstance(numpy_state[4], float)
     ):

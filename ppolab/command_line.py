@@ -11,7 +11,8 @@ import torch
 import tyro
 
 from ppolab import program
-from ppolab.checkpoints import read_checkpoint
+from ppolab.checkpoints import missing_arguments, read_checkpoint
+from ppolab.checks import flag
 from ppolab.settings import script_of
 
 
@@ -32,6 +33,13 @@ def parse(Args, *, from_command_line: tuple = ()):
     checkpoint = read_checkpoint(args.resume, script_of(args), Args)
     if isinstance(checkpoint, str):
         return args
+    missing = [name for name in missing_arguments(checkpoint, Args) if name != "resume"]
+    if missing:
+        print(
+            f"note: {args.resume} holds no {', '.join(flag(name) for name in missing)} (a checkpoint of an earlier "
+            "version of the script): the script's defaults are used",
+            flush=True,
+        )
     given = {name: getattr(args, name) for name in from_command_line}  # or the script's default
     resumed = tyro.cli(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
     if auto:  # (the command line says auto again)

@@ -87,7 +87,10 @@ def environment_failure(error: BaseException | None):
     """Where `error` (an exception that ends a run) was raised by an environment's step() or reset() (the user's
     environment, a wrapper, or the vector environment given what they returned: a wrong shape or dtype): (the
     traceback from the outermost environment frame on, the environment's id, the function, the run's global step
-    where the training loop (`train`) has one, else None); None for any other error."""
+    where the training loop (`train`) has one, else None); None for any other error, and for a stop (a signal's
+    SystemExit or KeyboardInterrupt, which may land while an environment steps: not the environment's doing)."""
+    if not isinstance(error, Exception):
+        return None
     envs, tb, step = [], getattr(error, "__traceback__", None), None
     while tb is not None:
         frame = tb.tb_frame

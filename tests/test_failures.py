@@ -95,7 +95,8 @@ def test_evaluate_refuses_a_model_that_is_not_finite(tmp_path, capsys):
     with torch.no_grad():
         agent.critic[2].bias.fill_(float("inf"))
     path = tmp_path / "model.pt"
-    write_checkpoint_file(checkpoint_data({"model": agent}, ppo.Args(), 1, 512), str(path))
+    saved = {"model": agent, "optimizer": torch.optim.Adam(agent.parameters())}  # as a saved model holds them
+    write_checkpoint_file(checkpoint_data(saved, ppo.Args(), 1, 512), str(path))
     with pytest.raises(SystemExit) as exit_info:
         ppo.main(ppo.Args(evaluate=str(path), cuda=False))
     assert exit_info.value.code == 2
@@ -108,7 +109,8 @@ def test_evaluate_refuses_observation_statistics_that_are_not_finite(tmp_path, c
     agent, obs_rms = script.Agent(4, 2), script.ObsNormalizer((4,), 10.0).rms
     obs_rms.var[1] = np.nan
     path = tmp_path / "model.pt"
-    write_checkpoint_file(checkpoint_data({"model": agent, "obs_rms": obs_rms}, script.Args(), 1, 512), str(path))
+    saved = {"model": agent, "optimizer": torch.optim.Adam(agent.parameters()), "obs_rms": obs_rms}
+    write_checkpoint_file(checkpoint_data(saved, script.Args(), 1, 512), str(path))
     with pytest.raises(SystemExit) as exit_info:
         script.main(script.Args(evaluate=str(path), cuda=False))
     assert exit_info.value.code == 2
@@ -284,15 +286,15 @@ def test_a_branch_goes_under_the_runs_dir_given_with_resume_as_the_error_advises
 
 
 def test_a_rollout_too_large_for_memory_is_refused_in_one_line_and_leaves_no_folder(tmp_path, capsys):
-    """--num-steps 10**14: a rollout larger than any address space. One line naming the flags that size it, exit 2,
-    no run folder (nor the --runs-dir the run made)."""
-    args = ppo.Args(runs_dir=str(tmp_path / "runs"), num_envs=1, num_steps=10**14, total_timesteps=10**14, cuda=False)
+    """--num-steps 10**11 (within the bound on every count, 10**12): a rollout larger than this machine's memory. One
+    line naming the flags that size it, exit 2, no run folder (nor the --runs-dir the run made)."""
+    args = ppo.Args(runs_dir=str(tmp_path / "runs"), num_envs=1, num_steps=10**11, total_timesteps=10**11, cuda=False)
     with pytest.raises(SystemExit) as exit_info:
         ppo.main(args)
     assert exit_info.value.code == 2
     line = one_error_line(capsys)
     assert "cannot allocate" in line and "memory for the run" in line
-    assert line.endswith("its rollout is --num-envs 1 x --num-steps 100000000000000 steps: pass smaller ones")
+    assert line.endswith("its rollout is --num-envs 1 x --num-steps 100000000000 steps: pass smaller ones")
     assert not (tmp_path / "runs").exists()
 
 

@@ -144,7 +144,7 @@ EDITS = {
         [
             (
                 "loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef",
-                "loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef + 0.01 * mean(newvalue ** 2)",
+                "loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef + 0.01 * (newvalue**2).mean()",
             )
         ],
         [UPDATE],
@@ -153,9 +153,9 @@ EDITS = {
         NUMPY_UPDATE,
         [
             (
-                "pg_loss = mean(torch.max(pg_loss1, pg_loss2))",
-                "pg_loss = mean(torch.where(advantages < 0, torch.min(torch.max(pg_loss1, pg_loss2), "
-                "-3.0 * advantages), torch.max(pg_loss1, pg_loss2)))",
+                "pg_loss = torch.max(pg_loss1, pg_loss2).mean()",
+                "pg_loss = torch.where(advantages < 0, torch.min(torch.max(pg_loss1, pg_loss2), "
+                "-3.0 * advantages), torch.max(pg_loss1, pg_loss2)).mean()",
             )
         ],
         [UPDATE],
