@@ -229,7 +229,7 @@ def test_a_checkpoint_that_does_not_fit_the_script_is_refused_before_anything_is
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("case", ["unknown_arg", "missing_arg", "rng", "numpy_rng", "legacy"])
+@pytest.mark.parametrize("case", ["unknown_arg", "rng", "numpy_rng", "legacy"])
 def test_every_script_refuses_a_checkpoint_of_another_layout_in_one_line(
     every_script, case, tmp_path, monkeypatch, capsys
 ):
