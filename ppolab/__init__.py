@@ -6,6 +6,8 @@ loop) and imports this package for what never changes what PPO computes and is t
 - program.py: the program a script is, from `run_program` (command_line.py, the script's last line) to its exit:
   a signal at any moment ends it in one line at most with the right exit code, and output that cannot be written
   (a closed pipe, a full disk, a terminal gone) stops the printing, never the work;
+- compiler.py: PyTorch's compiler (torch._dynamo) imported only by a program that compiles, not by every
+  optimizer's guards;
 - settings.py: the settings every run takes besides PPO's hyperparameters (`RunSettings`, which a script's Args
   inherits: --seed, --cuda, --track, --save-model, --checkpoint-every, --resume, --evaluate, ...);
 - command_line.py: the command line (`parse`: --resume reads the saved arguments as defaults; `use_threads`:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import tyro
 
-from ppolab import program
+from ppolab import compiler, program
 from ppolab.checkpoints import missing_arguments, read_checkpoint
 from ppolab.checks import flag
 from ppolab.settings import script_of
@@ -77,6 +77,7 @@ def run_program(main, Args, **options):
     warnings.filterwarnings(
         "ignore", message=".*is out of date. You should consider upgrading", category=DeprecationWarning
     )
+    compiler.defer()  # PyTorch's compiler imported only if something compiles (ppolab.compiler)
     program.run(lambda: main(parse(Args, **options)), owner=owner)
 
 

@@ -182,7 +182,7 @@ class CommTimer:
             self.timed[-1][1].record()
         self.wall_seconds += time.perf_counter() - self.start
 
-    @torch.compiler.disable
+    @torch._disable_dynamo  # torch.compiler.disable that imports the compiler at its first call, not here
     def __call__(self, collective, *args):
         """`collective(*args)`, timed; eager also under --compile (the compiled graphs end before it)."""
         with self:

@@ -1,6 +1,8 @@
 """What a user sees first: every script, on its default task, prints its run folder before anything else (stdout and
 stderr together, in the order they were written), a library's warning included: Gymnasium's warning that a v4 task is
-out of date becomes one plain line after the folder."""
+out of date becomes one plain line after the folder. The same runs, started with Python's import timing on, show
+what the program imports: not PyTorch's compiler (torch._dynamo), which a run that does not compile has no use for
+(ppolab.compiler)."""
 
 import os
 import re
@@ -24,20 +26,25 @@ def flags(config: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_the_first_line_of_a_default_run_is_its_run_folder(name, tmp_path):
+def test_the_first_line_of_a_default_run_is_its_run_folder_and_nothing_compiles(name, tmp_path):
     config = RUNS[name]
     argv = [*flags(config), "--total-timesteps", batch_size(config), "--runs-dir", tmp_path / "runs"]
     result = subprocess.run(
         script_command(name, *argv),
         cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPROFILEIMPORTTIME="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    lines = result.stdout.splitlines()
+    imports = [
+        line.rsplit("|", 1)[-1].strip() for line in result.stdout.splitlines() if line.startswith("import time:")
+    ]
+    assert "torch" in imports  # (the import timing is on)
+    assert "torch._dynamo" not in imports, "PyTorch's compiler was imported"  # (by a process the script started too)
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("import time:")]
     assert re.fullmatch(rf"run folder: {re.escape(str(tmp_path / 'runs'))}/\S+", lines[0]), lines[:3]
     assert "\x1b[" not in result.stdout  # no terminal colour codes from a library's warning
     if "Hopper-v4" in lines[0]:
