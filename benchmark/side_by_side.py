@@ -34,7 +34,10 @@ from the program's first log to the end of iteration 10 (compilation and CUDA-gr
 `--compile` run goes through its command with torch.compile switched off and is reported so, without a number, and
 LeanRL's is not run (tensordict's compiled path fails with torch.compile switched off); `--compile --cudagraphs` is
 reported skipped (it needs CUDA). CleanRL's and LeanRL's runs are reported skipped where their file or packages are
-missing (the dry run installs nothing). It writes runs/benchmark/side_by_side-dry-run.md unless --out says otherwise.
+missing (the dry run installs nothing).
+
+It writes runs/benchmark/side_by_side.md (the dry run: runs/benchmark/side_by_side-dry-run.md) unless --out names
+another file; the published table is benchmark/results/side_by_side.md, which the tool writes only when --out says so.
 """
 
 import argparse
@@ -56,7 +59,7 @@ from pathlib import Path
 from benchmark import gpu
 from benchmark.scripts import CLEANRL_VERSION, ROOT
 
-RESULTS = ROOT / "benchmark" / "results" / "side_by_side.md"
+OUT = ROOT / "runs" / "benchmark" / "side_by_side.md"
 DRY_RUN_OUT = ROOT / "runs" / "benchmark" / "side_by_side-dry-run.md"
 PACKAGES = Path.home() / ".cache" / "ppo-lab" / "side-by-side"
 # what CleanRL's and LeanRL's files need beyond ppo-lab's requirements: installed without their dependencies
@@ -410,7 +413,7 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="(default: all three)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take (%(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="the same runs shortened on the CPU, no GPU needed")
-    parser.add_argument("--out", type=Path, help=f"the markdown (default {RESULTS.relative_to(ROOT)})")
+    parser.add_argument("--out", type=Path, help=f"the markdown (default {os.path.relpath(OUT, ROOT)})")
     parser.add_argument("--their-env-only", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.their_env_only:
@@ -467,7 +470,7 @@ def main(argv: list[str] | None = None):
     env_sps = env_only(gpu.DRY_ENV_ONLY_STEPS if args.dry_run else gpu.ENV_ONLY_STEPS)
     described = {program: describe_source(path) for program, path in sources.items()}
     text = markdown(info, runs, env_sps, described, applied, setting)
-    out = args.out or (DRY_RUN_OUT if args.dry_run else RESULTS)
+    out = args.out or (DRY_RUN_OUT if args.dry_run else OUT)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"\n{text}\nwrote {out}")

@@ -153,3 +153,30 @@ def test_without_their_files_or_cuda_a_run_says_what_it_left_out(tmp_path):
     assert sbs.their_run("LeanRL", LEANRL, needs, "eager", setting).status == (
         "skipped: needs no_such_package_here (not installed)"
     )
+
+
+def test_on_a_gpu_host_it_writes_into_the_runs_folder_unless_out_is_given(tmp_path, monkeypatch, capsys):
+    """Run as documented on a CUDA host (no --out), the tool writes runs/benchmark/, never the published
+    benchmark/results/side_by_side.md. CUDA is said to be there and every run is answered at once: the output's path
+    is under test, not the speed."""
+    published = REPO / "benchmark" / "results" / "side_by_side.md"
+    before = published.read_bytes() if published.exists() else None
+    assert sbs.OUT.parent == REPO / "runs" / "benchmark"
+    out = tmp_path / sbs.OUT.name
+    monkeypatch.setattr(sbs, "OUT", out)  # (not a user's own file in runs/)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sbs, "install", lambda packages, wheelhouse: None)
+    monkeypatch.setattr(sbs.gpu, "host", lambda command: {"date": "now", "command": command, "cpu": "a CPU",
+                                                          "python": "3", "gpu": "a GPU", "packages": {}})  # fmt: skip
+    monkeypatch.setattr(sbs, "their_run", lambda program, source, text, mode, setting: sbs.gpu.Run(program, mode,
+                                                                                     sps=400.0, warmup_s=1.0))  # fmt: skip
+    monkeypatch.setattr(sbs, "our_run", lambda mode, setting: sbs.gpu.Run("ours", mode, sps=500.0, warmup_s=1.0))
+    monkeypatch.setattr(sbs, "env_only", lambda steps: {})
+    try:
+        sbs.main(["--leanrl", str(LEANRL), "--cleanrl", str(CLEANRL), "--packages", str(tmp_path / "none")])
+    finally:
+        now = published.read_bytes() if published.exists() else None
+        if now != before:
+            published.unlink() if before is None else published.write_bytes(before)
+    assert now == before, "benchmark/results/side_by_side.md was written without --out"
+    assert capsys.readouterr().out.endswith(f"wrote {out}\n") and out.is_file()
