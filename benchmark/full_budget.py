@@ -11,7 +11,7 @@ benchmark.events) and writes two files per run into the curves folder, named `<e
   its resumes left out);
 - `.json`, what the table needs beside it: the script, env, seed and run folder, the run's own step budget
   (`--total-timesteps`), the steps reached, the training time, the PyTorch threads of each process, the machine, when
-  it was exported, and the code that trained it (`code`: each start and resume of the job with its commit and the
+  it was exported (the last export that changed it), and the code that trained it (`code`: each start and resume of the job with its commit and the
   first step it trained, from the job's log where `benchmark.run_seeds` wrote it).
 `bash benchmark/ppo.sh fullbudget` exports while its runs train, so a run folder lost with its machine loses the steps
 since the last export, not the row. A `.json` without a curve is a row re-typed from an earlier table whose run
@@ -155,8 +155,12 @@ def export(root: Path, curves: Path, logs: Path | None = None) -> list[Path]:
             record, curve = export_run(run_dir, seed, logs or root / "logs")
             name = key(env_id, exp_name, seed)
             write_curve(curves / f"{name}.csv.gz", curve)
-            (curves / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
-            written.append(curves / f"{name}.json")
+            path = curves / f"{name}.json"
+            before = json.loads(path.read_text()) if path.is_file() else {}
+            if {**before, "exported": record["exported"]} == record:  # nothing new: the record stays as it was
+                record["exported"] = before.get("exported", record["exported"])
+            path.write_text(json.dumps(record, indent=1) + "\n")
+            written.append(path)
     return written
 
 

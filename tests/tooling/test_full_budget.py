@@ -73,8 +73,11 @@ def test_export_writes_every_episode_as_data_and_the_code_of_each_start_from_the
     assert (record["budget"], record["steps"], record["threads"]) == (1000, 300, ["2"])
     assert record["code"] == [{"commit": "a" * 40, "started": started, "from_step": 100}]
     first = (curves / "Pong__ppo_atari__1.csv.gz").read_bytes()
+    (curves / "Pong__ppo_atari__1.json").write_text(json.dumps({**record, "exported": "earlier"}, indent=1) + "\n")
     export(root, curves)
     assert (curves / "Pong__ppo_atari__1.csv.gz").read_bytes() == first  # the same curve, the same bytes
+    # a finished run's record is not rewritten by every export (its export time stays that of the last change)
+    assert json.loads((curves / "Pong__ppo_atari__1.json").read_text()) == {**record, "exported": "earlier"}
 
 
 def test_cleanrl_score_is_the_mean_of_the_last_values_of_the_20_game_running_mean():
