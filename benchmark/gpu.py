@@ -6,25 +6,13 @@ another file; the published measurements are benchmark/results/gpu.md, which the
     python -m benchmark.gpu --scripts ppo_atari_envpool ppo --out runs/benchmark/gpu-two.md
     python -m benchmark.gpu --dry-run                         # the same plan shortened, on the CPU: measures nothing
 
-For each script, on its standard environment (ppo_continuous_action.py on HalfCheetah-v4, the task LeanRL's
-figures use), at the script's default hyperparameters:
-- the training SPS of three runs, each a fresh process: eager (`--cuda`), `--compile`, `--compile --cudagraphs`.
-  Each run trains --iterations iterations (a per-script default); its SPS counts the iterations after the first
-  --warmup (5), where torch.compile compiles and CUDA graphs are recorded, from the wall times of the run's own
-  `charts/SPS` events. Beside it, the time from the run's first log to the end of its first iteration (compilation
-  included);
-- the env-only SPS over 16,384 steps: random actions through the script's own `make_envs` (scripts.env_only_sps),
-  the ceiling of any training loop with these environments on this host;
-then `pytest -m gpu` over the test files that hold tests marked `gpu`. The file names the host: GPU, driver, CUDA,
-CPU model and cores, the versions of Python, torch and the environment packages, the date and the command.
-
---dry-run needs no GPU and proves the tool, not the speed: every script with 2 environments x 16 steps for a few
-iterations, eager on the CPU; its `--compile` run goes through the same command with torch.compile switched off
-(TORCH_COMPILE_DISABLE=1, compiling takes minutes on a CPU) and is reported as such, without a number;
-`--compile --cudagraphs` needs CUDA and is reported skipped; the gpu-marked tests run and skip. It writes
-runs/benchmark/gpu-dry-run.md unless --out says otherwise.
-
-Beside CleanRL's and LeanRL's scripts on the same host: python -m benchmark.side_by_side.
+Per script, on its standard environment (ppo_continuous_action.py on HalfCheetah-v4, as LeanRL's figures), at its
+defaults: the training SPS of three fresh runs, eager (`--cuda`), `--compile` and `--compile --cudagraphs`, counted
+after the first --warmup iterations (compilation, CUDA-graph recording) from the run's `charts/SPS` event times, with
+the seconds to the end of its first iteration; the env-only SPS of its own `make_envs` (the ceiling of any training
+loop here); then `pytest -m gpu`. The file names the host (GPU, driver, CUDA, CPU, versions, date, command).
+--dry-run proves the tool on the CPU: 2 environments x 16 steps, `--compile` with torch.compile off and no number,
+`--compile --cudagraphs` skipped. Beside CleanRL's and LeanRL's scripts on the same host: python -m benchmark.side_by_side.
 """
 
 import argparse
@@ -36,24 +24,16 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
-from importlib import metadata
 from pathlib import Path
 
-from benchmark.scripts import ENV_ID, ROOT, env_only_in_child, import_script
+from benchmark.scripts import ENV_ID, ROOT, env_only_in_child, import_script, machine, utc_now, versions
 
 OUT = ROOT / "runs" / "benchmark" / "gpu.md"
 DRY_RUN_OUT = ROOT / "runs" / "benchmark" / "gpu-dry-run.md"
 # script -> iterations per run at its defaults (batch: envpool Atari 1,024 steps, ALE Atari 1,024, Procgen 16,384,
 # CartPole 512, HalfCheetah 2,048): 5-50 s a run at the speeds of results/gpu.md (an H200), compilation aside
-ITERATIONS = {
-    "ppo_atari_envpool": 60,
-    "ppo_atari": 30,
-    "ppo_atari_lstm": 30,
-    "ppo_procgen": 15,
-    "ppo": 40,
-    "ppo_continuous_action": 15,
-}
+ITERATIONS = {"ppo_atari_envpool": 60, "ppo_atari": 30, "ppo_atari_lstm": 30, "ppo_procgen": 15, "ppo": 40}
+ITERATIONS["ppo_continuous_action"] = 15
 SPS_ENV = {**ENV_ID, "ppo_continuous_action": "HalfCheetah-v4"}
 MODES = {"eager": [], "compile": ["--compile"], "cudagraphs": ["--compile", "--cudagraphs"]}  # name -> flags
 WARMUP = 5
@@ -68,42 +48,25 @@ def fail(message: str):
     sys.exit(2)
 
 
-def now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The host
-# ----------------------------------------------------------------------------------------------------------
+# The host -------------------------------------------------------------------------------------------------------------
 def host(command: str) -> dict:
     """What the results depend on: the GPU and its driver, CUDA, the CPU, the versions, the date, the command."""
     import torch
 
-    from benchmark.scripts import machine
-
-    info = {"date": now(), "command": command, "cpu": machine(), "python": platform.python_version()}
+    info = {"date": utc_now(), "command": command, "cpu": machine(), "python": platform.python_version()}
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())]
         info["gpu"] = ", ".join(f"{names.count(n)} x {n}" if names.count(n) > 1 else n for n in dict.fromkeys(names))
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
         try:
-            driver = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            ).stdout.split()
+            driver = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.split()
         except (OSError, subprocess.TimeoutExpired):
             driver = []
         info["driver"] = driver[0] if driver else "unknown (no nvidia-smi)"
         info["cuda"] = f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
     else:
         info["gpu"] = "none (no CUDA device seen by torch)"
-    info["packages"] = {}
-    for name in PACKAGES:
-        try:
-            info["packages"][name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
+    info["packages"] = {name: version for name, version in versions(PACKAGES).items() if name != "python"}
     return info
 
 
@@ -120,9 +83,7 @@ def host_lines(info: dict) -> list[str]:
     ]
 
 
-# ----------------------------------------------------------------------------------------------------------
-# One training run
-# ----------------------------------------------------------------------------------------------------------
+# One training run -----------------------------------------------------------------------------------------------------
 def steady_sps(points: list[tuple[int, float, float]], warmup: int) -> float | None:
     """Steps per second from the end of iteration `warmup` to the end of the last one, from a run's per-iteration
     `charts/SPS` events (step, wall time, value); None when the run logged too few iterations."""
@@ -144,28 +105,33 @@ class Run:
     warmup_s: float | None = None  # ... to the end of its warm-up
     status: str = "ok"
 
-    def cell(self) -> str:
-        if self.status != "ok":
-            return self.status.replace("|", "/")
-        return f"{self.sps:,.0f} ({self.first_iteration_s:.1f} s)"
+    def cell(self, seconds: str = "first_iteration_s") -> str:
+        """The table's cell: the SPS and, in brackets, the seconds to the end of the first iteration (or of `seconds`)."""
+        return (
+            self.status.replace("|", "/")
+            if self.status != "ok"
+            else f"{self.sps:,.0f} ({getattr(self, seconds):.1f} s)"
+        )
+
+    def start(self, command: list[str], timeout: float, env: dict | None, cwd) -> bool:
+        """Runs `command` for this run: whether it ended well (else the status says how it ended)."""
+        self.command = shlex.join(["python", *command[1:]])
+        try:
+            done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.status = f"stopped after {timeout:.0f} s"
+            return False
+        last = (done.stderr.strip() or done.stdout.strip() or "?").splitlines()[-1]
+        self.status = "ok" if done.returncode == 0 else f"exit {done.returncode}: {last[:200]}"
+        return done.returncode == 0
 
 
-def train(
-    command: list[str], runs_dir: Path, run: Run, warmup: int, timeout: float, env: dict | None = None, cwd=ROOT
-) -> Run:
+def train(command: list[str], runs_dir: Path, run: Run, warmup: int, timeout: float, env=None, cwd=ROOT) -> Run:
     """Runs `command` (which writes its TensorBoard folder under `runs_dir`) and reads its SPS after `warmup`
     iterations and its first iteration's end from its `charts/SPS` events into `run`."""
     from benchmark.events import read_timed_scalars
 
-    run.command = shlex.join(["python", *command[1:]])
-    try:
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        run.status = f"stopped after {timeout:.0f} s"
-        return run
-    if done.returncode != 0:
-        last = (done.stderr.strip() or done.stdout.strip() or "?").splitlines()[-1]
-        run.status = f"exit {done.returncode}: {last[:200]}"
+    if not run.start(command, timeout, env, cwd):
         return run
     folders = sorted({path.parent for path in runs_dir.rglob("events.out.tfevents.*")})
     if len(folders) != 1:
@@ -202,16 +168,11 @@ def measure(script: str, env_id: str, mode: str, cuda: bool, dry: bool, iteratio
     return run
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The gpu-marked tests
-# ----------------------------------------------------------------------------------------------------------
+# The gpu-marked tests -------------------------------------------------------------------------------------------------
 def gpu_test_files() -> list[str]:
     """The test files that hold tests marked `gpu`."""
-    return sorted(
-        str(path.relative_to(ROOT))
-        for path in (ROOT / "tests").rglob("test_*.py")
-        if re.search(r"\bmark\.gpu\b", path.read_text())
-    )
+    found = (ROOT / "tests").rglob("test_*.py")
+    return sorted(str(path.relative_to(ROOT)) for path in found if re.search(r"\bmark\.gpu\b", path.read_text()))
 
 
 def gpu_tests(timeout: float) -> list[str]:
@@ -229,9 +190,7 @@ def gpu_tests(timeout: float) -> list[str]:
     return [f"{shown}: {summary[-1] if summary else f'exit {done.returncode}'}"] + [f"- `{line}`" for line in failed]
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The table
-# ----------------------------------------------------------------------------------------------------------
+# The table ------------------------------------------------------------------------------------------------------------
 def label(mode: str) -> str:
     """ "cudagraphs" -> "--compile --cudagraphs": a mode as its flags."""
     return " ".join(MODES[mode]) or mode
@@ -273,9 +232,8 @@ def env_only(script: str, steps: int) -> str:
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmark.gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmark.gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--scripts", nargs="+", choices=list(ITERATIONS), default=list(ITERATIONS))
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="(default: all three)")
     parser.add_argument("--iterations", type=int, help="iterations per run (default: per script, see ITERATIONS)")
@@ -283,12 +241,8 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take (default %(default)s)")
     parser.add_argument("--no-tests", action="store_true", help="leave out the gpu-marked tests")
     parser.add_argument("--dry-run", action="store_true", help="the same plan shortened on the CPU, no GPU needed")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        help="the markdown (default runs/benchmark/gpu.md, with --dry-run runs/benchmark/gpu-dry-run.md; "
-        "benchmark/results/gpu.md holds the published measurements)",
-    )
+    parser.add_argument("--out", type=Path, help="the markdown (default runs/benchmark/gpu.md, dry: gpu-dry-run.md; "
+                        "benchmark/results/gpu.md holds the published measurements)")  # fmt: skip
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "benchmark.gpu", *(argv if argv is not None else sys.argv[1:])])
     import torch

@@ -33,38 +33,17 @@ CLOCK_TAGS = re.compile(r"^(charts/.*SPS|perf/.*)$")
 # per script: the flags of a short run on its real environment (several iterations, two evaluations)
 SMALL = ["--num-minibatches", "2", "--update-epochs", "2"]
 RUNS = {
-    "ppo": ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "32", *SMALL],
-    "ppo_continuous_action": ["--env-id", "Hopper-v4", "--num-envs", "2", "--num-steps", "32", *SMALL],
-    "ppo_atari": ["--env-id", "Breakout", "--num-envs", "2", "--num-steps", "32", *SMALL],
-    "ppo_atari_lstm": ["--env-id", "Breakout", "--num-envs", "2", "--num-steps", "32", *SMALL],
-    "ppo_atari_envpool": ["--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "32", *SMALL],
-    "ppo_procgen": ["--env-id", "starpilot", "--num-envs", "2", "--num-steps", "32", *SMALL],
-    "ppo_atari_multigpu": ["--env-id", "Breakout", "--num-envs", "2", "--num-steps", "32", *SMALL],
-    "ppo_shared_memory_lstm": [
-        "--env-id",
-        "CartPole-v1",
-        "--num-workers",
-        "2",
-        "--num-envs-per-worker",
-        "1",
-        "--num-steps",
-        "32",
-        "--seq-len",
-        "8",
-        *SMALL,
-    ],
-    "ppo_continuous_action_redis": [
-        "--env-id",
-        "Hopper-v4",
-        "--num-samplers",
-        "1",
-        "--num-chunks",
-        "2",
-        "--num-steps",
-        "32",
-        *SMALL,
-    ],
+    "ppo": "--env-id CartPole-v1 --num-envs 4",
+    "ppo_continuous_action": "--env-id Hopper-v4 --num-envs 2",
+    "ppo_atari": "--env-id Breakout --num-envs 2",
+    "ppo_atari_lstm": "--env-id Breakout --num-envs 2",
+    "ppo_atari_envpool": "--env-id Breakout-v5 --num-envs 2",
+    "ppo_procgen": "--env-id starpilot --num-envs 2",
+    "ppo_atari_multigpu": "--env-id Breakout --num-envs 2",
+    "ppo_shared_memory_lstm": "--env-id CartPole-v1 --num-workers 2 --num-envs-per-worker 1 --seq-len 8",
+    "ppo_continuous_action_redis": "--env-id Hopper-v4 --num-samplers 1 --num-chunks 2",
 }
+RUNS = {name: [*flags.split(), "--num-steps", "32", *SMALL] for name, flags in RUNS.items()}
 BATCH = {"ppo": 128, "ppo_shared_memory_lstm": 64}  # steps per iteration; 64 for the others
 ITERATIONS, MORE = 4, 2  # iterations of the first run, and of the resume
 
@@ -78,9 +57,8 @@ def command(repo: Path, name: str) -> list[str]:
 
 def run(repo: Path, name: str, argv: list[str], cwd: Path) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
-    result = subprocess.run(
-        [*command(repo, name), *argv, "--no-cuda"], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800
-    )
+    command_line = [*command(repo, name), *argv, "--no-cuda"]
+    result = subprocess.run(command_line, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         raise SystemExit(f"{name} {' '.join(argv)}: exit {result.returncode}\n{result.stderr[-3000:]}")
     return result.stdout
@@ -106,33 +84,14 @@ def record_script(repo: Path, name: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         cwd = Path(folder)
         batch = BATCH.get(name, 64)
+        flags = ["--seed", "3", "--total-timesteps", str(ITERATIONS * batch), "--checkpoint-every", "1"]
         stdout = run(
-            repo,
-            name,
-            [
-                *RUNS[name],
-                "--seed",
-                "3",
-                "--total-timesteps",
-                str(ITERATIONS * batch),
-                "--checkpoint-every",
-                "1",
-                "--eval-every",
-                "2",
-                "--eval-episodes",
-                "2",
-                "--save-model",
-            ],
-            cwd,
+            repo, name, [*RUNS[name], *flags, "--eval-every", "2", "--eval-episodes", "2", "--save-model"], cwd
         )
         (run_dir,) = [p for p in (cwd / "runs").iterdir() if p.is_dir()]
         first_weights = weights_hash(run_dir / "model.pt")
-        stdout += run(
-            repo,
-            name,
-            ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str((ITERATIONS + MORE) * batch)],
-            cwd,
-        )
+        resume = ["--resume", str(run_dir / "checkpoint.pt"), "--total-timesteps", str((ITERATIONS + MORE) * batch)]
+        stdout += run(repo, name, resume, cwd)
         evaluated = run(repo, name, ["--evaluate", str(run_dir / "model.pt"), "--eval-episodes", "2"], cwd)
         scalars = {tag: points for tag, points in read_scalars(run_dir).items() if not CLOCK_TAGS.match(tag)}
         lines = [line for line in (stdout + evaluated).splitlines() if line.startswith(("evaluation", "final weights"))]

@@ -1,8 +1,10 @@
 """What every benchmark tool shares, so that no tool borrows from another: the one list of the nine training
 scripts, the environment each is measured on, the repository root, importing a script or starting one in a
-fresh process, its environment's own speed, the machine and the commit a results file names, and the one way
-CleanRL is installed. tests/test_copies.py fails when a ppo*.py at the repository root is missing from SCRIPTS."""
+fresh process, its environment's own speed, the machine and the commit a results file names, the one way
+CleanRL is installed, and the small pieces of a results file (a table's head, the date, a plot, a busy core).
+tests/test_copies.py fails when a ppo*.py at the repository root is missing from SCRIPTS."""
 
+import contextlib
 import importlib
 import inspect
 import os
@@ -16,17 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCRIPTS = [
-    "ppo",
-    "ppo_continuous_action",
-    "ppo_atari",
-    "ppo_atari_lstm",
-    "ppo_atari_envpool",
-    "ppo_procgen",
-    "ppo_atari_multigpu",
-    "ppo_shared_memory_lstm",
-    "ppo_continuous_action_redis",
-]
+SCRIPTS = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_procgen"]
+SCRIPTS += ["ppo_atari_multigpu", "ppo_shared_memory_lstm", "ppo_continuous_action_redis"]  # the multi-process ones
 
 # script -> the real environment it is measured and run end to end on: its default (the Atari scripts:
 # the short id they expand; ppo_procgen: the game, in easy mode)
@@ -122,17 +115,8 @@ CLEANRL_VERSION = "1.2.0"
 
 def pip_cleanrl(python: str, *pip_args: str) -> list[str]:
     """The pip command that installs (or, with `download`, fetches) CleanRL's scripts for `python`."""
-    verb = pip_args[0] if pip_args else "install"
-    return [
-        python,
-        "-m",
-        "pip",
-        verb,
-        *pip_args[1:],
-        "--no-deps",
-        "--ignore-requires-python",
-        f"cleanrl=={CLEANRL_VERSION}",
-    ]
+    verb, *rest = pip_args or ("install",)
+    return [python, "-m", "pip", verb, *rest, "--no-deps", "--ignore-requires-python", f"cleanrl=={CLEANRL_VERSION}"]
 
 
 def versions(packages) -> dict[str, str]:
@@ -146,3 +130,37 @@ def versions(packages) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return found
+
+
+# the small pieces of a results file ---------------------------------------------------------------------------------
+
+
+def table_head(*columns: str) -> list[str]:
+    """A markdown table's first two lines."""
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files (no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+@contextlib.contextmanager
+def busy_core(busy: bool = True):
+    """While the block runs, a process busy on one core (when `busy`): a measurement beside a loaded machine."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        yield
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()

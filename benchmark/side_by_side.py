@@ -10,34 +10,17 @@ SPS after warm-up and the ratios ours / LeanRL and ours / CleanRL in one table.
     python -m benchmark.side_by_side --leanrl LeanRL [--wheelhouse wheels]
     python -m benchmark.side_by_side --dry-run --leanrl LeanRL   # on the CPU: proves the tool, measures nothing
 
-The runs, each a fresh process:
-- CleanRL 1.2.0's ppo_atari_envpool.py, from the package index (`pip install --no-deps cleanrl==1.2.0`, as
-  every tool installs it: benchmark.scripts.pip_cleanrl) into --packages, eager (it has no other mode);
-- LeanRL's ppo_atari_envpool_torchcompile.py (LeanRL is not on the package index: --leanrl names its file, or a
-  checkout of its repository), as its run.sh runs it: plain, `--compile`, `--compile --cudagraphs`; it needs
-  tensordict, installed into --packages beside CleanRL;
-- ours: eager, `--compile`, `--compile --cudagraphs`;
-- the env-only SPS: random actions through ours' make_envs, and through the environments CleanRL's and LeanRL's
-  files make (envpool's Breakout-v5 with episodic life and reward clipping, its other defaults).
-All on this environment's torch, envpool and gymnasium. CleanRL's and LeanRL's files were written for gym 0.23 and
-envpool 0.8: each runs from a copy in a temporary folder with the smallest changes that today's envpool, gymnasium and
-tensordict require (`patches()`: each is listed in the results with its reason, and a file that they do not fit
-exactly is refused in one line); nothing else changes. LeanRL sends its speed to Weights & Biases every 10
-iterations: a stand-in `wandb` module on its path records those calls (no account, no network).
-
-SPS after warm-up, by one rule for every run: the steps per second from the end of iteration 10 to the end of the
-last (--iterations, 60 by default: 61,440 steps), from each program's own record of its iterations (ours' and
-CleanRL's `charts/SPS` TensorBoard events, LeanRL's log calls at iterations 10, 20, ...); beside it, the seconds
-from the program's first log to the end of iteration 10 (compilation and CUDA-graph recording happen there).
-
---dry-run needs no GPU: 2 environments x 16 steps, 20 iterations, on the CPU. The eager runs are run; ours'
-`--compile` run goes through its command with torch.compile switched off and is reported so, without a number, and
-LeanRL's is not run (tensordict's compiled path fails with torch.compile switched off); `--compile --cudagraphs` is
-reported skipped (it needs CUDA). CleanRL's and LeanRL's runs are reported skipped where their file or packages are
-missing (the dry run installs nothing).
-
-It writes runs/benchmark/side_by_side.md (the dry run: runs/benchmark/side_by_side-dry-run.md) unless --out names
-another file; the published table is benchmark/results/side_by_side.md, which the tool writes only when --out says so.
+The runs, each a fresh process, on this environment's torch, envpool and gymnasium: CleanRL 1.2.0's file (from the
+package index, `pip install --no-deps` into --packages, eager only); LeanRL's file as its run.sh runs it (plain,
+`--compile`, `--compile --cudagraphs`; with tensordict in --packages); ours in the same three modes; the env-only SPS
+of ours' make_envs and of the environments their files make. Their files were written for gym 0.23 and envpool 0.8:
+each runs from a patched copy with the smallest changes today's packages require (`patches()`, each listed in the
+results with its reason; a file they do not fit exactly is refused), and a stand-in `wandb` records LeanRL's speed
+logs. SPS from the end of iteration 10 to the end of the last (--iterations, 60), from each program's own record of
+its iterations, and the seconds to the end of iteration 10 (compilation included). --dry-run needs no GPU: 2
+environments x 16 steps, 20 iterations, compiled runs reported as not measured, nothing installed. It writes
+runs/benchmark/side_by_side.md (dry: side_by_side-dry-run.md) unless --out names another file (the published table:
+benchmark/results/side_by_side.md).
 """
 
 import argparse
@@ -73,9 +56,7 @@ DRY_ITERATIONS = 20
 MODES = gpu.MODES  # eager, compile, cudagraphs: their flags
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The changes that today's packages require, applied to a copy at run time
-# ----------------------------------------------------------------------------------------------------------
+# The changes that today's packages require, applied to a copy at run time ---------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Patch:
     why: str
@@ -168,35 +149,19 @@ def missing_modules(modules: list[str], env: dict) -> list[str]:
 
 # A stand-in for Weights & Biases, put first on LeanRL's path: each call is a JSON line in $PPO_LAB_CALLS
 WANDB_STAND_IN = '''"""benchmark.side_by_side's stand-in for Weights & Biases: records the run's calls, sends nothing."""
-
-import json
-import os
-import time
-
-
+import json, os, time
 def _record(call, step=None, data=None):
     speed = (data or {}).get("speed")
     line = {"call": call, "time": time.time(), "step": step, "speed": None if speed is None else float(speed)}
     with open(os.environ["PPO_LAB_CALLS"], "a") as calls:
         calls.write(json.dumps(line) + "\\n")
-
-
-def init(*args, **kwargs):
-    _record("init")
-
-
-def log(data, step=None, **kwargs):
-    _record("log", step, data)
-
-
-def finish(*args, **kwargs):
-    pass
+def init(*args, **kwargs): _record("init")
+def log(data, step=None, **kwargs): _record("log", step, data)
+def finish(*args, **kwargs): pass
 '''
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The runs
-# ----------------------------------------------------------------------------------------------------------
+# The runs -------------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Setting:
     cuda: bool
@@ -249,15 +214,7 @@ def their_run(program: str, source: Path | None, text: str | None, mode: str, se
 
 def leanrl_train(command: list[str], calls: Path, run: gpu.Run, env: dict, cwd: Path, timeout: float):
     """Runs LeanRL's file and reads its SPS from the log calls that the stand-in recorded."""
-    run.command = shlex.join(["python", *command[1:]])
-    try:
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        run.status = f"stopped after {timeout:.0f} s"
-        return
-    if done.returncode != 0:
-        last = (done.stderr.strip() or done.stdout.strip() or "?").splitlines()[-1]
-        run.status = f"exit {done.returncode}: {last[:200]}"
+    if not run.start(command, timeout, env, cwd):
         return
     records = [json.loads(line) for line in calls.read_text().splitlines()] if calls.is_file() else []
     started = [record["time"] for record in records if record["call"] == "init"]
@@ -294,20 +251,14 @@ def their_env_only(steps: int) -> float:
 def env_only(steps: int) -> dict[str, str]:
     """Both env-only figures, each in a fresh process."""
     found = {"ours' make_envs": gpu.env_only("ppo_atari_envpool", steps)}
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmark.side_by_side", "--their-env-only", str(steps)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    command = [sys.executable, "-m", "benchmark.side_by_side", "--their-env-only", str(steps)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     found["CleanRL's and LeanRL's envpool.make"] = f"{float(lines[-1]):,.0f}" if done.returncode == 0 else "fails"
     return found
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Packages, files, the table
-# ----------------------------------------------------------------------------------------------------------
+# Packages, files, the table -------------------------------------------------------------------------------------------
 def pip(*args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "pip", *args, "--no-deps", "--ignore-requires-python", "-q", *EXTRAS]
     print("$", " ".join(command), flush=True)
@@ -340,11 +291,7 @@ def ratio(a: gpu.Run | None, b: gpu.Run | None) -> str:
 
 
 def cell(run: gpu.Run | None) -> str:
-    if run is None:
-        return "—"
-    if run.status != "ok":
-        return run.status.replace("|", "/")
-    return f"{run.sps:,.0f} ({run.warmup_s:.1f} s)"
+    return "—" if run is None else run.cell("warmup_s")
 
 
 def markdown(info: dict, runs: dict, env_sps: dict, sources: dict, applied: dict, setting: Setting) -> str:
@@ -381,12 +328,8 @@ def markdown(info: dict, runs: dict, env_sps: dict, sources: dict, applied: dict
         lines.append(f"- {program}: {source}")
         lines += [f"  - changed at run time: {change.why}" for change in applied.get(program, [])]
     lines += ["- ours: `ppo_atari_envpool.py` of this repository, as it is", "", "Commands:", ""]
-    lines += [
-        f"- {run.program}, {gpu.label(run.mode)}: `{run.command}`"
-        for side in runs.values()
-        for run in side.values()
-        if run.command
-    ]
+    every = [run for side in runs.values() for run in side.values() if run.command]
+    lines += [f"- {run.program}, {gpu.label(run.mode)}: `{run.command}`" for run in every]
     return "\n".join(lines) + "\n"
 
 
@@ -397,11 +340,8 @@ def describe_source(path: Path | None) -> str:
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmark.side_by_side",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmark.side_by_side", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--leanrl", type=Path, help=f"LeanRL's {LEANRL_FILE}, or a LeanRL checkout's folder")
     parser.add_argument("--cleanrl", type=Path, help="CleanRL's ppo_atari_envpool.py (default: the one in --packages)")
     parser.add_argument("--packages", type=Path, default=PACKAGES, help="where EXTRAS go (pip --target; %(default)s)")

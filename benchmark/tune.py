@@ -8,29 +8,19 @@
     python -m benchmark.tune ppo --env-id CartPole-v1 --trials 30 --storage benchmark/results/tune_cartpole.db \\
         -- --total-timesteps 100000                           # the study's database kept beside its results file
 
-A trial samples the script's search space (benchmark/tune_space.py, changed by --space FILE), runs the script once
-per environment id and seed as `python SCRIPT.py <sampled flags> <flags after -->`, every run a process of its own
-with OMP_NUM_THREADS=1, and scores the setting: the mean over the runs of each run's score normalised by its
-environment's range, (score - low) / (high - low), a run's score being the mean return of its last --last episodes
-(read from its TensorBoard events). While the runs train, the tuner reads their events as they are written and
-reports the score so far at --reports points of the step budget; Optuna's pruner (the median rule by default)
-stops a trial whose runs do worse than the other trials did at the same step: its runs get SIGTERM, print their
-line and exit. The study runs until it holds --trials finished (complete or pruned) trials, from every worker.
+A trial samples the script's search space (benchmark/tune_space.py, changed by --space FILE), runs the script once per
+env id and seed (a process each, OMP_NUM_THREADS=1) with the flags after --, and scores it: the mean over the runs of
+(score - low) / (high - low), a run's score the mean return of its last --last episodes. While the runs train, the
+score so far is reported at --reports points and Optuna's pruner (median by default) stops a trial that does worse
+than the others did at the same step (its runs get SIGTERM). The study runs until it holds --trials finished trials.
 
-The storage (--storage) is an SQLite file, by default in the study's folder (RUNS_DIR/STUDY/optuna.db), or one that
-you name by its path (no `://`: benchmark/results/tune_NAME.db keeps the study beside its results file, to commit), or
-any Optuna storage URL: sqlite:///FILE, or a shared one (PostgreSQL, MySQL: postgresql://USER:PASSWORD@HOST/DB; Redis
-as an Optuna journal: redis://HOST:PORT/DB) on which every machine runs the same command. A worker that dies mid-trial
-leaves that trial failed once its heartbeat is --heartbeat x 3 seconds old, and a failed trial is sampled again.
-Ctrl-C (or SIGTERM) ends the trial's runs and leaves the study to be continued by the same command.
-
-Each trial's folder, RUNS_DIR/STUDY/trial-NNNN/, holds its runs, their logs (logs/) and trial.json: its values, its
-command, its state and why it stopped. RUNS_DIR/STUDY/report.md is written after each trial: the trials table, the
-best command, and at the end the parameter importances (report_importances.png), drawn only once 10 or more trials
-are complete (with fewer they say nothing, and the report says they were not drawn). `report` writes them again from
-the storage; `verdict` runs the best setting and the defaults on fresh seeds and writes a results file with both and
-the verdict of Welch's t-test (better, worse, or undecided).
-docs/tuning.md explains the search spaces, the file that changes them, the normalisation and the storages.
+--storage: an SQLite file (default RUNS_DIR/STUDY/optuna.db; a path without `://`, e.g. benchmark/results/tune_NAME.db
+to commit) or an Optuna storage URL; a shared one (PostgreSQL, MySQL, Redis as a journal) takes the same command from
+every machine. A worker that dies leaves its trial failed after --heartbeat x 3 seconds, and it is sampled again;
+Ctrl-C ends the trial's runs and the same command continues the study. RUNS_DIR/STUDY/trial-NNNN/ holds a trial's
+runs, logs and trial.json; RUNS_DIR/STUDY/report.md the trials table, the best command and (from 10 complete trials)
+the parameter importances. `report` writes it again; `verdict` runs the best setting and the defaults on fresh seeds
+and judges them by Welch's t-test. docs/tuning.md explains the spaces, the normalisation and the storages.
 """
 
 import argparse
@@ -56,7 +46,7 @@ import numpy as np
 from benchmark.events import ScalarTail
 from benchmark.run_seeds import Job, die_interrupted, interrupt, kill, last_line, make_jobs, run_jobs, start
 from benchmark.scores import curves, save_figure, summarize_run
-from benchmark.scripts import ROOT, SCRIPTS, import_script
+from benchmark.scripts import ROOT, SCRIPTS, import_script, pyplot, table_head
 from benchmark.tune_space import SPACES, SpaceError, as_flags, min_max, read_space, sample, score_range
 
 RETURN = "charts/episodic_return"
@@ -412,16 +402,10 @@ def one_trial(study, setup: Setup, storage):
     finally:
         jobs, tails = record.pop("runs", []), record.pop("tails", {})
         steps = sum(progress(job, tails)[0] for job in jobs)
-        record.update(
-            state=state.name,
-            value=value,
-            stopped=why,
-            wall_time=round(time.monotonic() - began, 1),
-            steps=steps,
-            budget=setup.total_timesteps * len(setup.env_ids) * len(setup.seeds),
-            run_folders=[str(run_folder(job)) for job in jobs],
-            pids=[job.process.pid for job in jobs if job.process is not None],
-        )
+        budget = setup.total_timesteps * len(setup.env_ids) * len(setup.seeds)
+        record.update(state=state.name, value=value, stopped=why, wall_time=round(time.monotonic() - began, 1))
+        record.update(steps=steps, budget=budget, run_folders=[str(run_folder(job)) for job in jobs])
+        record["pids"] = [job.process.pid for job in jobs if job.process is not None]
         write_record(folder, record)
         for name in ("stopped", "steps", "budget", "wall_time"):
             if record[name] is not None:
@@ -457,24 +441,20 @@ def make_pruner(text: str, warmup_steps: int):
 
 
 def tune_parser() -> argparse.ArgumentParser:
+    usage = "%(prog)s SCRIPT --env-id ID [--env-id ID ...] --trials N [options] [-- SCRIPT_FLAGS]\n"
+    usage += "       %(prog)s report --study NAME [--storage FILE|URL] [--out FILE]\n"
+    usage += "       %(prog)s verdict --study NAME [--storage FILE|URL] --seeds S [S ...] --out FILE"
+    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="python -m benchmark.tune",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="%(prog)s SCRIPT --env-id ID [--env-id ID ...] --trials N [options] [-- SCRIPT_FLAGS]\n"
-        "       %(prog)s report --study NAME [--storage FILE|URL] [--out FILE]\n"
-        "       %(prog)s verdict --study NAME [--storage FILE|URL] --seeds S [S ...] --out FILE",
+        prog="python -m benchmark.tune", description=__doc__, formatter_class=raw, usage=usage
     )
     add = parser.add_argument
     add("script", help="the script to tune: ppo, ppo_continuous_action, ... (or ppo.py, ...)")
     add("--env-id", action="append", required=True, help="an environment (repeat for several)")
     add("--trials", type=int, required=True, help="the finished (complete or pruned) trials the study ends with")
     add("--study", help="the study's name (default: SCRIPT-ENV_IDS)")
-    add(
-        "--storage",
-        help="an SQLite file's path (e.g. benchmark/results/tune_NAME.db) or an Optuna storage URL "
-        "(default: RUNS_DIR/STUDY/optuna.db)",
-    )
+    add("--storage", help="an SQLite file's path (e.g. benchmark/results/tune_NAME.db) or an Optuna storage URL "
+        "(default: RUNS_DIR/STUDY/optuna.db)")  # fmt: skip
     add("--seeds", type=int, nargs="+", default=[1], help="the seeds each trial runs (default: 1)")
     add("--space", type=Path, help="a TOML or JSON file that changes the search space (docs/tuning.md)")
     add("--last", type=int, default=100, help="a run's score: the mean return of its last N episodes (100)")
@@ -539,25 +519,17 @@ def make_setup(args, flags: list[str]) -> Setup:
         fail(f"no score range known for {', '.join(unknown)}: give one with --score-range ENV LOW HIGH")
 
     study = args.study or f"{script}-{'+'.join(args.env_id)}"
+    steps = base.total_timesteps
     return Setup(
-        script=script,
-        env_ids=args.env_id,
-        seeds=args.seeds,
-        flags=flags,
-        space=space,
-        last=args.last,
+        script, args.env_id, args.seeds, flags, space, args.last,
         score_ranges={env_id: list(bounds or (0.0, 1.0)) for env_id, bounds in ranges.items()},  # one env: raw
-        total_timesteps=base.total_timesteps,
+        total_timesteps=steps,
         folder=(args.runs_dir / re.sub(r"[^\w.+-]", "_", study)).resolve(),
         launcher=shlex.split(args.launcher) if args.launcher else [sys.executable],
         workers=args.workers or len(args.env_id) * len(args.seeds),
-        reports=args.reports,
-        poll=args.poll,
-        heartbeat=args.heartbeat,
-        module=module,
-        grid=[round(base.total_timesteps * k / args.reports) for k in range(1, args.reports)],
-        fixed=fixed,
-    )
+        reports=args.reports, poll=args.poll, heartbeat=args.heartbeat, module=module,
+        grid=[round(steps * k / args.reports) for k in range(1, args.reports)], fixed=fixed,
+    )  # fmt: skip
 
 
 def open_study(setup: Setup, name: str, storage_url: str, storage, pruner, argv: list[str]):
@@ -598,22 +570,15 @@ def tune(argv: list[str]):
     pruner = make_pruner(args.pruner, int(args.warmup * setup.total_timesteps))
     name = args.study or f"{setup.script}-{'+'.join(setup.env_ids)}"
     url = storage_url(args.storage, setup.folder)
-    if sqlite_file(url) is not None:
-        sqlite_file(url).parent.mkdir(parents=True, exist_ok=True)
+    (sqlite_file(url) or Path(".")).parent.mkdir(parents=True, exist_ok=True)
     storage = open_storage(url, setup.heartbeat)
     study = open_study(setup, name, url, storage, pruner, argv)
     # the heartbeat is kept here (beat, fail_stale), not by Study.optimize, which cannot stop a trial's processes
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
-    print(
-        f"study {name} on {shown_storage(url)}: {finished(study)} of {args.trials} trials finished; "
-        f"runs in {shown(setup.folder)}/trial-NNNN\nwatch it live: optuna-dashboard {shown_storage(url)}"
-        + (
-            f"\nfixed by the flags after --, not tuned: {', '.join('--' + n for n in setup.fixed)}"
-            if setup.fixed
-            else ""
-        ),
-        flush=True,
-    )
+    print(f"study {name} on {shown_storage(url)}: {finished(study)} of {args.trials} trials finished; runs in "
+          f"{shown(setup.folder)}/trial-NNNN\nwatch it live: optuna-dashboard {shown_storage(url)}", flush=True)  # fmt: skip
+    if setup.fixed:
+        print(f"fixed by the flags after --, not tuned: {', '.join('--' + n for n in setup.fixed)}", flush=True)
     report = setup.folder / "report.md"
     signal.signal(signal.SIGTERM, interrupt)
     try:
@@ -625,11 +590,7 @@ def tune(argv: list[str]):
             write_report(study, report, url, importances=False)
     except KeyboardInterrupt:
         die_interrupted(f"{PROG}: interrupted: the trial's runs are stopped; the same command continues the study")
-    write_report(study, report, url, importances=True)
-    best = best_trial(study)
-    if best is not None:
-        print(f"best: trial {best.number}, value {best.value:.4f}:\n{best.user_attrs.get('command')}")
-    print(f"report: {shown(report)}")
+    print_best(study, write_report(study, report, url, importances=True))
 
 
 # THE REPORT -----------------------------------------------------------------------------------------------------
@@ -652,15 +613,17 @@ def best_trial(study):
     return max(complete, key=lambda t: t.value) if complete else None
 
 
+def code_block(trial) -> list[str]:
+    return ["```bash", trial.user_attrs.get("command", ""), "```"]
+
+
 def duration(seconds: float) -> str:
     hours, rest = divmod(int(round(seconds)), 3600)
     return f"{hours} h {rest // 60:02d} min" if hours else f"{rest // 60} min {rest % 60:02d} s"
 
 
 def cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return "" if value is None else str(value)
+    return f"{value:.3g}" if isinstance(value, float) else "" if value is None else str(value)
 
 
 def trials_table(study) -> str:
@@ -671,7 +634,7 @@ def trials_table(study) -> str:
     names += sorted({name for t in trials for name in t.params} - set(names))
     env_ids = study.user_attrs.get("env_ids", [])
     header = ["trial", "state", "value", *env_ids, *names, "steps", "wall time", "note"]
-    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines = table_head(*header)
     for t in trials:
         scores = t.user_attrs.get("scores", {})
         per_env = []
@@ -732,13 +695,8 @@ def plot_importances(study, path: Path) -> Path | None:
             return None
     if not importances:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = list(importances)[::-1]
-    fig, ax = plt.subplots(figsize=(6, 0.35 * len(names) + 1.2))
+    fig, ax = pyplot().subplots(figsize=(6, 0.35 * len(names) + 1.2))
     ax.barh(names, [importances[n] for n in names], color="tab:blue")
     ax.set(
         xlabel="importance (Optuna's PED-ANOVA, sums to 1)",
@@ -780,24 +738,14 @@ def write_report(study, out: Path, storage_url: str, importances: bool = True) -
     ]
     best = best_trial(study)
     if best is not None:
-        lines += [
-            f"Best: trial {best.number}, value {best.value:.4f}.",
-            "",
-            "```bash",
-            best.user_attrs.get("command", ""),
-            "```",
-            "",
-        ]
+        lines += [f"Best: trial {best.number}, value {best.value:.4f}.", "", *code_block(best), ""]
     picture = out.with_name(f"{out.stem}_importances.png")
     if importances and plot_importances(study, picture) is not None:
         lines += [f"![parameter importances]({picture.name})", ""]
     elif importances:
         complete = counts[TrialState.COMPLETE]
-        why = (
-            f"{complete} complete trials, and they are drawn from {IMPORTANCE_TRIALS}"
-            if complete < IMPORTANCE_TRIALS
-            else "Optuna's evaluator found none for these trials"
-        )
+        why = f"{complete} complete trials, and they are drawn from {IMPORTANCE_TRIALS}"
+        why = why if complete < IMPORTANCE_TRIALS else "Optuna's evaluator found none for these trials"
         lines += [f"Parameter importances: not drawn ({why}).", ""]
     lines += [trials_table(study), ""]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -826,23 +774,29 @@ def load_study(args):
         fail(f"no study {args.study} on {shown_storage(url)}")
 
 
-def report_main(argv: list[str]):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmark.tune report",
-        description="The study's report again, from its storage: the trials table, the best command, and the parameter "
-        f"importances once {IMPORTANCE_TRIALS} or more trials are complete.",
-    )
+def study_parser(verb: str, description: str) -> argparse.ArgumentParser:
+    """The parser of `report` or `verdict`, with the arguments that find the study."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmark.tune {verb}", description=description)
     parser.add_argument("--study", required=True)
     parser.add_argument("--storage", help="the study's SQLite file or storage URL (default: RUNS_DIR/STUDY/optuna.db)")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tune"))
-    parser.add_argument("--out", type=Path, help="the report (default: RUNS_DIR/STUDY/report.md)")
-    args = parser.parse_args(argv)
-    study, url, folder = load_study(args)
-    out = write_report(study, args.out or folder / "report.md", url)
+    return parser
+
+
+def print_best(study, report: Path):
     best = best_trial(study)
     if best is not None:
         print(f"best: trial {best.number}, value {best.value:.4f}:\n{best.user_attrs.get('command')}")
-    print(f"report: {shown(out)}")
+    print(f"report: {shown(report)}")
+
+
+def report_main(argv: list[str]):
+    parser = study_parser("report", "The study's report again, from its storage: the trials table, the best command, "
+                          f"and the parameter importances once {IMPORTANCE_TRIALS} or more trials are complete.")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="the report (default: RUNS_DIR/STUDY/report.md)")
+    args = parser.parse_args(argv)
+    study, url, folder = load_study(args)
+    print_best(study, write_report(study, args.out or folder / "report.md", url))
 
 
 # THE VERDICT: the best setting against the defaults on fresh seeds -------------------------------------------------
@@ -874,15 +828,9 @@ def verdict_rule(tuned: list[float], default: list[float]) -> str:
 
 
 def verdict_main(argv: list[str]):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmark.tune verdict",
-        description="Runs the study's best setting and the script's defaults (the flags after -- only) on fresh seeds, "
-        "resumable (finished runs are kept), and writes the study's report with a verdict section: per env and seed "
-        "the mean return of the last episodes, mean ± std, learning curves and the rule's verdict.",
-    )
-    parser.add_argument("--study", required=True)
-    parser.add_argument("--storage", help="the study's SQLite file or storage URL (default: RUNS_DIR/STUDY/optuna.db)")
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs/tune"))
+    parser = study_parser("verdict", "Runs the study's best setting and the script's defaults (the flags after -- only) "
+                          "on fresh seeds, resumable, and writes the study's report with a verdict section: per env and "
+                          "seed the mean return of the last episodes, mean ± std, learning curves and the verdict.")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", required=True, help="fresh seeds, none the study used")
     parser.add_argument("--trial", type=int, help="the trial to test (default: the best)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="runs at once (default: CPU count)")
@@ -935,15 +883,12 @@ def verdict_section(study, best, args, where: Path, runs: dict, command: str) ->
         f"{args.workers} at a time; runs in `{shown(where)}`. Written {now():%Y-%m-%d %H:%M} UTC, "
         f"on {machine()}.",
         "",
-        "```bash",
-        command,
-        "```",
+        f"```bash\n{command}\n```",
         "",
         f"{RULE} A run's score: the mean return of its last {last} episodes; mean ± std: over the seeds, the sample "
         "standard deviation (ddof 1).",
         "",
-        "| env | setting | per seed | mean ± std | verdict |",
-        "|---|---|---|---|---|",
+        *table_head("env", "setting", "per seed", "mean ± std", "verdict"),
     ]
     pictures = []
     for env_id in attrs["env_ids"]:
@@ -958,17 +903,13 @@ def verdict_section(study, best, args, where: Path, runs: dict, command: str) ->
         safe = re.sub(r"[^\w.-]", "_", env_id)
         pictures.append(plot_verdict(env_id, folders, args.out.with_name(f"{args.out.stem}_{safe}.png")))
     lines += ["", *[f"![{path.stem}]({path.name})" for path in pictures if path is not None]]
-    lines += ["", "The tuned command:", "", "```bash", best.user_attrs.get("command", ""), "```", ""]
+    lines += ["", "The tuned command:", "", *code_block(best), ""]
     return "\n".join(lines)
 
 
 def plot_verdict(env_id: str, folders: dict, path: Path) -> Path | None:
     """The learning curves of both settings on one env: the mean over seeds, the min-max band (benchmark.scores)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = False
     for name, run_dirs in folders.items():

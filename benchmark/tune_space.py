@@ -94,17 +94,9 @@ SHARED_MEMORY_LSTM = family(
     }
 )
 
-SPACES = {
-    "ppo": CLASSIC,
-    "ppo_continuous_action": CONTINUOUS,
-    "ppo_continuous_action_redis": CONTINUOUS_REDIS,
-    "ppo_atari": ATARI,
-    "ppo_atari_lstm": ATARI,
-    "ppo_atari_envpool": ATARI,
-    "ppo_atari_multigpu": ATARI,
-    "ppo_procgen": PROCGEN,
-    "ppo_shared_memory_lstm": SHARED_MEMORY_LSTM,
-}
+SPACES = {"ppo": CLASSIC, "ppo_continuous_action": CONTINUOUS, "ppo_continuous_action_redis": CONTINUOUS_REDIS}
+SPACES |= dict.fromkeys(["ppo_atari", "ppo_atari_lstm", "ppo_atari_envpool", "ppo_atari_multigpu"], ATARI)
+SPACES |= {"ppo_procgen": PROCGEN, "ppo_shared_memory_lstm": SHARED_MEMORY_LSTM}
 
 
 class SpaceError(ValueError):
@@ -122,9 +114,8 @@ def check_entry(name: str, spec) -> dict:
         choices = spec["choices"]
         if not isinstance(choices, list) or not choices or set(spec) - {"choices", "when"}:
             raise SpaceError(f"[{name}]: choices must be a non-empty list, alone (without low, high, log, step)")
-        if not all(isinstance(c, (bool, int, float, str)) for c in choices) or len(set(map(repr, choices))) < len(
-            choices
-        ):
+        distinct = len(set(map(repr, choices))) == len(choices)
+        if not distinct or not all(isinstance(c, (bool, int, float, str)) for c in choices):
             raise SpaceError(f"[{name}]: choices must be distinct numbers, strings or true/false")
     else:
         low, high = spec.get("low"), spec.get("high")
@@ -174,21 +165,16 @@ def sample(trial, space: dict) -> dict:
     """The values of one trial, {flag: value} in the space's order, drawn by Optuna's `trial`."""
     params = {}
     for name, spec in space.items():
-        if any(
-            params.get(flag) not in (want if isinstance(want, list) else [want])
-            for flag, want in spec.get("when", {}).items()
-        ):
+        wanted = {flag: want if isinstance(want, list) else [want] for flag, want in spec.get("when", {}).items()}
+        if any(params.get(flag) not in want for flag, want in wanted.items()):
             continue
+        low, high, step, log = spec.get("low"), spec.get("high"), spec.get("step"), spec.get("log", False)
         if "choices" in spec:
             params[name] = trial.suggest_categorical(name, spec["choices"])
-        elif isinstance(spec["low"], int) and isinstance(spec["high"], int) and isinstance(spec.get("step", 1), int):
-            params[name] = trial.suggest_int(
-                name, spec["low"], spec["high"], step=spec.get("step", 1), log=spec.get("log", False)
-            )
+        elif isinstance(low, int) and isinstance(high, int) and isinstance(step or 1, int):
+            params[name] = trial.suggest_int(name, low, high, step=step or 1, log=log)
         else:
-            params[name] = trial.suggest_float(
-                name, spec["low"], spec["high"], step=spec.get("step"), log=spec.get("log", False)
-            )
+            params[name] = trial.suggest_float(name, low, high, step=step, log=log)
     return params
 
 
@@ -209,39 +195,15 @@ def as_flags(params: dict) -> list[str]:
 # on the -v2 tasks); Atari, a random policy's and a human's score (Mnih et al. 2015, as tabulated in Badia et al.
 # 2020, Agent57); Procgen, the easy mode's normalisation constants of Cobbe et al. 2020; DeepMind Control, the range
 # every task's return has (a reward in [0, 1] for 1,000 steps).
-SCORE_RANGES = {
-    "CartPole-v1": (0.0, 500.0),
-    "CartPole-v0": (0.0, 200.0),
-    "Acrobot-v1": (-500.0, 0.0),
-    "MountainCar-v0": (-200.0, 0.0),
-    "HalfCheetah": (-280.178953, 12135.0),
-    "Hopper": (-20.272305, 3234.3),
-    "Walker2d": (1.629008, 4592.3),
-    "Ant": (-325.6, 3879.7),
-    "Breakout": (1.7, 30.5),
-    "Pong": (-20.7, 14.6),
-    "BeamRider": (363.9, 16926.5),
-    "SpaceInvaders": (148.0, 1668.7),
-    "Seaquest": (68.4, 42054.7),
-    "Qbert": (163.9, 13455.0),
-    "Enduro": (0.0, 860.5),
-    "coinrun": (5.0, 10.0),
-    "starpilot": (2.5, 64.0),
-    "caveflyer": (3.5, 12.0),
-    "dodgeball": (1.5, 19.0),
-    "fruitbot": (-1.5, 32.4),
-    "chaser": (0.5, 13.0),
-    "miner": (1.5, 13.0),
-    "jumper": (3.0, 10.0),
-    "leaper": (3.0, 10.0),
-    "maze": (5.0, 10.0),
-    "bigfish": (1.0, 40.0),
-    "heist": (3.5, 10.0),
-    "climber": (2.0, 12.6),
-    "plunder": (4.5, 30.0),
-    "ninja": (3.5, 10.0),
-    "bossfight": (0.5, 13.0),
-}
+SCORE_RANGES = {"CartPole-v1": (0.0, 500.0), "CartPole-v0": (0.0, 200.0), "Acrobot-v1": (-500.0, 0.0)}
+SCORE_RANGES |= {"MountainCar-v0": (-200.0, 0.0), "HalfCheetah": (-280.178953, 12135.0), "Hopper": (-20.272305, 3234.3)}
+SCORE_RANGES |= {"Walker2d": (1.629008, 4592.3), "Ant": (-325.6, 3879.7)}
+SCORE_RANGES |= {"Breakout": (1.7, 30.5), "Pong": (-20.7, 14.6), "BeamRider": (363.9, 16926.5), "Enduro": (0.0, 860.5)}
+SCORE_RANGES |= {"SpaceInvaders": (148.0, 1668.7), "Seaquest": (68.4, 42054.7), "Qbert": (163.9, 13455.0)}
+SCORE_RANGES |= {"coinrun": (5.0, 10.0), "starpilot": (2.5, 64.0), "caveflyer": (3.5, 12.0), "dodgeball": (1.5, 19.0)}
+SCORE_RANGES |= {"fruitbot": (-1.5, 32.4), "chaser": (0.5, 13.0), "miner": (1.5, 13.0), "jumper": (3.0, 10.0)}
+SCORE_RANGES |= {"leaper": (3.0, 10.0), "maze": (5.0, 10.0), "bigfish": (1.0, 40.0), "heist": (3.5, 10.0)}
+SCORE_RANGES |= {"climber": (2.0, 12.6), "plunder": (4.5, 30.0), "ninja": (3.5, 10.0), "bossfight": (0.5, 13.0)}
 
 
 def score_range(env_id: str, given: dict | None = None) -> tuple[float, float] | None:

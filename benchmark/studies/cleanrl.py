@@ -8,37 +8,25 @@ results/parity.md):
     python -m benchmark.studies.cleanrl parity run --runs-dir runs/benchmark/parity-cleanrl --steps 300000 --seeds 1 2
     python -m benchmark.studies.cleanrl parity table --ours runs/benchmark/parity --cleanrl runs/benchmark/parity-cleanrl
 
-`build`: the virtualenv (`--venv`, default $PPO_LAB_CLEANRL_DIR or ~/.cache/ppo-lab/cleanrl-1.2.0): CleanRL 1.2.0's
-scripts (`pip install --no-deps`, as every tool installs it) and the packages of their time: gym 0.23.1 (ppo.py and
-the envpool script use its API), gymnasium 0.29.1 and mujoco 2.3.7 (ppo_continuous_action.py), envpool 0.8.4, ale-py
-0.7.4 with Stable-Baselines3 1.2.0's Atari wrappers (ppo_atari.py, ppo_atari_lstm.py), numpy<2; torch is ours, so that
-the networks' kernels are the same on both sides. ale-py 0.7.4 has no wheel for Python 3.11: a Python 3.10 makes the
-virtualenv (pyenv's, or --python). Its ROMs came from AutoROM, a download this machine cannot make: the build copies
-the game files that our ale-py bundles into ale-py 0.7.4's ROM folder (ale-py identifies a ROM by its MD5, so only the
-same games load). It checks that the pairs' environments open, then writes versions.json, which marks it built.
-CleanRL's code runs from the virtualenv, never copied here.
+`build`: CleanRL 1.2.0's scripts (`pip install --no-deps`, as every tool installs it) in a virtualenv (`--venv`,
+default $PPO_LAB_CLEANRL_DIR or ~/.cache/ppo-lab/cleanrl-1.2.0) with the packages of their time (PACKAGES: gym 0.23.1,
+gymnasium 0.29.1, mujoco 2.3.7, envpool 0.8.4, ale-py 0.7.4, numpy<2) and our torch, made by a Python 3.10 (ale-py
+0.7.4 has no wheel for 3.11); the Breakout ROM is copied from our ale-py (AutoROM's download is not made). CleanRL's
+code runs from the virtualenv, never copied here.
 
-`speed`: the whole-process time of our scripts and of CleanRL's, same steps and hyperparameters, in one run. The pairs:
-cartpole (ppo.py, CartPole-v1, 500k steps), hopper (ppo_continuous_action.py, Hopper-v4, 1M), breakout
-(ppo_atari_envpool.py, Breakout-v5, 10M; on 2 cores most of a day: give --steps). Both sides get our defaults as
-explicit flags, and before the first run every flag of CleanRL's script is checked to be one we pass or one that does
-not change the training (run name, W&B names); tracking, video and CUDA off. Timed: the whole process, interpreter
-start to exit, each side at its own thread default (OMP_NUM_THREADS unset). `--busy` also times every run beside a
-process busy on one core; `--torch-threads 1,2` adds our scripts at those thread counts. Where our script has
-`--compile`, both modes are timed (`--no-split`: its default only) and a second table gives the eager/compiled split
-(the compile time: the script's own `perf/compile_time`, else the first iteration's extra time); `--cold-compile`
-gives every run an empty torch.compile cache. Each round measures every run once, the order reversed every other
-round; the table gives each round, the median, the range and CleanRL time / our time. Every run is appended to the
-`--log` (JSON lines) at once, and a run already there is not measured again: the same command resumes.
-`--table` prints the table from the log alone.
+`speed`: the whole-process time (interpreter start to exit, each side at its own thread default) of our scripts and
+CleanRL's, same steps, our default hyperparameters given to both as flags (every flag of CleanRL's script is checked
+to be passed or to change nothing); pairs cartpole (ppo.py, 500k), hopper (ppo_continuous_action.py, 1M), breakout
+(ppo_atari_envpool.py, 10M). `--busy`: also beside a process busy on one core; `--torch-threads 1,2`: ours at those
+thread counts; where ours has `--compile`, both modes and their split (`--no-split`: the default only;
+`--cold-compile`: an empty compile cache a run); `--baseline DIR`: another checkout's scripts too. Rounds alternate the
+order; the table gives each round, the median, the range and CleanRL time / ours. Each run is appended to `--log` at
+once and not measured again: the same command resumes; `--table` prints the table from the log alone.
 
-`parity`: early learning on Atari. `run`: each CleanRL Atari script at its defaults (ours have the same
-hyperparameters) on BreakoutNoFrameskip-v4 (Breakout-v5 for envpool), one thread per job (benchmark.run_seeds), in
-RUNS_DIR, where CleanRL writes runs/<env>__<script>__<seed>__<time>. `table`: the score of a run as CleanRL's Atari
-pages report it, the mean game score (all lives, unclipped: `charts/episodic_return`) of the games that end in the
-last `--window` steps; per pair every seed of both sides, mean ± std, and a verdict: "at parity" when the means
-differ by no more than the larger of the two standard deviations, else which side is higher. `bash benchmark/ppo.sh
-parity` runs both sides (the build aside) and writes results/parity.md.
+`parity`: early learning on Atari. `run`: CleanRL's Atari scripts at their defaults on Breakout, one thread a job, in
+RUNS_DIR. `table`: per pair every seed of both sides, the mean game score (all lives, unclipped) of the games that
+end in the last `--window` steps, mean ± std, and "at parity" when the means differ by no more than the larger
+standard deviation. `bash benchmark/ppo.sh parity` runs both sides and writes results/parity.md.
 """
 
 import argparse
@@ -61,7 +49,8 @@ import numpy as np
 from benchmark.events import read_scalars
 from benchmark.run_seeds import die_interrupted, interrupt, make_jobs, run_jobs, summary
 from benchmark.scores import FINISHED, curves, finished, group_runs, save_figure
-from benchmark.scripts import CLEANRL_VERSION, ROOT, import_script, machine, our_commit, pip_cleanrl, versions
+from benchmark.scripts import CLEANRL_VERSION, ROOT, busy_core, import_script, machine, our_commit, pip_cleanrl
+from benchmark.scripts import pyplot, table_head, utc_now, versions
 
 PROG = "benchmark.studies.cleanrl"
 BUILD = f"python -m {PROG} build"
@@ -73,33 +62,15 @@ def fail(message: str):
     sys.exit(2)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# build: CleanRL 1.2.0 in a virtualenv of its own
-# ----------------------------------------------------------------------------------------------------------
+# build: CleanRL 1.2.0 in a virtualenv of its own ----------------------------------------------------------------------
 VENV = Path(os.environ.get("PPO_LAB_CLEANRL_DIR") or Path.home() / ".cache" / "ppo-lab" / f"cleanrl-{CLEANRL_VERSION}")
 # gym 0.23's CartPole imports pygame, whose pin in CleanRL (2.1.0) has no recent wheel; gymnasium 0.29's MuJoCo
 # environments import imageio; mujoco 2.3.7 is the last 2.x (CleanRL pins mujoco<=2.3.3)
-PACKAGES = [
-    "torch==2.13.0",
-    "numpy<2",
-    "gym==0.23.1",
-    "gymnasium==0.29.1",
-    "envpool==0.8.4",
-    "mujoco==2.3.7",
-    "imageio",
-    "pygame==2.6.1",
-    "ale-py==0.7.4",
-    "stable-baselines3==1.2.0",
-    "opencv-python==4.8.1.78",
-    "tensorboard",
-    "protobuf<5",
-]
+PACKAGES = ["torch==2.13.0", "numpy<2", "gym==0.23.1", "gymnasium==0.29.1", "envpool==0.8.4", "mujoco==2.3.7"]
+PACKAGES += ["imageio", "pygame==2.6.1", "ale-py==0.7.4", "stable-baselines3==1.2.0", "opencv-python==4.8.1.78"]
+PACKAGES += ["tensorboard", "protobuf<5"]
 VERSIONS_OF = ["cleanrl", "torch", "numpy", "gym", "gymnasium", "envpool", "mujoco", "ale-py"]
 ROMS = ["breakout"]  # the games the parity runs play
-
-
-def venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
 
 
 def built_versions(venv: Path) -> dict[str, str]:
@@ -121,7 +92,7 @@ def build(venv: Path, python: str):
     from importlib import resources
 
     (venv / "versions.json").unlink(missing_ok=True)
-    pip = str(venv_python(venv))
+    pip = str((venv / "bin" / "python"))
     for command in [
         [python, "-m", "venv", "--clear", str(venv)],
         [pip, "-m", "pip", "install", "-q", "--upgrade", "pip", "setuptools<70", "wheel"],
@@ -130,12 +101,8 @@ def build(venv: Path, python: str):
     ]:
         print("$", shlex.join(command), flush=True)
         subprocess.run(command, check=True)
-    roms = subprocess.run(
-        [pip, "-c", "import ale_py.roms, os; print(os.path.dirname(ale_py.roms.__file__))"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    where = "import ale_py.roms, os; print(os.path.dirname(ale_py.roms.__file__))"
+    roms = subprocess.run([pip, "-c", where], check=True, capture_output=True, text=True).stdout.strip()
     for game in ROMS:
         shutil.copy(resources.files("ale_py") / "roms" / f"{game}.bin", roms)
     check = (
@@ -149,9 +116,7 @@ def build(venv: Path, python: str):
     print(f"CleanRL {CLEANRL_VERSION} ready in {venv}: {found.stdout}")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# speed: whole-process time of our scripts beside CleanRL's
-# ----------------------------------------------------------------------------------------------------------
+# speed: whole-process time of our scripts beside CleanRL's ------------------------------------------------------------
 SPEED_LOG = ROOT / "runs" / "benchmark_peer.jsonl"  # (its name from before the tool was renamed: logs resume)
 
 
@@ -170,25 +135,9 @@ PAIRS = {
 }
 
 # given to both sides as flags, with our script's default values (CleanRL's flags have the same names)
-HYPERPARAMETERS = (
-    "seed",
-    "torch_deterministic",
-    "learning_rate",
-    "num_envs",
-    "num_steps",
-    "anneal_lr",
-    "gamma",
-    "gae_lambda",
-    "num_minibatches",
-    "update_epochs",
-    "norm_adv",
-    "clip_coef",
-    "clip_vloss",
-    "ent_coef",
-    "vf_coef",
-    "max_grad_norm",
-    "target_kl",
-)
+HYPERPARAMETERS = ("seed", "torch_deterministic", "learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma")
+HYPERPARAMETERS += ("gae_lambda", "num_minibatches", "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef")
+HYPERPARAMETERS += ("vf_coef", "max_grad_norm", "target_kl")
 
 # off on both sides: the benchmark times the training alone, on the CPU
 OFF = ("cuda", "track", "capture_video")
@@ -218,9 +167,7 @@ def home_relative(path: Path) -> str:
     return f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The command lines
-# ----------------------------------------------------------------------------------------------------------
+# The command lines ----------------------------------------------------------------------------------------------------
 def our_defaults(pair: Pair) -> dict:
     """Our script's `Args` defaults (the script imported, not run)."""
     return {field.name: field.default for field in dataclasses.fields(import_script(pair.ours).Args)}
@@ -244,22 +191,16 @@ def flags(values: dict, ours: bool) -> list[str]:
     return out
 
 
-def our_command(
-    pair: Pair, steps: int, defaults: dict, runs_dir: str, extra: tuple[str, ...] = (), root: Path = ROOT
-) -> list[str]:
+def our_command(pair: Pair, steps: int, defaults: dict, runs_dir: str, extra=(), root: Path = ROOT) -> list[str]:
     """Our script in the checkout `root` (this one, or a --baseline), with the hyperparameters of `defaults`."""
-    values = {
-        "env_id": pair.env_id,
-        "total_timesteps": steps,
-        **hyperparameters(defaults),
-        **dict.fromkeys(OFF + ("save_model",), False),
-    }
+    values = {"env_id": pair.env_id, "total_timesteps": steps, **hyperparameters(defaults)}
+    values |= dict.fromkeys(OFF + ("save_model",), False)
     return [sys.executable, str(root / f"{pair.ours}.py"), *flags(values, ours=True), "--runs-dir", runs_dir, *extra]
 
 
 def their_command(pair: Pair, steps: int, defaults: dict, venv: Path) -> list[str]:
     values = {"env_id": pair.env_id, "total_timesteps": steps, **hyperparameters(defaults), **dict.fromkeys(OFF, False)}
-    return [str(venv_python(venv)), str(cleanrl_script(venv, pair)), *flags(values, ours=False)]
+    return [str((venv / "bin" / "python")), str(cleanrl_script(venv, pair)), *flags(values, ours=False)]
 
 
 def unmatched_flags(help_text: str, command: list[str], unset: set[str]) -> list[str]:
@@ -270,9 +211,7 @@ def unmatched_flags(help_text: str, command: list[str], unset: set[str]) -> list
     return sorted(offered - passed - NOT_PASSED - unset)
 
 
-def our_variants(
-    defaults: dict, threads: list[int], split: bool = True, baseline: bool = False
-) -> list[tuple[str, tuple[str, ...]]]:
+def our_variants(defaults: dict, threads: list[int], split: bool = True, baseline: bool = False) -> list[tuple]:
     """(label, extra flags) of each run of our script: its defaults; where it has `--compile` (and `split`),
     the other mode too; each asked-for `--torch-threads` count; and with `baseline`, the --baseline
     checkout's script at its defaults."""
@@ -286,17 +225,11 @@ def our_variants(
 
 def mode(defaults: dict, label: str) -> str:
     """'compiled' or 'eager': how the run of our script with this label ran."""
-    compiled = bool(defaults.get("compile"))
-    if label.endswith("--compile"):
-        compiled = True
-    elif label.endswith("--no-compile"):
-        compiled = False
+    compiled = label.endswith("--compile") or (bool(defaults.get("compile")) and not label.endswith("--no-compile"))
     return "compiled" if compiled else "eager"
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Timing one run
-# ----------------------------------------------------------------------------------------------------------
+# Timing one run -------------------------------------------------------------------------------------------------------
 def child_env(ours: bool, compile_cache: str | None = None) -> dict[str, str]:
     """Each side at its own thread default: no OMP/MKL thread count from outside; CleanRL's interpreter
     sees none of our Python path. `compile_cache`: torch.compile's cache folder for this run (an empty one
@@ -335,15 +268,10 @@ def own_times(runs_dir: Path) -> dict[str, float]:
 
 def time_run(command: list[str], env: dict[str, str], busy: bool, cwd: str) -> tuple[float, str]:
     """Whole-process wall time of `command` (optionally beside a process busy on one core) and its output."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
-    try:
+    with busy_core(busy):
         start = time.perf_counter()
         done = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         seconds = time.perf_counter() - start
-    finally:
-        if spinner is not None:
-            spinner.kill()
-            spinner.wait()
     if done.returncode != 0:
         tail = "\n".join(done.stdout.splitlines()[-20:])
         print(tail, file=sys.stderr)
@@ -351,17 +279,7 @@ def time_run(command: list[str], env: dict[str, str], busy: bool, cwd: str) -> t
     return seconds, done.stdout
 
 
-def measure(
-    pair_name: str,
-    steps: int,
-    setting: str,
-    label: str,
-    extra: tuple[str, ...],
-    defaults: dict,
-    venv: Path,
-    cold: bool,
-    baseline: Path | None = None,
-) -> dict:
+def measure(pair_name, steps, setting, label, extra, defaults: dict, venv: Path, cold: bool, baseline=None) -> dict:
     """One timed run: a record for the log. `cold`: torch.compile starts from an empty cache; `baseline`: the
     checkout whose script the runs labelled BASELINE run."""
     pair = PAIRS[pair_name]
@@ -375,22 +293,11 @@ def measure(
         env = child_env(ours, f"{tmp}/compile_cache" if cold else None)
         seconds, output = time_run(command, env, setting == "busy", tmp)
         times = own_times(Path(tmp, "runs")) if ours else {}
-    return {
-        "pair": pair_name,
-        "steps": steps,
-        "setting": setting,
-        "run": label,
-        "cold": cold,
-        "seconds": round(seconds, 3),
-        "sps": last_sps(output),
-        **times,
-        "command": shlex.join(command),
-    }
+    record = {"pair": pair_name, "steps": steps, "setting": setting, "run": label, "cold": cold}
+    return record | {"seconds": round(seconds, 3), "sps": last_sps(output), **times, "command": shlex.join(command)}
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The table
-# ----------------------------------------------------------------------------------------------------------
+# The table ------------------------------------------------------------------------------------------------------------
 def key(record: dict) -> tuple:
     """What identifies a run in the log (a run measured with a cold compile cache is another run)."""
     return record["pair"], record["steps"], record["setting"], record["run"], record["round"], record.get("cold", False)
@@ -415,15 +322,7 @@ def ratio_text(theirs: dict[int, float], ours: dict[int, float]) -> str:
     return text
 
 
-def table(
-    records: list[dict],
-    pairs: list[str],
-    steps: dict[str, int],
-    settings: list[str],
-    rounds: int,
-    modes: dict[str, dict[str, str]],
-    cold: bool = False,
-) -> str:
+def table(records: list[dict], pairs: list, steps: dict, settings: list, rounds: int, modes: dict, cold=False) -> str:
     """The markdown tables: whole-process seconds of each run per round, median, range, the script's own
     last SPS (median) and the ratio CleanRL / ours; then, where our script has `--compile`, its eager and
     compiled times. `modes[pair]` maps the labels of our runs to 'eager' or 'compiled' (the table's rows:
@@ -434,22 +333,16 @@ def table(
         f"| pair | steps | setting | run | {header} | median (s) | range (s) | script's SPS | CleanRL / this |",
         "|---|---|---|---|" + "---|" * rounds + "---|---|---|---|",
     ]
-    split = [
-        "| script | steps | setting | eager (s) | compiled (s) | compiled / eager | compiled - eager (s) "
-        "| compile time (s) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    baseline_lines = ["| pair | steps | setting | baseline time / our time |", "|---|---|---|---|"]
+    split = table_head("script", "steps", "setting", "eager (s)", "compiled (s)", "compiled / eager",
+                       "compiled - eager (s)", "compile time (s)")  # fmt: skip
+    baseline_lines = table_head("pair", "steps", "setting", "baseline time / our time")
     for pair in pairs:
         name = f"{pair} ({PAIRS[pair].env_id})"
         for setting in settings:
             times, own = {}, {}
             for label in [THEIRS, *modes[pair]]:
-                runs = {
-                    r: found[pair, steps[pair], setting, label, r]
-                    for r in range(1, rounds + 1)
-                    if (pair, steps[pair], setting, label, r) in found
-                }
+                keys = {r: (pair, steps[pair], setting, label, r) for r in range(1, rounds + 1)}
+                runs = {r: found[k] for r, k in keys.items() if k in found}
                 times[label] = {r: run["seconds"] for r, run in runs.items()}
                 own[label] = list(runs.values())
                 cells = " | ".join(f"{times[label][r]:.1f}" if r in runs else "" for r in range(1, rounds + 1))
@@ -488,9 +381,7 @@ def table(
     )
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The machine and the command
-# ----------------------------------------------------------------------------------------------------------
+# The machine and the command ------------------------------------------------------------------------------------------
 def compile_text(compiled: list[dict], eager: list[dict]) -> str:
     """The compile time: the script's own `perf/compile_time` (median) where it logs one, else the extra
     time of the first iteration, compiled runs less eager ones (medians), from the scripts' own timers."""
@@ -508,9 +399,7 @@ def compile_text(compiled: list[dict], eager: list[dict]) -> str:
 def check_flags(command: list[str], defaults: dict):
     """Fails unless every flag of CleanRL's script (from its --help) is one the command passes or one
     that does not change the training (NOT_PASSED): then no default of theirs differs unseen from ours."""
-    help_text = subprocess.run(
-        [*command[:2], "--help"], capture_output=True, text=True, env=child_env(ours=False)
-    ).stdout
+    help_text = subprocess.run([*command[:2], "--help"], capture_output=True, text=True, env=child_env(False)).stdout
     unset = {name.replace("_", "-") for name in HYPERPARAMETERS if defaults[name] is None}
     missing = unmatched_flags(help_text, command, unset)
     if missing or "--env-id" not in help_text:
@@ -520,18 +409,7 @@ def check_flags(command: list[str], defaults: dict):
         )
 
 
-def run_rounds(
-    log: Path,
-    rounds: int,
-    pairs: list[str],
-    steps: dict[str, int],
-    settings: list[str],
-    variants: dict[str, list[tuple[str, tuple[str, ...]]]],
-    defaults: dict[str, dict],
-    venv: Path,
-    cold: bool = False,
-    baseline: Path | None = None,
-):
+def run_rounds(log: Path, rounds: int, pairs, steps, settings, variants, defaults, venv, cold=False, baseline=None):
     """Every run not yet in the log, round after round, each appended to the log as it finishes. In a
     round, ours go first in odd rounds and CleanRL's in even ones."""
     done = {key(record) for record in read_log(log)}
@@ -554,14 +432,7 @@ def run_rounds(
 
 
 def describe(
-    command: str,
-    venv: Path,
-    pairs: list[str],
-    settings: list[str],
-    defaults: dict[str, dict],
-    records: list[dict],
-    cold: bool,
-    baseline: Path | None = None,
+    command: str, venv: Path, pairs, settings, defaults, records: list[dict], cold: bool, baseline=None
 ) -> str:
     """The lines above the table: machine, load during the runs, versions, command, settings, scripts."""
     loads = [record["load"] for record in records if "load" in record and record["pair"] in pairs]
@@ -572,16 +443,15 @@ def describe(
         f"Ours: commit {our_commit()}, " + ", ".join(f"{k} {v}" for k, v in versions(VERSIONS_OF[1:]).items()) + ".",
         f"CleanRL: {theirs} (virtualenv {home_relative(venv)}).",
         *([f"Baseline: {baseline}, commit {our_commit(baseline)}, with our flags."] if baseline else []),
-        f"Command: `{command}`; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"Command: `{command}`; date {utc_now()}.",
         "Settings: "
         + "; ".join(f"{name}: {SETTINGS[name]}" for name in settings)
         + "; torch.compile cache: "
         + ("empty for each run (cold)." if cold else "the user's (warm after the first compile)."),
     ]
     for pair in pairs:
-        compile_note = (
-            f"`--compile` default {defaults[pair]['compile']}" if "compile" in defaults[pair] else "no `--compile`"
-        )
+        compiled = defaults[pair].get("compile")
+        compile_note = "no `--compile`" if compiled is None else f"`--compile` default {compiled}"
         lines.append(
             f"{pair}: {PAIRS[pair].ours}.py (`--torch-threads` default {defaults[pair]['torch_threads']}, "
             f"{compile_note}) against cleanrl/{PAIRS[pair].theirs} (PyTorch's default threads)."
@@ -607,9 +477,7 @@ def parse_steps(text: str | None) -> dict[str, int]:
     return steps
 
 
-# ----------------------------------------------------------------------------------------------------------
-# parity: early learning on Atari beside CleanRL's
-# ----------------------------------------------------------------------------------------------------------
+# parity: early learning on Atari beside CleanRL's ---------------------------------------------------------------------
 # CleanRL's script -> its env id; our side's scripts and the id our scripts are given
 PARITY_SCRIPTS = {
     "ppo_atari": "BreakoutNoFrameskip-v4",
@@ -631,7 +499,7 @@ PARITY_OFF = ["--track", "False", "--capture-video", "False", "--cuda", "False"]
 
 def parity_run(venv: Path, runs_dir: Path, steps: int, seeds: list[int], workers: int, scripts: list[str]) -> int:
     """CleanRL's `scripts` on Breakout, every seed; a job that finished before is not run again."""
-    python = venv_python(venv)
+    python = venv / "bin" / "python"
     if not python.is_file():
         fail(f"no CleanRL virtualenv in {venv}: {BUILD}")
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -695,10 +563,8 @@ def parity_counted(runs: list[Path], window: int, steps: int) -> tuple[dict[int,
 def parity_table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
     """Per pair, every seed of both sides; an unfinished run is listed but left out of the means and the verdict."""
     found = parity_sides(ours, cleanrl)
-    lines = [
-        "| ours | beside | per seed, ours | per seed, beside | ours mean ± std | beside mean ± std | verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines = table_head("ours", "beside", "per seed, ours", "per seed, beside", "ours mean ± std", "beside mean ± std",
+                       "verdict")  # fmt: skip
     for mine, other in PARITY_PAIRS:
         cells, scores = [], []
         for side in (mine, other):
@@ -719,12 +585,7 @@ def parity_table(ours: Path, cleanrl: Path, window: int, steps: int) -> str:
 def parity_plots(ours: Path, cleanrl: Path, out_dir: Path, steps: int, window: int = 20) -> list[Path]:
     """One PNG per pair whose two sides have a finished run each: each side's mean curve over the seeds the table
     counts (smoothed over `window` games) and their min-max band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    found, written = parity_sides(ours, cleanrl), []
+    plt, found, written = pyplot(), parity_sides(ours, cleanrl), []
     out_dir.mkdir(parents=True, exist_ok=True)
     for mine, other in PARITY_PAIRS:
         runs = {side: [run_dir for run_dir, _ in parity_counted(found.get(side, []), 0, steps)[0].values()]  # (no score)
@@ -745,39 +606,21 @@ def parity_plots(ours: Path, cleanrl: Path, out_dir: Path, steps: int, window: i
 
 
 def speed_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated, of: %(default)s")
-    parser.add_argument("--steps", default=None, help="N for every pair or PAIR=N,...; default: the scripts' own")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating runs (default: %(default)s)")
-    parser.add_argument("--busy", action="store_true", help="also time every run beside a process busy on one core")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--pairs", default=",".join(PAIRS), help="comma-separated, of: %(default)s")
+    add("--steps", default=None, help="N for every pair or PAIR=N,...; default: the scripts' own")
+    add("--rounds", type=int, default=3, help="rounds of alternating runs (default: %(default)s)")
+    add("--busy", action="store_true", help="also time every run beside a process busy on one core")
+    add(
         "--torch-threads", default="", help="also time our scripts with these thread counts, comma-separated (e.g. 1,2)"
     )
-    parser.add_argument(
-        "--no-split",
-        action="store_true",
-        help="time our scripts in their default compile mode only (no eager/compiled split)",
-    )
-    parser.add_argument(
-        "--cold-compile",
-        action="store_true",
-        help="give every run an empty torch.compile cache (default: the user's, warm after the first compile)",
-    )
-    parser.add_argument(
-        "--baseline",
-        type=Path,
-        default=None,
-        help="also time the scripts of this other checkout of the repository (e.g. a git worktree "
-        "of an earlier commit) in the same rounds, with the same flags, and tabulate its time "
-        "against ours",
-    )
-    parser.add_argument(
-        "--log",
-        type=Path,
-        default=SPEED_LOG,
-        help="JSON lines of the finished runs, read to resume (default: %(default)s)",
-    )
-    parser.add_argument("--table", action="store_true", help="print the table from --log only, run nothing")
-    parser.add_argument("--out", type=Path, default=None, help="also write the markdown to this file")
+    add("--no-split", action="store_true", help="our scripts in their default compile mode only (no eager/compiled)")
+    add("--cold-compile", action="store_true", help="an empty torch.compile cache for every run (default: the user's)")
+    add("--baseline", type=Path, help="also time the scripts of this other checkout (e.g. a git worktree of an earlier "
+        "commit) in the same rounds, with the same flags, and tabulate its time against ours")  # fmt: skip
+    add("--log", type=Path, default=SPEED_LOG, help="JSON lines of the finished runs, read to resume (%(default)s)")
+    add("--table", action="store_true", help="print the table from --log only, run nothing")
+    add("--out", type=Path, default=None, help="also write the markdown to this file")
 
 
 def speed(args, argv: list[str]):
@@ -802,52 +645,36 @@ def speed(args, argv: list[str]):
             fail(f"--steps: {pair} needs at least one batch, {batch} steps, got {steps[pair]}")
     if args.baseline is not None and not all((args.baseline / f"{PAIRS[pair].ours}.py").is_file() for pair in pairs):
         fail(f"--baseline {args.baseline}: not a checkout of this repository (its scripts are missing)")
-    variants = {
-        pair: our_variants(defaults[pair], threads, not args.no_split, args.baseline is not None) for pair in pairs
-    }
+    variants = {pair: our_variants(defaults[pair], threads, not args.no_split, bool(args.baseline)) for pair in pairs}
     modes = {pair: {label: mode(defaults[pair], label) for label, _ in variants[pair]} for pair in pairs}
     if not args.table:
         for pair in pairs:
             check_flags(their_command(PAIRS[pair], steps[pair], defaults[pair], args.venv), defaults[pair])
-        run_rounds(
-            args.log,
-            args.rounds,
-            pairs,
-            steps,
-            settings,
-            variants,
-            defaults,
-            args.venv,
-            args.cold_compile,
-            args.baseline,
-        )
+        run_rounds(args.log, args.rounds, pairs, steps, settings, variants, defaults, args.venv, args.cold_compile,
+                   args.baseline)  # fmt: skip
 
     records = read_log(args.log)
     command = f"python -m {PROG} " + shlex.join(argv)
-    text = (
-        describe(command, args.venv, pairs, settings, defaults, records, args.cold_compile, args.baseline)
-        + "\n\n"
-        + table(records, pairs, steps, settings, args.rounds, modes, args.cold_compile)
-    )
+    text = describe(command, args.venv, pairs, settings, defaults, records, args.cold_compile, args.baseline)
+    text += "\n\n" + table(records, pairs, steps, settings, args.rounds, modes, args.cold_compile)
     print("\n" + text)
     if args.out:
         args.out.write_text(text + "\n")
 
 
 def parity_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("what", choices=["run", "table"])
-    parser.add_argument("--runs-dir", type=Path, help="run: CleanRL's runs and logs go here")
-    parser.add_argument("--steps", type=int, default=300_000)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument(
-        "--scripts", nargs="+", choices=list(PARITY_SCRIPTS), default=list(PARITY_SCRIPTS), help="run: which"
-    )
-    parser.add_argument("--ours", type=Path, help="table: the folder of our runs")
-    parser.add_argument("--cleanrl", type=Path, help="table: the folder given to `run`")
-    parser.add_argument("--window", type=int, default=50_000, help="table: the last steps whose games count")
-    parser.add_argument("--out", type=Path, help="table: write the markdown here (else print it)")
-    parser.add_argument("--plots", type=Path, help="table: a PNG per pair into this folder")
+    add = parser.add_argument
+    add("what", choices=["run", "table"])
+    add("--runs-dir", type=Path, help="run: CleanRL's runs and logs go here")
+    add("--steps", type=int, default=300_000)
+    add("--seeds", type=int, nargs="+", default=[1, 2])
+    add("--workers", type=int, default=1)
+    add("--scripts", nargs="+", choices=list(PARITY_SCRIPTS), default=list(PARITY_SCRIPTS), help="run: which")
+    add("--ours", type=Path, help="table: the folder of our runs")
+    add("--cleanrl", type=Path, help="table: the folder given to `run`")
+    add("--window", type=int, default=50_000, help="table: the last steps whose games count")
+    add("--out", type=Path, help="table: write the markdown here (else print it)")
+    add("--plots", type=Path, help="table: a PNG per pair into this folder")
 
 
 def parity(args, argv: list[str]):
@@ -863,25 +690,17 @@ def parity(args, argv: list[str]):
     else:
         if args.ours is None or args.cleanrl is None:
             fail("table needs --ours and --cleanrl")
-        text = "\n".join(
-            [
-                "# Atari early learning beside CleanRL",
-                "",
-                (
-                    f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m {PROG} "
-                    f"{' '.join(argv)}` on {machine()}, no GPU. "
-                    "Runs: `bash benchmark/ppo.sh parity`, every seed the table lists (both sides, at their defaults, "
-                    "one run at a time with `OMP_NUM_THREADS=1`). CleanRL's side runs CleanRL "
-                    f"{CLEANRL_VERSION} in its own virtualenv ({', '.join(PACKAGES)}; Python 3.10), made once by "
-                    "`python -m benchmark.studies.cleanrl build`, which downloads them.\n\n"
-                    f"Score: the mean game score of the games that end in the last {args.window:,} steps of each run "
-                    "(all lives, unclipped), per seed; the verdict compares the means with the larger of the two "
-                    f"standard deviations over seeds (ddof 0, as benchmark.scores). A run counts once it reached "
-                    f"{FINISHED:.0%} of {args.steps:,} steps (runs end on whole iterations)."
-                ),
-                "",
-                parity_table(args.ours, args.cleanrl / "runs", args.window, args.steps),
-            ]
+        text = (
+            f"# Atari early learning beside CleanRL\n\nWritten {utc_now()} by `python -m {PROG} {' '.join(argv)}` on "
+            f"{machine()}, no GPU. Runs: `bash benchmark/ppo.sh parity`, every seed the table lists (both sides, at "
+            "their defaults, one run at a time with `OMP_NUM_THREADS=1`). CleanRL's side runs CleanRL "
+            f"{CLEANRL_VERSION} in its own virtualenv ({', '.join(PACKAGES)}; Python 3.10), made once by "
+            "`python -m benchmark.studies.cleanrl build`, which downloads them.\n\n"
+            f"Score: the mean game score of the games that end in the last {args.window:,} steps of each run "
+            "(all lives, unclipped), per seed; the verdict compares the means with the larger of the two "
+            f"standard deviations over seeds (ddof 0, as benchmark.scores). A run counts once it reached "
+            f"{FINISHED:.0%} of {args.steps:,} steps (runs end on whole iterations).\n\n"
+            + parity_table(args.ours, args.cleanrl / "runs", args.window, args.steps)
         )
         if args.plots:
             for path in parity_plots(args.ours, args.cleanrl / "runs", args.plots, args.steps):
@@ -894,9 +713,8 @@ def parity(args, argv: list[str]):
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {PROG}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__, formatter_class=raw)
     commands = parser.add_subparsers(dest="command", required=True)
     built = commands.add_parser("build", help="create CleanRL's virtualenv (downloads it and its stack)")
     built.add_argument("--python", help="the Python 3.10 that makes it (default: python3.10 or pyenv's)")
@@ -904,10 +722,7 @@ def main(argv: list[str] | None = None):
     parity_arguments(commands.add_parser("parity", help="early learning on Atari beside CleanRL's scripts"))
     for command in commands.choices.values():
         command.add_argument(
-            "--venv",
-            type=Path,
-            default=VENV,
-            help="CleanRL's virtualenv (default: $PPO_LAB_CLEANRL_DIR or %(default)s)",
+            "--venv", type=Path, default=VENV, help="CleanRL's virtualenv ($PPO_LAB_CLEANRL_DIR, %(default)s)"
         )
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)

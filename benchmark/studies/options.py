@@ -6,18 +6,12 @@ distribution dmc bootstrap`: one results file per study with its tables, set bes
                                                           # runs/benchmark/studies/study_<name>.md
     python -m benchmark.studies.options runs/benchmark --only dmc --out-dir benchmark/results  # the committed file
 
-- objective: PPO-Clip (the mujoco block), adaptive KL (d_targ 0.01) and fixed KL (beta 1) per task and seed, and
-  each objective's score normalised as in the PPO paper's Table 1 (Schulman et al. 2017, section 6.1): per task
-  0 = a random policy, 1 = the best of the three settings' means, then averaged over the tasks, beside the
-  paper's figures for the same settings.
-- distribution: the Beta policy beside the Gaussian, per task and seed.
-- dmc: DeepMind Control beside CleanRL's published returns.
-- bootstrap: HalfCheetah-v4 with and without the time-limit bootstrap, seeds 1-10 a side, each run's posture
-  (the torso's pitch over a 1,000-step deterministic rollout of its last checkpoint: on its back when the mean
-  cosine is negative), and four more tasks without it beside the mujoco block's runs with it.
-
-A run's score is the mean return of its last 100 training episodes (benchmark.scores). Each file keeps what is
-written below its `## Verdict` line through later runs of this tool.
+Objective: PPO-Clip, adaptive KL (d_targ 0.01) and fixed KL (beta 1), each also normalised as in the PPO paper's
+Table 1 (per task 0 = a random policy, 1 = the best setting's mean) beside the paper's figures. Distribution: Beta
+beside Gaussian. Dmc: DeepMind Control beside CleanRL's published returns. Bootstrap: HalfCheetah-v4 with and
+without the time-limit bootstrap (seeds 1-10 a side, each run's posture from its last checkpoint: on its back when
+the torso's mean pitch cosine is negative), and four more tasks without it. A run's score: the mean return of its
+last 100 training episodes; what is written below a file's `## Verdict` line is kept.
 """
 
 import argparse
@@ -31,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 
 from benchmark.scores import finished, group_runs, load_references, published, summarize_run
-from benchmark.scripts import import_script, machine
+from benchmark.scripts import import_script, machine, table_head, utc_now
 
 SCRIPT = "ppo_continuous_action"
 LAST = 100
@@ -61,23 +55,18 @@ def provenance(root: Path, name: str) -> str:
               for runs in group_runs(root / block).values() for run_dir, _ in runs]  # fmt: skip
     when = " to ".join(sorted({time.strftime("%Y-%m-%d", time.gmtime(t)) for t in (min(starts), max(starts))}))
     tables = ", ".join(f"[{block}.md]({block}.md)" for block in blocks)
-    return (
-        f"Runs: `bash benchmark/ppo.sh {' '.join(blocks)}`, started {when} (UTC), one at a time with "
-        f"`OMP_NUM_THREADS=1`; each block's own table, with the IQM and the curves: {tables}.\n\n"
-        if starts
-        else ""
-    )
+    if not starts:
+        return ""
+    return (f"Runs: `bash benchmark/ppo.sh {' '.join(blocks)}`, started {when} (UTC), one at a time with "
+            f"`OMP_NUM_THREADS=1`; each block's own table, with the IQM and the curves: {tables}.\n\n")  # fmt: skip
 
 
 def unfinished(root: Path, blocks: list[str]) -> str:
     """A line naming the runs of `blocks` that the tables leave out, not having reached their budget yet."""
+    found = [run_dir for block in blocks if (root / block).is_dir() for runs in group_runs(root / block).values()
+             for run_dir, _ in runs]  # fmt: skip
     left = [
-        f"{run_dir.name} ({summarize_run(run_dir, LAST)['steps']:,} steps)"
-        for block in blocks
-        if (root / block).is_dir()
-        for runs in group_runs(root / block).values()
-        for run_dir, _ in runs
-        if not done(run_dir)
+        f"{run_dir.name} ({summarize_run(run_dir, LAST)['steps']:,} steps)" for run_dir in found if not done(run_dir)
     ]
     return f"\n\nUnfinished runs, left out of the tables: {', '.join(left)}." if left else ""
 
@@ -227,10 +216,9 @@ def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
 
 
 def bootstrap(root: Path) -> str:
-    lines = [
-        "| HalfCheetah-v4 | seed | mean of the last 100 episodes | posture (mean cosine of the torso's pitch) |",
-        "|---|---|---|---|",
-    ]
+    lines = table_head(
+        "HalfCheetah-v4", "seed", "mean of the last 100 episodes", "posture (mean cosine of the torso's pitch)"
+    )
     summary = {}
     for label, exp in (("with the bootstrap", SCRIPT), ("without it", f"{SCRIPT}_no_bootstrap")):
         rows = []
@@ -284,9 +272,8 @@ def write(name: str, text: str, out_dir: Path, command: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"study_{name}.md"
     kept = path.read_text().split(VERDICT, 1)[1] if path.is_file() and VERDICT in path.read_text() else "\n(not yet)\n"
-    written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = (
-        f"# {TITLES[name]}\n\nTables written {written} by `{command}` on {machine()}. A run's score: the mean return "
+        f"# {TITLES[name]}\n\nTables written {utc_now()} by `{command}` on {machine()}. A run's score: the mean return "
         f"of its last {LAST} training episodes; ± the standard deviation over seeds (ddof 0, as benchmark.scores).\n\n"
     )
     path.write_text(header + text + "\n\n" + VERDICT + kept)

@@ -7,38 +7,25 @@
     OMP_NUM_THREADS=1 python -m benchmark.studies.speed vector-env run --rounds 3 --baseline main
     python -m benchmark.studies.speed evaluation --episodes 3 --scripts ppo ppo_continuous_action
 
-`throughput`: for each script, in fresh processes with OMP_NUM_THREADS=1, the env-only SPS (random actions stepped
-through the script's own `make_envs`, the upper bound for any training loop on this machine); the training SPS (the
-script's own `charts/SPS` after `--steps` steps at its defaults) with the split of its time between rollout and
-update (`perf/` scalars); their ratio; the peak memory of the training process and its children (PSS, sampled twice
-a second). `--straightforward` also measures each script with its speed levers undone: actions sampled through the
-distribution objects (`get_action_and_value` under no_grad instead of `act`), PyTorch's argument validation of
-distributions on, Adam's per-parameter loop instead of the fused kernel, NumPy's mean/var in the running
-statistics, for the pixel scripts the CNN in PyTorch's default memory layout fed `frames.float() / 255` on one
-thread, and for the recurrent scripts the LSTM stepped one time step at a time (`lstm_step_by_step` of
-tests/lstm_reference.py); the algorithm and its numbers are the same. `--busy` compares the script's thread default
-with another choice, idle and beside a busy-loop process on one core: the one-thread scripts against PyTorch's own
-default (`--torch-threads 0`, OMP_NUM_THREADS unset), the CNN scripts (2 threads) against one thread. `--repeats R`
-measures the variants in turn, R rounds, and gives medians.
+`throughput`: per script, in fresh processes with OMP_NUM_THREADS=1, the env-only SPS (random actions through its own
+`make_envs`: the bound of any training loop here), the training SPS (its `charts/SPS` after `--steps` steps at its
+defaults) with its time split (`perf/`), their ratio and the peak memory (PSS of the process tree). `--straightforward`
+also runs it with its speed levers undone (distribution objects for actions, argument validation on, Adam's
+per-parameter loop, NumPy statistics, the CNN in the default memory layout on one thread, the LSTM step by step:
+`run_straightforward`), same algorithm and numbers. `--busy` sets the thread default beside another choice, idle and
+beside a busy core. `--repeats R`: R rounds, medians.
 
-`fast-path`: what the fast path gives one script at one thread: the policy step (eager `Agent.act`, ppolab's
-`NumpyPolicy` where the script's training runs it, compiled `act`) on one step's observations, the update step of
-one minibatch (eager and compiled `update_step`, ppolab's `NumpyUpdate`), and the time torch.compile takes for each.
-Sizes are the script's defaults; the variants alternate within each round; medians of this thread's CPU time. A fresh
-process compiles from a cold cache unless TORCHINDUCTOR_CACHE_DIR holds one.
+`fast-path`: at one thread, the policy step (eager `act`, ppolab's `NumpyPolicy`, compiled `act`) and the update step
+of one minibatch (eager and compiled `update_step`, `NumpyUpdate`), the compile times; medians of this thread's CPU
+time over alternating rounds.
 
-`vector-env`: the vector environment of `ppo.py` and `ppo_continuous_action.py` (what their `make_envs` builds)
-against gymnasium's pair (`SyncVectorEnv` with same-step autoreset, `copy=False`, under its vector
-`RecordEpisodeStatistics`), at each script's default environment and number of environments (CartPole-v1 x4,
-Hopper-v4 x1). `step`: one vector step over `--steps` steps of random actions, CPU and wall time. `run`: whole
-training runs, each a process (CartPole-v1 500,000, Hopper-v4 200,000 steps unless given). `--baseline REV` adds the
-script as it is at a git revision. Each round runs every variant once, the order reversed every other round; the
-tables give the median, the range and the ratio to gymnasium's pair (below 1: faster).
+`vector-env`: the vector environment of ppo.py and ppo_continuous_action.py beside gymnasium's `SyncVectorEnv` (same-step
+autoreset, `copy=False`, its `RecordEpisodeStatistics`), at their default environments: `step`, one vector step of
+random actions (CPU and wall time); `run`, whole training runs. `--baseline REV` adds the script at a git revision.
+Rounds alternate the order; medians, ranges and the ratio to gymnasium's (below 1: faster).
 
-`evaluation`: the seconds of one evaluation (`evaluate(...)`, `--episodes` episodes on a separate environment, as
-the training loop calls it for `--eval-every`) per script on its default environment, with an untrained agent, in
-this process, one thread. An untrained agent's episodes are short; an evaluation costs in proportion to the agent
-steps it plays (on CartPole-v1 the return is the episode's length, so the seconds per 1000 steps follow).
+`evaluation`: the seconds of one evaluation (`--episodes` episodes, as `--eval-every` runs it) per script with an
+untrained agent, in this process, one thread; it costs in proportion to the agent steps played.
 """
 
 import argparse
@@ -59,20 +46,13 @@ import numpy as np
 import torch
 
 from benchmark.events import read_scalars
-from benchmark.scripts import ENV_ID, ROOT, child_env, env_only_in_child, import_script, machine, our_commit, versions
+from benchmark.scripts import ENV_ID, ROOT, busy_core, child_env, env_only_in_child, import_script, machine, our_commit
+from benchmark.scripts import table_head, versions
 
-# ----------------------------------------------------------------------------------------------------------
-# throughput: each script's training speed beside its environment's own
-# ----------------------------------------------------------------------------------------------------------
+# throughput: each script's training speed beside its environment's own ------------------------------------------------
 # script -> default number of steps to measure over (on its environment, ENV_ID)
-STEPS = {
-    "ppo": 50_000,
-    "ppo_continuous_action": 20_480,
-    "ppo_atari_envpool": 10_240,
-    "ppo_atari": 10_240,
-    "ppo_atari_lstm": 10_240,
-    "ppo_procgen": 2 * 64 * 256,
-}
+STEPS = {"ppo": 50_000, "ppo_continuous_action": 20_480, "ppo_atari_envpool": 10_240, "ppo_atari": 10_240}
+STEPS |= {"ppo_atari_lstm": 10_240, "ppo_procgen": 2 * 64 * 256}
 
 
 def process_tree_pss_mib(root: int) -> float:
@@ -107,46 +87,25 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
     """Runs the script in a fresh process for `steps` steps, as VARIANTS[variant] says, and reads its
     SPS and time split from its event file; its peak memory is sampled twice a second meanwhile."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = [
-            sys.executable,
-            str(ROOT / f"{script}.py"),
-            "--env-id",
-            env_id,
-            "--total-timesteps",
-            str(steps),
-            "--runs-dir",
-            f"{tmp}/runs",
-        ]
+        command = [sys.executable, str(ROOT / f"{script}.py"), "--env-id", env_id, "--total-timesteps", str(steps)]
+        command += ["--runs-dir", f"{tmp}/runs"]
         if variant == "straightforward":
-            command = [
-                sys.executable,
-                "-m",
-                "benchmark.studies.speed",
-                "straightforward-run",
-                script,
-                env_id,
-                str(steps),
-                f"{tmp}/runs",
-            ]
+            command = [sys.executable, "-m", "benchmark.studies.speed", "straightforward-run", script, env_id]
+            command += [str(steps), f"{tmp}/runs"]
         env = child_env()
         if variant.startswith("pytorch threads"):
             command += ["--torch-threads", "0"]
             del env["OMP_NUM_THREADS"]
         if variant.startswith("one thread"):
             command += ["--torch-threads", "1"]
-        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "busy" in variant else None
         peak_mib = 0.0
-        try:
+        with busy_core("busy" in variant):
             proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env, cwd=ROOT)
             while proc.poll() is None:
                 peak_mib = max(peak_mib, process_tree_pss_mib(proc.pid))
                 time.sleep(0.5)
-            if proc.returncode != 0:
-                raise subprocess.CalledProcessError(proc.returncode, command)
-        finally:
-            if busy is not None:
-                busy.kill()
-                busy.wait()
+        if proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, command)
         (run_dir,) = Path(f"{tmp}/runs").iterdir()
         scalars = read_scalars(run_dir)
     rollout = sum(v for _, v in scalars["perf/rollout_time"])
@@ -231,11 +190,8 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
 
 def throughput(args):
     """Each script's training SPS beside its env-only SPS, with the variants asked for."""
-    rows = [
-        "| script | env | steps | env-only SPS | training SPS | training / env-only | time: act / env / update "
-        "| peak memory (MiB) | setting |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = table_head("script", "env", "steps", "env-only SPS", "training SPS", "training / env-only",
+                      "time: act / env / update", "peak memory (MiB)", "setting")  # fmt: skip
     speedups = []
     for script in args.scripts:
         env_id, steps = ENV_ID[script], args.steps or STEPS[script]
@@ -260,10 +216,8 @@ def throughput(args):
             )
             print(rows[-1], flush=True)
         if args.straightforward:
-            speedups.append(
-                f"{script}.py: {sps['default'] / sps['straightforward']:.2f}x the training SPS with "
-                "its speed levers undone"
-            )
+            ratio = sps["default"] / sps["straightforward"]
+            speedups.append(f"{script}.py: {ratio:.2f}x the training SPS with its speed levers undone")
 
     table = "\n".join(rows + [""] + speedups)
     print(f"\n{table}")
@@ -271,18 +225,13 @@ def throughput(args):
         Path(args.out).write_text(table + "\n")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# fast-path: the policy and update steps of one script, per call
-# ----------------------------------------------------------------------------------------------------------
+# fast-path: the policy and update steps of one script, per call -------------------------------------------------------
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-SIZES = {  # (observation shape, actions: an int for a discrete count, a tuple for a Box shape)
-    "ppo": ((4,), 2),
-    "ppo_continuous_action": ((11,), (3,)),
-    "ppo_continuous_action_redis": ((11,), (3,)),
-    "ppo_atari": ((4, 84, 84), 4),
-}
+# (observation shape, actions: an int for a discrete count, a tuple for a Box shape)
+SIZES = {"ppo": ((4,), 2), "ppo_continuous_action": ((11,), (3,)), "ppo_continuous_action_redis": ((11,), (3,))}
+SIZES["ppo_atari"] = ((4, 84, 84), 4)
 
 # the scripts whose training runs ppolab's NumPy steps on the CPU (ppolab.numpy_fast_path)
 NUMPY = ("ppo", "ppo_continuous_action")
@@ -330,16 +279,15 @@ def fast_path(options):
     with torch.no_grad():
         _, logprobs, _, values = agent.get_action_and_value(batch_obs, batch_actions)
     batch = (batch_obs, batch_actions, logprobs, torch.randn(args.minibatch_size), values + 0.1, values)
+    batch_call = (agent, optimizer, args, kl_beta, *batch)
 
-    compile_seconds = {}
-    start = time.perf_counter()
-    compiled_act = torch.compile(agent.act)
-    compiled_act(step_obs)
-    compile_seconds["act"] = time.perf_counter() - start
-    start = time.perf_counter()
-    compiled_update = torch.compile(script.update_step)
-    compiled_update(agent, optimizer, args, kl_beta, *batch)
-    compile_seconds["update_step"] = time.perf_counter() - start
+    compile_seconds, compiled = {}, {}
+    for name, fn, given in (("act", agent.act, (step_obs,)), ("update_step", script.update_step, batch_call)):
+        start = time.perf_counter()
+        compiled[name] = torch.compile(fn)
+        compiled[name](*given)
+        compile_seconds[name] = time.perf_counter() - start
+    compiled_act, compiled_update = compiled["act"], compiled["update_step"]
 
     # NumpyUpdate first: it moves the parameters into one flat tensor, which NumpyPolicy then reads
     numpy_update = NumpyUpdate(agent, optimizer, args, kl_beta) if options.script in NUMPY else None
@@ -370,9 +318,7 @@ def fast_path(options):
         print(f"| torch.compile of {name} (first call) | {seconds:.1f} s |")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# vector-env: the MLP scripts' vector environment beside gymnasium's
-# ----------------------------------------------------------------------------------------------------------
+# vector-env: the MLP scripts' vector environment beside gymnasium's ---------------------------------------------------
 BUDGETS = {"ppo": 500_000, "ppo_continuous_action": 200_000}  # whole-run steps per script
 
 
@@ -393,11 +339,8 @@ def gymnasium_make_envs(script):
 def script_at(name: str, revision: str, folder: str) -> Path:
     """The file `name.py` as it is at a git revision, written into `folder`."""
     path = Path(folder) / f"{name}.py"
-    path.write_text(
-        subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{revision}:{name}.py"], check=True, capture_output=True, text=True
-        ).stdout
-    )
+    shown = ["git", "-C", str(ROOT), "show", f"{revision}:{name}.py"]
+    path.write_text(subprocess.run(shown, check=True, capture_output=True, text=True).stdout)
     return path
 
 
@@ -450,13 +393,8 @@ def child(path: str, variant: str, flags: list[str]):
 def run_time(path: Path, variant: str, flags: list[str]) -> float:
     """Wall seconds of one whole training process."""
     start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmark.studies.speed", "vector-env-run", str(path), variant, *flags],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command = [sys.executable, "-m", "benchmark.studies.speed", "vector-env-run", str(path), variant, *flags]
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         sys.exit(f"{variant} run of {path} failed:\n{done.stderr[-3000:]}")
     return time.perf_counter() - start
@@ -465,11 +403,8 @@ def run_time(path: Path, variant: str, flags: list[str]) -> float:
 def table(unit: str, times: dict[tuple[str, str], list[float]], scale: float) -> str:
     """Markdown: per (case, variant) every round, the median, the range and the ratio to gymnasium's."""
     rounds = max(len(t) for t in times.values())
-    lines = [
-        f"| case | variant | {' | '.join(f'round {r + 1}' for r in range(rounds))} | median ({unit}) "
-        f"| range ({unit}) | / gymnasium |",
-        "|---|---|" + "---|" * (rounds + 3),
-    ]
+    lines = table_head("case", "variant", *(f"round {r + 1}" for r in range(rounds)), f"median ({unit})",
+                       f"range ({unit})", "/ gymnasium")  # fmt: skip
     for (case, variant), values in times.items():
         median = statistics.median(values)
         ratio = median / statistics.median(times[case, "gymnasium"])
@@ -550,9 +485,7 @@ def vector_env(options):
     print(f"1-minute load average before each measurement: {min(LOADS):.2f}-{max(LOADS):.2f}\n\n{result}")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# evaluation: what `--eval-every` costs
-# ----------------------------------------------------------------------------------------------------------
+# evaluation: what `--eval-every` costs --------------------------------------------------------------------------------
 # the scripts measured, each on its environment of ENV_ID
 EVALUATED = ["ppo", "ppo_continuous_action", "ppo_atari", "ppo_atari_envpool", "ppo_procgen"]
 
@@ -570,13 +503,8 @@ def measure(name: str, episodes: int) -> dict:
         returns = script.evaluate(checkpoint, episodes, False, seed)
     else:
         returns = script.evaluate(copy.deepcopy(agent), args, episodes, False, seed, torch.device("cpu"), **statistics)
-    return dict(
-        script=name,
-        env=args.env_id,
-        episodes=episodes,
-        seconds=time.perf_counter() - start,
-        mean_return=float(np.mean(returns)),
-    )
+    seconds = time.perf_counter() - start
+    return dict(script=name, env=args.env_id, episodes=episodes, seconds=seconds, mean_return=float(np.mean(returns)))
 
 
 def make_agent(script, args):
@@ -599,8 +527,7 @@ def make_agent(script, args):
 def evaluation(args):
     """The seconds of one evaluation per script."""
     torch.set_num_threads(1)
-    print("| script | env | episodes | seconds | mean return (untrained) |")
-    print("|---|---|---|---|---|")
+    print("\n".join(table_head("script", "env", "episodes", "seconds", "mean return (untrained)")))
     for name in args.scripts:
         r = measure(name, args.episodes)
         print(
@@ -610,11 +537,8 @@ def evaluation(args):
 
 
 def main(argv: list[str] | None = None):
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmark.studies.speed",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmark.studies.speed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     sub = commands.add_parser("throughput", help="each script's training SPS beside its environment's")
     sub.add_argument("--scripts", nargs="+", default=list(STEPS), choices=list(STEPS))
@@ -651,9 +575,8 @@ def main(argv: list[str] | None = None):
         return run_straightforward(script, env_id, int(steps), runs_dir)
     if args.command == "vector-env-run":
         return child(args.path, args.variant, args.flags)
-    {"throughput": throughput, "fast-path": fast_path, "vector-env": vector_env, "evaluation": evaluation}[
-        args.command
-    ](args)
+    commands = {"throughput": throughput, "fast-path": fast_path, "vector-env": vector_env, "evaluation": evaluation}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ known values: medians over the iterations after the first, the last end-to-end S
 from torch.utils.tensorboard import SummaryWriter
 
 from benchmark.events import read_scalars
-from benchmark.studies.scaling import summarize_samplers as summarize
+from benchmark.studies.scaling import summarize
 
 
 def test_summary_leaves_out_the_first_iteration_and_splits_the_time(tmp_path):
