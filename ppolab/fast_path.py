@@ -59,6 +59,9 @@ ADAM_COMPUTED = {
     "decoupled_weight_decay": False,
 }
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+LOG_SQRT_2PI_F32 = np.float32(LOG_SQRT_2PI)
+# what an update step returns, in this order
+STATS = ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "ratio_deviation")
 
 
 def agent_kind(agent: nn.Module) -> str | None:
@@ -92,29 +95,35 @@ class NumpyPolicy:
 
     def __init__(self, agent: nn.Module):
         self.kind = agent_kind(agent)
-        self.actor = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in linear_layers(actor_of(agent))]
+        layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in linear_layers(actor_of(agent))]
+        self.hidden, (self.out_weight, self.out_bias) = layers[:-1], layers[-1]
         if self.kind == "gaussian":
             self.actor_logstd = agent.actor_logstd.detach().numpy()
-
-    @staticmethod
-    def mlp(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-        for weight, bias in layers[:-1]:
-            x = np.tanh(x @ weight + bias)
-        weight, bias = layers[-1]
-        return x @ weight + bias
+        self.rows = np.arange(0)  # 0, 1, ..., n - 1 for a batch of n: the row of each action's log-prob
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """NumPy in, NumPy out (the rollout's arrays, no tensors on the way): action, log-prob."""
-        out = self.mlp(obs, self.actor)
+        """NumPy in, NumPy out (the rollout's arrays, no tensors on the way): action, log-prob. Each layer's
+        x W + b and tanh are computed in place on the fresh product: the same numbers, fewer arrays."""
+        x = obs
+        for weight, bias in self.hidden:
+            x = x @ weight
+            x += bias
+            np.tanh(x, out=x)
+        out = x @ self.out_weight
+        out += self.out_bias
         if self.kind == "categorical":  # Gumbel-max sampling of the log-softmax, as Agent.act
-            logits = out - out.max(-1, keepdims=True)
-            logprobs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+            logprobs = out  # the logits, made their log-softmax in place: minus their max, minus the log-sum-exp
+            logprobs -= np.maximum.reduce(logprobs, axis=-1, keepdims=True)
+            logprobs -= np.log(np.add.reduce(np.exp(logprobs), axis=-1, keepdims=True))
             noise = torch.empty(logprobs.shape).exponential_().numpy()
             action = (logprobs - np.log(noise)).argmax(-1)
-            return action, logprobs[np.arange(len(action)), action]
+            if len(self.rows) != len(action):
+                self.rows = np.arange(len(action))
+            return action, logprobs[self.rows, action]
         eps = torch.randn(out.shape).numpy()  # mean + std * eps, as Agent.act
-        action = out + np.exp(self.actor_logstd) * eps
-        logprob = (-0.5 * np.square(eps) - self.actor_logstd - np.float32(LOG_SQRT_2PI)).sum(-1)
+        action = np.exp(self.actor_logstd) * eps
+        action += out
+        logprob = np.add.reduce(-0.5 * np.square(eps) - self.actor_logstd - LOG_SQRT_2PI_F32, axis=-1)
         return action, logprob
 
 
@@ -161,8 +170,10 @@ class NumpyUpdate:
             state["step"] = steps[i]
         self.param, self.exp_avg, self.exp_avg_sq = (flat[name].numpy() for name in ("param", "exp_avg", "exp_avg_sq"))
         self.steps = steps.numpy()
-        # the gradient, laid out as the parameters: backward writes each layer's gradient into its view
-        self.grad = np.zeros_like(self.param)
+        # the gradient, laid out as the parameters: backward writes each layer's gradient into its view; Adam's
+        # intermediate vectors
+        self.grad, self.scratch, self.denominator = (np.zeros_like(self.param) for _ in range(3))
+        self._rows = np.arange(0)  # rows(n)
         grads = [
             self.grad[start:end].reshape(param.shape) for param, start, end in zip(params, bounds[:-1], bounds[1:])
         ]
@@ -180,12 +191,14 @@ class NumpyUpdate:
 
     @staticmethod
     def forward(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
-        """The MLP's input and every layer's output (after tanh, except the last): what backward needs."""
+        """The MLP's input and every layer's output (after tanh, except the last): what backward needs. Each
+        layer's x W^T + b and tanh are computed in place on the fresh product: the same numbers, fewer arrays."""
         outputs = [x]
-        for i, (weight, bias) in enumerate(layers):
-            x = x @ weight.T + bias
-            if i < len(layers) - 1:
-                x = np.tanh(x)
+        for weight, bias in layers:
+            if len(outputs) > 1:
+                np.tanh(x, out=x)
+            x = x @ weight.T
+            x += bias
             outputs.append(x)
         return outputs
 
@@ -211,21 +224,29 @@ class NumpyUpdate:
         to_a = np.float32(0.5) * (np.sign(a - b) + 1)  # a - b is 0 exactly where a == b (finite floats)
         return to_a, 1 - to_a
 
+    @staticmethod
+    def clamp(x: np.ndarray, low: float, high: float) -> np.ndarray:
+        """x.clip(low, high) as torch.clamp computes it, without the method's Python-level overhead."""
+        return np.minimum(np.maximum(x, low), high)
+
     def policy_forward(self, out: np.ndarray, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple]:
         """The head on the actor's output: each action's log-probability, the mean entropy, and what
-        policy_backward needs. Categorical: log-softmax of the logits, the action's entry, -sum p log p.
-        Gaussian: the log-density of the actions (z: the actions in standard deviations from the mean) and
-        the entropy, which is the same for every state."""
+        policy_backward needs. Categorical: log-softmax of the logits (in place on `out`), the action's entry,
+        -sum p log p. Gaussian: the log-density of the actions (z: the actions in standard deviations from the mean)
+        and the entropy, which is the same for every state."""
+        n = len(out)
         if self.kind == "categorical":
-            logits = out - out.max(-1, keepdims=True)
-            logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+            logp = out
+            logp -= np.maximum.reduce(logp, axis=-1, keepdims=True)
+            logp -= np.log(np.add.reduce(np.exp(logp), axis=-1, keepdims=True))
             probs = np.exp(logp)
-            newlogprob, entropy = logp[np.arange(len(out)), actions], -(probs * logp).sum(-1)
-            return newlogprob, entropy.sum() / len(out), (actions, logp, probs, entropy)
-        z = (actions - out) / np.exp(self.logstd)
-        newlogprob = (-0.5 * z * z - self.logstd - np.float32(LOG_SQRT_2PI)).sum(-1)
-        entropy = (np.float32(0.5 + LOG_SQRT_2PI) + self.logstd).sum()
-        return newlogprob, entropy, (z,)
+            entropy = -np.add.reduce(probs * logp, axis=-1)
+            return logp[self.rows(n), actions], np.add.reduce(entropy) / n, (actions, logp, probs, entropy)
+        std = np.exp(self.logstd)
+        z = (actions - out) / std
+        newlogprob = np.add.reduce(-0.5 * z * z - self.logstd - LOG_SQRT_2PI_F32, axis=-1)
+        entropy = np.add.reduce(np.float32(0.5 + LOG_SQRT_2PI) + self.logstd, axis=None)
+        return newlogprob, entropy, (z, std)
 
     def policy_backward(self, grad_logprob: np.ndarray, context: tuple, n: int) -> np.ndarray:
         """The gradient of the loss with respect to the actor's output (and, Gaussian, the log-std's, written
@@ -236,12 +257,19 @@ class NumpyUpdate:
         if self.kind == "categorical":
             actions, logp, probs, entropy = context
             grad_logits = -grad_logprob[:, None] * probs
-            grad_logits[np.arange(n), actions] += grad_logprob
+            grad_logits[self.rows(n), actions] += grad_logprob
             grad_logits += (ent_coef / n) * probs * (logp + entropy[:, None])
             return grad_logits
-        (z,) = context
-        self.logstd_grad[:] = (grad_logprob[:, None] * (z * z - 1)).sum(0, keepdims=True) - np.float32(ent_coef)
-        return grad_logprob[:, None] * z / np.exp(self.logstd)
+        z, std = context
+        grad_logstd = np.add.reduce(grad_logprob[:, None] * (z * z - 1), axis=0, keepdims=True)
+        np.subtract(grad_logstd, np.float32(ent_coef), out=self.logstd_grad)
+        return grad_logprob[:, None] * z / std
+
+    def rows(self, n: int) -> np.ndarray:
+        """0, 1, ..., n - 1: each sample's row, where an action picks its column."""
+        if len(self._rows) != n:
+            self._rows = np.arange(n)
+        return self._rows
 
     def __call__(
         self,
@@ -253,9 +281,9 @@ class NumpyUpdate:
         values: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
         args = self.args
-        x, actions, old_logprob, advantages, returns, old_values = (
+        x, actions, old_logprob, advantages, returns, old_values = [
             t.numpy() for t in (obs, actions, logprobs, advantages, returns, values)
-        )
+        ]
         n, clip = len(x), args.clip_coef
 
         # forward: the policy head's log-probabilities and entropy; the critic's value
@@ -263,71 +291,82 @@ class NumpyUpdate:
         newlogprob, entropy, context = self.policy_forward(actor_out[-1], actions)
         newvalue = critic_out[-1][:, 0]
         if args.norm_adv:
-            centred = advantages - advantages.sum() / n
+            centred = advantages - np.add.reduce(advantages) / n
             advantages = centred / (np.sqrt(np.dot(centred, centred) / (n - 1)) + 1e-8)
 
         # the loss of ppo_loss, and its gradient with respect to the log-prob and the value
         logratio = newlogprob - old_logprob
         ratio = np.exp(logratio)
-        approx_kl = ((ratio - 1) - logratio).sum() / n
+        ratio_change = ratio - 1
+        approx_kl = np.add.reduce(ratio_change - logratio) / n
+        minus_advantages = -advantages
         if args.policy_objective == "clip":
-            pg_loss1, pg_loss2 = -advantages * ratio, -advantages * ratio.clip(1 - clip, 1 + clip)
+            pg_loss1 = minus_advantages * ratio
+            pg_loss2 = minus_advantages * self.clamp(ratio, 1 - clip, 1 + clip)
             to_1, to_2 = self.max_grads(pg_loss1, pg_loss2)
             in_clip = (ratio >= 1 - clip) & (ratio <= 1 + clip)  # where the clamp passes the gradient
-            grad_logprob = (to_1 + to_2 * in_clip) * -advantages * ratio / n  # d(ratio)/d(log-prob) = ratio
-            pg_loss = np.maximum(pg_loss1, pg_loss2).sum() / n
+            grad_logprob = (to_1 + to_2 * in_clip) * minus_advantages * ratio / n  # d(ratio)/d(log-prob) = ratio
+            pg_loss = np.add.reduce(np.maximum(pg_loss1, pg_loss2)) / n
         else:  # PPO-Penalty: -A * ratio + beta * ((ratio - 1) - logratio), whose derivative is -A * ratio + beta * (ratio - 1)
             beta = self.kl_beta
-            grad_logprob = (-advantages * ratio + beta * (ratio - 1)) / n
-            pg_loss = (-advantages * ratio).sum() / n + beta * approx_kl
+            surrogate = minus_advantages * ratio
+            grad_logprob = (surrogate + beta * ratio_change) / n
+            pg_loss = np.add.reduce(surrogate) / n + beta * approx_kl
+        error = newvalue - returns
         if args.clip_vloss:
-            v_loss_unclipped = (newvalue - returns) ** 2
+            v_loss_unclipped = error**2
             v_change = newvalue - old_values
-            v_clipped = old_values + v_change.clip(-clip, clip)
-            v_loss_clipped = (v_clipped - returns) ** 2
+            v_clipped_error = old_values + self.clamp(v_change, -clip, clip) - returns
+            v_loss_clipped = v_clipped_error**2
             to_1, to_2 = self.max_grads(v_loss_unclipped, v_loss_clipped)
             in_clip = (v_change >= -clip) & (v_change <= clip)
-            grad_value = (to_1 * (newvalue - returns) + to_2 * in_clip * (v_clipped - returns)) * args.vf_coef / n
-            v_loss = 0.5 * np.maximum(v_loss_unclipped, v_loss_clipped).sum() / n
+            grad_value = (to_1 * error + to_2 * in_clip * v_clipped_error) * args.vf_coef / n
+            v_loss = 0.5 * np.add.reduce(np.maximum(v_loss_unclipped, v_loss_clipped)) / n
         else:
-            grad_value = (newvalue - returns) * args.vf_coef / n
-            v_loss = 0.5 * np.square(newvalue - returns).sum() / n
+            grad_value = error * args.vf_coef / n
+            v_loss = 0.5 * np.add.reduce(np.square(error)) / n
 
         # backward through the head and both networks
         self.backward(actor_out, self.policy_backward(grad_logprob, context, n), self.actor, self.actor_grads)
         self.backward(critic_out, grad_value[:, None], self.critic, self.critic_grads)
 
-        # global gradient clipping, then Adam as torch.optim.Adam computes it, on the flat vectors
-        grad = self.grad
+        # global gradient clipping, then Adam as torch.optim.Adam computes it, on the flat vectors (in place, with
+        # two scratch vectors: the same numbers, no new arrays)
+        grad, scratch, denominator = self.grad, self.scratch, self.denominator
         norm = math.sqrt(float(np.dot(grad, grad)))
         grad *= min(1.0, args.max_grad_norm / (norm + 1e-6))
         (beta1, beta2), eps, lr = self.group["betas"], self.group["eps"], float(self.group["lr"])
         self.steps += 1
         step = float(self.steps[0])
         step_size, root_correction2 = lr / (1 - beta1**step), math.sqrt(1 - beta2**step)
-        self.exp_avg += (1 - beta1) * (grad - self.exp_avg)
-        self.exp_avg_sq *= beta2
-        self.exp_avg_sq += (1 - beta2) * grad * grad
-        self.param -= step_size * self.exp_avg / (np.sqrt(self.exp_avg_sq) / root_correction2 + eps)
+        np.subtract(grad, self.exp_avg, out=scratch)  # exp_avg += (1 - beta1) * (grad - exp_avg)
+        scratch *= 1 - beta1
+        self.exp_avg += scratch
+        self.exp_avg_sq *= beta2  # exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad * grad
+        np.multiply(grad, 1 - beta2, out=scratch)
+        scratch *= grad
+        self.exp_avg_sq += scratch
+        np.sqrt(self.exp_avg_sq, out=denominator)  # param -= step_size * exp_avg / (sqrt(exp_avg_sq) / rc2 + eps)
+        denominator /= root_correction2
+        denominator += eps
+        np.multiply(self.exp_avg, step_size, out=scratch)
+        scratch /= denominator
+        self.param -= scratch
 
+        deviation = np.abs(ratio_change)
         stats = np.array(
             [
                 pg_loss,
                 v_loss,
                 entropy,
-                -logratio.sum() / n,
+                -np.add.reduce(logratio) / n,
                 approx_kl,
-                np.count_nonzero(np.abs(ratio - 1) > clip) / n,
-                np.abs(ratio - 1).max(),
+                np.count_nonzero(deviation > clip) / n,
+                np.maximum.reduce(deviation),
             ],
             dtype=np.float32,
         )
-        return dict(
-            zip(
-                ("policy_loss", "value_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "ratio_deviation"),
-                torch.from_numpy(stats).unbind(),
-            )
-        )
+        return dict(zip(STATS, torch.from_numpy(stats).unbind()))
 
 
 # THE GUARD ---------------------------------------------------------------------------------------

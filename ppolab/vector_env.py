@@ -46,9 +46,10 @@ class SameStepVectorEnv(gym.vector.VectorEnv):
         reward = np.zeros(self.num_envs)
         terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
         infos = {}
-        for i, env in enumerate(self.envs):
-            obs, reward[i], terminated[i], truncated[i], info = env.step(actions[i])
-            if terminated[i] or truncated[i]:
+        for i, (env, action) in enumerate(zip(self.envs, actions)):
+            obs, reward[i], ended, cut, info = env.step(action)
+            terminated[i], truncated[i] = ended, cut
+            if ended or cut:
                 infos = self._add_info(infos, {"final_obs": obs, "final_info": info}, i)
                 obs, info = env.reset()
             if info:
