@@ -253,11 +253,5 @@ class MixedEndsEnvPool:
         }
         return self._obs(), reward, terminated, truncated.copy(), info
 
-    def send(self, actions):  # envpool's step in two calls: send the actions, recv the step
-        self.sent = self.step(actions)
-
-    def recv(self):
-        return self.sent
-
     def close(self):
         pass
