@@ -153,8 +153,9 @@ def default_ctrl_c():
 
 
 def start_script(name: str, *argv, cwd) -> subprocess.Popen:
-    """Like run_script, but returns the running process (with the default Ctrl-C disposition)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    """Like run_script, but returns the running process (with the default Ctrl-C disposition, and Python's fault
+    handler on, so that `ended` can show where a process that should have ended is stuck)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     return subprocess.Popen(
         script_command(name, *argv),
         cwd=cwd,
@@ -164,6 +165,23 @@ def start_script(name: str, *argv, cwd) -> subprocess.Popen:
         text=True,
         preexec_fn=default_ctrl_c,
     )
+
+
+def ended(process: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """The output of a `start_script` process (stdout, stderr) once it ends. One still running `timeout` seconds
+    later fails the test with where it is stuck: its fault handler prints every thread's Python stack at SIGABRT."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        try:
+            stdout, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        pytest.fail(
+            f"still running {timeout:g}s later; its stderr, stacks last:\n{stderr}\nits last output:\n{stdout[-1500:]}"
+        )
 
 
 def only_run_dir(runs_dir) -> Path:

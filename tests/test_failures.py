@@ -23,7 +23,7 @@ import torch
 import diverging_envs  # noqa: F401  (registers the environments that go wrong)
 import ppo
 import ppo_continuous_action
-from helpers import load, only_run_dir, resume_args, run_script, script_command, start_script
+from helpers import ended, load, only_run_dir, resume_args, run_script, script_command, start_script
 from ppolab.checkpoints import checkpoint_data, non_finite, write_checkpoint_file
 from ppolab.run import Run, new_run_dir
 from ppolab.stops import resume_hint
@@ -185,7 +185,7 @@ def test_a_live_run_holds_its_folder_and_sigterm_ends_it_as_ctrl_c_does(tmp_path
         "folder): stop it first, or resume from a copy of its folder"
     ]
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = ended(process, 60)
     assert process.returncode == 143
     hint = f"last checkpoint runs/{run_dir.name}/checkpoint.pt; continue with: python {script_command('ppo')[1]}"
     assert stderr.splitlines() == [f"ppo.py: terminated (SIGTERM): {hint} --resume runs/{run_dir.name}/checkpoint.pt"]
@@ -310,7 +310,7 @@ def test_a_run_folder_deleted_during_the_run_ends_it_in_one_line(tmp_path):
     (run_dir,) = (tmp_path / "runs").iterdir()
     while run_dir.exists():  # the run may be writing a file in it meanwhile
         shutil.rmtree(run_dir, ignore_errors=True)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = ended(process, 120)
     assert process.returncode == 1
     (line,) = stderr.splitlines()
     assert (

@@ -28,6 +28,7 @@ from helpers import (
     assert_progress_lines,
     check_resume_after_interruption,
     descendants,
+    ended,
     load,
     only_run_dir,
     read_scalars,
@@ -131,7 +132,7 @@ def watched(proc: subprocess.Popen, cwd, action, shm_before: set[str]):
         worker_pids = [pid for _, pid in sorted(workers)]
         if action is not None:
             action(proc.pid, worker_pids)
-        _, stderr = proc.communicate(timeout=30)
+        _, stderr = ended(proc, 30)
         # the workers and multiprocessing's resource tracker end with the learner (a moment for the tracker)
         deadline = time.monotonic() + 10
         while running(seen) and time.monotonic() < deadline:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import load, only_run_dir, process_table, run_script, script_command, start_script
+from helpers import ended, load, only_run_dir, process_table, run_script, script_command, start_script
 from scripts import REPO
 
 # long enough iterations (about a second) that a storm lands inside one
@@ -29,7 +29,7 @@ def wait_for_iteration(process: subprocess.Popen) -> str:
         read += line
         if line.startswith("iteration 1/"):
             return read
-    pytest.fail(f"the run ended before its first iteration: {process.communicate(timeout=60)[1]}")
+    pytest.fail(f"the run ended before its first iteration: {ended(process, 60)[1]}")
 
 
 def storm(pid: int, signals: list[int], gap: float = 0.003):
@@ -52,7 +52,7 @@ def test_a_signal_storm_is_one_line_with_the_first_signals_code(signals, code, s
     process = start_script("ppo", *ARGV, "--total-timesteps", 10**7, "--checkpoint-every", 1, cwd=tmp_path)
     wait_for_iteration(process)
     storm(process.pid, signals)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = ended(process, 120)
     assert process.returncode == code, stderr
     lines = stderr.splitlines()
     hint = r"(last checkpoint runs/\S+; continue with: python \S+ --resume runs/\S+|no checkpoint in runs/\S+ yet)"
@@ -64,7 +64,7 @@ def requeued(tmp_path: Path, *extra, signum: int = signal.SIGUSR1) -> tuple[int,
     process = start_script("ppo", *ARGV, "--total-timesteps", 8 * 2048, *extra, cwd=tmp_path)
     wait_for_iteration(process)
     process.send_signal(signum)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = ended(process, 120)
     return process.returncode, stderr.splitlines(), only_run_dir(tmp_path / "runs")
 
 
@@ -96,7 +96,7 @@ def test_a_stop_signal_before_the_requeue_checkpoint_ends_the_run_with_the_reque
     process = start_script("ppo", *ARGV, "--total-timesteps", 10**7, "--checkpoint-every", 1, cwd=tmp_path)
     wait_for_iteration(process)
     storm(process.pid, [signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = ended(process, 120)
     assert process.returncode == 75, stderr
     lines = stderr.splitlines()
     assert len(lines) == 1, stderr
