@@ -435,21 +435,16 @@ def train(args: Args, run: ppolab.Run) -> str:
 
         # COLLECT TRAJECTORIES ------------------------------------------------------------------
         rollout_start = time.perf_counter()
-        act_time = env_time = 0.0
         final_values.zero_()
         final_obs, final_steps, final_envs = [], [], []  # truncated games' last observations, and where
         for step in range(T):
             global_step += N
             obs[step] = torch.from_numpy(next_obs)
-            tick = time.perf_counter()
             # one copy to the device, one back: action, log-prob and value stacked in one tensor
             action, logprob, value = act(obs[step].to(device, non_blocking=True))
             policy_out = torch.stack([action.float(), logprob, value], 1).cpu().numpy()
             actions_np[step], logprobs_np[step], values_np[step] = policy_out.T
-            tock = time.perf_counter()
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
-            env_time += time.perf_counter() - tock
-            act_time += tock - tick
 
             rewards_np[step] = reward  # clipped to the sign in make_env
             dones_np[step] = terminated | truncated
@@ -521,7 +516,6 @@ def train(args: Args, run: ppolab.Run) -> str:
         # the losses and KLs of the last minibatch, the clip fraction over the whole update
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
         adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
-        perf = {"perf/act_time": act_time, "perf/env_time": env_time}  # the rollout's time, split
         run.iteration(
             iteration=iteration,
             global_step=global_step,
@@ -531,7 +525,6 @@ def train(args: Args, run: ppolab.Run) -> str:
             update_time=update_time,
             values=values,
             returns=returns,
-            scalars=perf,
         )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)

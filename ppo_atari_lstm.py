@@ -501,14 +501,12 @@ def train(args: Args, run: ppolab.Run) -> str:
         initial_state = (state[0].clone(), state[1].clone())
         final_values.zero_()
         truncations = []  # (step, envs, their final observations, the state after the step): valued below
-        act_time = env_time = 0.0
         for step in range(T):
             global_step += N
             obs_np[step] = next_obs
             starts_np[step] = next_start
             step_input[:, :-1] = obs[step].reshape(N, -1)
             step_input[:, -1] = starts[step]
-            tick = time.perf_counter()
             # one copy to the device and one copy back: action, log-prob and value stacked
             x = step_input.to(device, non_blocking=True)
             action, logprob, value, state = act(x[:, :-1].reshape((N,) + obs_shape), x[:, -1].float(), state)
@@ -517,10 +515,7 @@ def train(args: Args, run: ppolab.Run) -> str:
             actions_np[step], logprobs_np[step], values_np[step] = (
                 torch.stack([action.float(), logprob, value]).cpu().numpy()
             )
-            tock = time.perf_counter()
             next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
-            env_time += time.perf_counter() - tock
-            act_time += tock - tick
 
             rewards_np[step] = reward
             dones_np[step] = terminated | truncated
@@ -616,7 +611,6 @@ def train(args: Args, run: ppolab.Run) -> str:
             update_time=update_time,
             values=values,
             returns=returns,
-            scalars={"perf/act_time": act_time, "perf/env_time": env_time},  # the rollout's time, split
         )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)

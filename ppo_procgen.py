@@ -489,22 +489,17 @@ def train(args: Args, run: ppolab.Run) -> str:
 
         # COLLECT TRAJECTORIES ------------------------------------------------------------------
         rollout_start = time.perf_counter()
-        act_time = env_time = 0.0
         for step in range(T):
             global_step += N
             obs[step] = as_images(next_obs)
             valid_np[step] = ~next_done
-            tick = time.perf_counter()
             # one copy to the device (from pinned memory on CUDA, without waiting) and one copy back:
             # action, log-prob and value stacked
             action, logprob, value = act(obs[step].to(device, non_blocking=True))
             actions_np[step], logprobs_np[step], values_np[step] = (
                 torch.stack([action.float(), logprob, value]).cpu().numpy()
             )
-            tock = time.perf_counter()
             next_obs, reward, terminated, truncated, info = envs.step(actions_np[step])
-            env_time += time.perf_counter() - tock
-            act_time += tock - tick
 
             next_done = terminated | truncated
             rewards_np[step] = reward_scaler(reward, next_done, valid_np[step])  # the logged scores stay raw
@@ -570,7 +565,6 @@ def train(args: Args, run: ppolab.Run) -> str:
         stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
         adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
         reset_rows = valid.numel() - int(valid.sum())
-        scalars = {"debug/reset_rows": reset_rows, "perf/act_time": act_time, "perf/env_time": env_time}
         run.iteration(
             iteration=iteration,
             global_step=global_step,
@@ -580,7 +574,7 @@ def train(args: Args, run: ppolab.Run) -> str:
             update_time=update_time,
             values=values[valid],
             returns=returns[valid],
-            scalars=scalars,
+            scalars={"debug/reset_rows": reset_rows},
         )
         run.evaluate_if_due(iteration, global_step, saved)
         run.checkpoint_if_due(iteration, global_step, saved)

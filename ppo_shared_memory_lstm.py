@@ -17,7 +17,7 @@ PyTorch thread) owns `--num-envs-per-worker` environments and a CPU copy of the 
     learner: publish weights -> Start to every worker -> wait for every Done -> check the slices
              -> GAE -> PPO update -> publish ...
     worker:  copy the weights in -> `collect_rollout`: `--num-steps` steps of its envs into its slice of
-             the shared rollout buffer -> Done(episodes, timings, checksum of its slice)
+             the shared rollout buffer -> Done(episodes, checksum of its slice)
 
 Every rollout comes from the policy the learner is about to update: no stale data, no off-policy correction.
 The buffer and the weights are tensors in shared memory, allocated once; the pipes carry small named records,
@@ -721,15 +721,13 @@ def train(args: Args, run: ppolab.Run) -> str:
             publish_time = time.perf_counter() - publish_start
 
             # the losses and KLs of the last minibatch, the clip fraction over the whole update; besides, the steps
-            # per second of the rollout and of the update, the publication's time, the workers' split of the rollout
+            # per second of the rollout and of the update, the publication's time
             stats.update(clipfrac=torch.stack(clipfracs).mean(), ratio_deviation=first_ratio_deviation)
             adapt_kl_beta(kl_beta, kls, args, stats)  # PPO-Penalty: beta logged, then adapted (adaptive-kl)
             perf = {
                 "charts/experience_SPS": args.batch_size / rollout_time,
                 "charts/learning_SPS": args.batch_size / update_time,
                 "perf/publish_time": publish_time,
-                "perf/act_time": np.mean([done.act_time for done in replies]),
-                "perf/env_time": np.mean([done.env_time for done in replies]),
             }
             times = f", publish {publish_time:.4f}s"  # the end of the line's times
             run.iteration(
@@ -877,8 +875,6 @@ class Done(NamedTuple):
 
     worker: int
     episodes: list[Episode]  # the episodes that ended in this rollout
-    act_time: float  # seconds spent in the policy's steps
-    env_time: float  # seconds spent in the environments' steps
     checksum: int  # `slice_checksum` of the slice, as the worker wrote it
 
 
@@ -907,7 +903,7 @@ def collect_rollout(
     *,
     first_step: int,
     first_env: int,
-) -> tuple[tuple, list[Episode], float, float]:
+) -> tuple[tuple, list[Episode]]:
     """`--num-steps` steps of one worker's environments, written into `rollout` (the worker's
     column slice of the rollout buffer, tabulated at `allocate_shared_buffer`).
 
@@ -915,8 +911,7 @@ def collect_rollout(
     `first_step` is the global step before this rollout and `first_env` the batch index of the slice's
     first environment: the batch counts its steps step by step, environment by environment, so an
     episode of environment i (of the slice) that ends at step t ended at global step
-    first_step + t * num_envs + first_env + i + 1. Returns the new carry, the episodes that ended, and
-    the seconds spent acting and stepping the environments.
+    first_step + t * num_envs + first_env + i + 1. Returns the new carry and the episodes that ended.
     """
     next_obs, next_start, state = carry
     obs_np, starts_np, actions_np, logprobs_np, values_np, rewards_np, dones_np = (
@@ -924,22 +919,18 @@ def collect_rollout(
     )
     final_values = rollout["final_values"]
     final_values.zero_()
-    episodes, act_time, env_time = [], 0.0, 0.0
+    episodes = []
     for step in range(args.num_steps):
         if step % args.seq_len == 0:  # recurrent detail 5: the state each chunk will be replayed from
             rollout["chunk_h"][step // args.seq_len] = state[0][0]
             rollout["chunk_c"][step // args.seq_len] = state[1][0]
         obs_np[step] = next_obs
         starts_np[step] = next_start
-        tick = time.perf_counter()
         action, logprob, value, state = agent.act(rollout["obs"][step], rollout["starts"][step], state)
         actions_np[step] = action.numpy()
         logprobs_np[step] = logprob.numpy()
         values_np[step] = value.numpy()
-        tock = time.perf_counter()
         next_obs, reward, terminated, truncated, infos = envs.step(actions_np[step])
-        env_time += time.perf_counter() - tock
-        act_time += tock - tick
 
         rewards_np[step] = reward
         dones_np[step] = terminated | truncated
@@ -963,7 +954,7 @@ def collect_rollout(
             episodes.append(Episode(episode_step, episodic_return, episodic_length))
     with torch.no_grad():
         rollout["last_values"][0] = agent.get_value(torch.as_tensor(next_obs), torch.as_tensor(next_start), state)
-    return (next_obs, next_start, state), episodes, act_time, env_time
+    return (next_obs, next_start, state), episodes
 
 
 def rollout_worker(
@@ -998,10 +989,10 @@ def rollout_worker(
         # the learner's commands; None once the learner is gone (its pipe closed, or this process orphaned)
         while isinstance(command := ppolab.processes.receive(conn, parent_pid), Start):
             load_weights(agent, weights)
-            carry, episodes, act_time, env_time = collect_rollout(
+            carry, episodes = collect_rollout(
                 agent, envs, rollout, carry, args, first_step=command.global_step, first_env=lo
             )
-            conn.send(Done(worker_id, episodes, act_time, env_time, slice_checksum(buffer, lo, lo + n)))
+            conn.send(Done(worker_id, episodes, slice_checksum(buffer, lo, lo + n)))
     except Exception:
         try:
             conn.send(Failed(worker_id, traceback.format_exc()))

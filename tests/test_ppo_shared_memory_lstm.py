@@ -60,8 +60,6 @@ EXPECTED_METRICS = METRICS + [
     "charts/experience_SPS",
     "charts/learning_SPS",
     "perf/publish_time",
-    "perf/act_time",
-    "perf/env_time",
 ]
 
 
@@ -277,7 +275,7 @@ def worker_rollout():
     # a nonzero carried-in state, as after an earlier rollout
     H = agent.lstm.hidden_size  # the actor's and the critic's LSTM, side by side
     carry = (next_obs, np.zeros(3, dtype=np.float32), (torch.randn(1, 3, H), torch.randn(1, 3, H)))
-    carry, episodes, _, _ = script.collect_rollout(agent, envs, rollout, carry, args, first_step=0, first_env=3)
+    carry, episodes = script.collect_rollout(agent, envs, rollout, carry, args, first_step=0, first_env=3)
     envs.close()
     return dict(args=args, agent=agent, buffer=buffer, episodes=episodes, state=carry[2])
 

@@ -9,7 +9,8 @@
 
 `throughput`: per script, in fresh processes with OMP_NUM_THREADS=1, the env-only SPS (random actions through its own
 `make_envs`: the bound of any training loop here), the training SPS (its `charts/SPS` after `--steps` steps at its
-defaults) with its time split (`perf/`), their ratio and the peak memory (PSS of the process tree). `--straightforward`
+defaults) with its time split (the rollout and update times it logs; the environments' share timed from outside the
+script, `timed_env_steps`: the loops carry no timers), their ratio and the peak memory (PSS of the process tree). `--straightforward`
 also runs it with its speed levers undone (distribution objects for actions, argument validation on, Adam's
 per-parameter loop, NumPy statistics, the CNN in the default memory layout on one thread, the LSTM step by step:
 `run_straightforward`), same algorithm and numbers. `--busy` sets the thread default beside another choice, idle and
@@ -29,6 +30,7 @@ untrained agent, in this process, one thread; it costs in proportion to the agen
 """
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import inspect
@@ -83,15 +85,54 @@ def process_tree_pss_mib(root: int) -> float:
     return total_kb / 1024
 
 
+@contextlib.contextmanager
+def timed_env_steps(module, out: str):
+    """The script `module`'s environments timed from outside its loop: inside the context, the environments its
+    `make_envs` makes add the seconds of each `step` to a total, written to the file `out` at the context's end."""
+    make_envs, total = module.make_envs, [0.0]
+
+    def timed_make_envs(*args, **kwargs):
+        envs = make_envs(*args, **kwargs)
+        step = envs.step
+
+        def timed_step(*step_args, **step_kwargs):
+            start = time.perf_counter()
+            try:
+                return step(*step_args, **step_kwargs)
+            finally:
+                total[0] += time.perf_counter() - start
+
+        envs.step = timed_step
+        return envs
+
+    module.make_envs = timed_make_envs
+    try:
+        yield
+    finally:
+        module.make_envs = make_envs
+        Path(out).write_text(f"{total[0]}\n")
+
+
+def run_timed(script: str, env_seconds: str, argv: list[str]):
+    """The script run with the command line `argv` in this process, its environments' steps timed into
+    `env_seconds` (timed_env_steps)."""
+    module = import_script(script)
+    sys.argv = [f"{script}.py", *argv]
+    with timed_env_steps(module, env_seconds):
+        module.ppolab.run_program(module.main, module.Args)
+
+
 def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str, float]:
     """Runs the script in a fresh process for `steps` steps, as VARIANTS[variant] says, and reads its
-    SPS and time split from its event file; its peak memory is sampled twice a second meanwhile."""
+    SPS and time split from its event file and the seconds its environments stepped (timed_env_steps); its peak
+    memory is sampled twice a second meanwhile."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, str(ROOT / f"{script}.py"), "--env-id", env_id, "--total-timesteps", str(steps)]
-        command += ["--runs-dir", f"{tmp}/runs"]
+        env_seconds = f"{tmp}/env_seconds"
+        command = [sys.executable, "-m", "benchmark.studies.speed", "timed-run", script, env_seconds]
+        command += ["--env-id", env_id, "--total-timesteps", str(steps), "--runs-dir", f"{tmp}/runs"]
         if variant == "straightforward":
             command = [sys.executable, "-m", "benchmark.studies.speed", "straightforward-run", script, env_id]
-            command += [str(steps), f"{tmp}/runs"]
+            command += [str(steps), f"{tmp}/runs", env_seconds]
         env = child_env()
         if variant.startswith("pytorch threads"):
             command += ["--torch-threads", "0"]
@@ -108,12 +149,12 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
             raise subprocess.CalledProcessError(proc.returncode, command)
         (run_dir,) = Path(f"{tmp}/runs").iterdir()
         scalars = read_scalars(run_dir)
+        env = float(Path(env_seconds).read_text())
     rollout = sum(v for _, v in scalars["perf/rollout_time"])
     update = sum(v for _, v in scalars["perf/update_time"])
     split = {"rollout": rollout / (rollout + update)}
-    for part in ("act", "env"):  # the pixel scripts split the rollout into acting and env stepping
-        if f"perf/{part}_time" in scalars:
-            split[part] = sum(v for _, v in scalars[f"perf/{part}_time"]) / (rollout + update)
+    if script not in NUMPY:  # the pixel scripts: the rollout split into acting (the rest of it) and env stepping
+        split |= {"act": (rollout - env) / (rollout + update), "env": env / (rollout + update)}
     return {"sps": scalars["charts/SPS"][-1][1], "peak_mib": peak_mib, **split}
 
 
@@ -136,8 +177,9 @@ def thread_variants(script: str) -> list[str]:
     return ["one thread", "default, busy", "one thread, busy"]
 
 
-def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
-    """Trains with the script's speed levers undone (see the module docstring), in this process."""
+def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str, env_seconds: str):
+    """Trains with the script's speed levers undone (see the module docstring), in this process, its environments'
+    steps timed into `env_seconds` (timed_env_steps)."""
     from tests.lstm_reference import lstm_step_by_step
 
     module = import_script(script)
@@ -185,7 +227,8 @@ def run_straightforward(script: str, env_id: str, steps: int, runs_dir: str):
         overrides["torch_threads"] = 1
     if hasattr(module.Agent, "run_lstm"):  # the recurrent scripts: one LSTM call per time step
         module.Agent.run_lstm = lstm_step_by_step
-    module.main(module.Args(env_id=env_id, total_timesteps=steps, runs_dir=runs_dir, **overrides))
+    with timed_env_steps(module, env_seconds):
+        module.main(module.Args(env_id=env_id, total_timesteps=steps, runs_dir=runs_dir, **overrides))
 
 
 def throughput(args):
@@ -564,15 +607,21 @@ def main(argv: list[str] | None = None):
     sub.add_argument("--scripts", nargs="+", default=EVALUATED, choices=EVALUATED)
     # what the measurements start in a fresh process
     sub = commands.add_parser("straightforward-run")
-    sub.add_argument("child", nargs=4)
+    sub.add_argument("child", nargs=5)
+    sub = commands.add_parser("timed-run")
+    sub.add_argument("script")
+    sub.add_argument("env_seconds")
+    sub.add_argument("argv", nargs=argparse.REMAINDER)
     sub = commands.add_parser("vector-env-run")
     sub.add_argument("path")
     sub.add_argument("variant")
     sub.add_argument("flags", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "straightforward-run":
-        script, env_id, steps, runs_dir = args.child
-        return run_straightforward(script, env_id, int(steps), runs_dir)
+        script, env_id, steps, runs_dir, env_seconds = args.child
+        return run_straightforward(script, env_id, int(steps), runs_dir, env_seconds)
+    if args.command == "timed-run":
+        return run_timed(args.script, args.env_seconds, args.argv)
     if args.command == "vector-env-run":
         return child(args.path, args.variant, args.flags)
     commands = {"throughput": throughput, "fast-path": fast_path, "vector-env": vector_env, "evaluation": evaluation}
