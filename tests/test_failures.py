@@ -185,7 +185,7 @@ def test_a_live_run_holds_its_folder_and_sigterm_ends_it_as_ctrl_c_does(tmp_path
         "folder): stop it first, or resume from a copy of its folder"
     ]
     process.send_signal(signal.SIGTERM)
-    _, stderr = ended(process, 60)
+    _, stderr = ended(process, 120)
     assert process.returncode == 143
     hint = f"last checkpoint runs/{run_dir.name}/checkpoint.pt; continue with: python {script_command('ppo')[1]}"
     assert stderr.splitlines() == [f"ppo.py: terminated (SIGTERM): {hint} --resume runs/{run_dir.name}/checkpoint.pt"]
