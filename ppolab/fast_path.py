@@ -83,6 +83,19 @@ def actor_of(agent: nn.Module) -> nn.Sequential:
     return agent.actor if agent_kind(agent) == "categorical" else agent.actor_mean
 
 
+class RowIndex:
+    """0, 1, ..., n - 1 for a batch of n rows, the index that picks one entry per row (an action's log-prob), made
+    again only when the batch size changes."""
+
+    def __init__(self):
+        self.index = np.arange(0)
+
+    def __call__(self, n: int) -> np.ndarray:
+        if len(self.index) != n:
+            self.index = np.arange(n)
+        return self.index
+
+
 # THE POLICY STEP ---------------------------------------------------------------------------------
 
 
@@ -99,7 +112,7 @@ class NumpyPolicy:
         self.hidden, (self.out_weight, self.out_bias) = layers[:-1], layers[-1]
         if self.kind == "gaussian":
             self.actor_logstd = agent.actor_logstd.detach().numpy()
-        self.rows = np.arange(0)  # 0, 1, ..., n - 1 for a batch of n: the row of each action's log-prob
+        self.rows = RowIndex()  # the row of each action's log-prob
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """NumPy in, NumPy out (the rollout's arrays, no tensors on the way): action, log-prob. Each layer's
@@ -117,9 +130,7 @@ class NumpyPolicy:
             logprobs -= np.log(np.add.reduce(np.exp(logprobs), axis=-1, keepdims=True))
             noise = torch.empty(logprobs.shape).exponential_().numpy()
             action = (logprobs - np.log(noise)).argmax(-1)
-            if len(self.rows) != len(action):
-                self.rows = np.arange(len(action))
-            return action, logprobs[self.rows, action]
+            return action, logprobs[self.rows(len(action)), action]
         eps = torch.randn(out.shape).numpy()  # mean + std * eps, as Agent.act
         action = np.exp(self.actor_logstd) * eps
         action += out
@@ -173,7 +184,7 @@ class NumpyUpdate:
         # the gradient, laid out as the parameters: backward writes each layer's gradient into its view; Adam's
         # intermediate vectors
         self.grad, self.scratch, self.denominator = (np.zeros_like(self.param) for _ in range(3))
-        self._rows = np.arange(0)  # rows(n)
+        self.rows = RowIndex()  # each sample's row, where its action picks the column
         grads = [
             self.grad[start:end].reshape(param.shape) for param, start, end in zip(params, bounds[:-1], bounds[1:])
         ]
@@ -264,12 +275,6 @@ class NumpyUpdate:
         grad_logstd = np.add.reduce(grad_logprob[:, None] * (z * z - 1), axis=0, keepdims=True)
         np.subtract(grad_logstd, np.float32(ent_coef), out=self.logstd_grad)
         return grad_logprob[:, None] * z / std
-
-    def rows(self, n: int) -> np.ndarray:
-        """0, 1, ..., n - 1: each sample's row, where an action picks its column."""
-        if len(self._rows) != n:
-            self._rows = np.arange(n)
-        return self._rows
 
     def __call__(
         self,
