@@ -10,10 +10,10 @@
 `throughput`: per script, in fresh processes with OMP_NUM_THREADS=1, the env-only SPS (random actions through its own
 `make_envs`: the bound of any training loop here), the training SPS (its `charts/SPS` after `--steps` steps at its
 defaults) with its time split (the rollout and update times it logs; the environments' share timed from outside the
-script, `timed_env_steps`: the loops carry no timers), their ratio and the peak memory (PSS of the process tree). `--straightforward`
-also runs it with its speed levers undone (distribution objects for actions, argument validation on, Adam's
-per-parameter loop, NumPy statistics, the CNN in the default memory layout on one thread, the LSTM step by step:
-`run_straightforward`), same algorithm and numbers. `--busy` sets the thread default beside another choice, idle and
+script by `timed_env_steps`), their ratio and the peak memory (PSS of the process tree). `--straightforward` also runs
+it with its speed levers undone (distribution objects for actions, argument validation on, Adam's per-parameter loop,
+NumPy statistics, the CNN in the default memory layout on one thread, the LSTM step by step: `run_straightforward`),
+same algorithm and numbers. `--busy` sets the thread default beside another choice, idle and
 beside a busy core. `--repeats R`: R rounds, medians.
 
 `fast-path`: at one thread, the policy step (eager `act`, ppolab's `NumpyPolicy`, compiled `act`) and the update step
@@ -149,12 +149,12 @@ def training_sps(script: str, env_id: str, steps: int, variant: str) -> dict[str
             raise subprocess.CalledProcessError(proc.returncode, command)
         (run_dir,) = Path(f"{tmp}/runs").iterdir()
         scalars = read_scalars(run_dir)
-        env = float(Path(env_seconds).read_text())
+        env_time = float(Path(env_seconds).read_text())
     rollout = sum(v for _, v in scalars["perf/rollout_time"])
     update = sum(v for _, v in scalars["perf/update_time"])
     split = {"rollout": rollout / (rollout + update)}
     if script not in NUMPY:  # the pixel scripts: the rollout split into acting (the rest of it) and env stepping
-        split |= {"act": (rollout - env) / (rollout + update), "env": env / (rollout + update)}
+        split |= {"act": (rollout - env_time) / (rollout + update), "env": env_time / (rollout + update)}
     return {"sps": scalars["charts/SPS"][-1][1], "peak_mib": peak_mib, **split}
 
 
