@@ -18,6 +18,15 @@ since the last export, not the row. A `.json` without a curve is a row re-typed 
 folder was lost; it says so (`retyped`), holds its numbers, and stays until a run of its (env, script, seed) replaces
 it.
 
+`stash` carries the runs to another machine: for every job of the block (a job log of benchmark.run_seeds under
+ROOT/logs) it writes into a folder (`benchmark/results/fullbudget/resume`, committed) the log, and for a job not yet
+finished its run's latest checkpoint (gzip-compressed, about 15 MB for an Atari agent with its Adam moments) with
+the curve up to the checkpoint's step; `unstash` on a new machine puts the logs and the checkpoints back under the
+runs folder, so that the same `bash benchmark/ppo.sh fullbudget` skips the finished jobs and resumes the others from
+their checkpoints, and `export` joins the restored curve and the resumed run's episodes into one curve (training time
+continued from the checkpoint's, to the nearest episode). A stash changes only when its checkpoint moved on; the
+stash of a finished run is its log alone.
+
 `table` makes the table and the curves from the curves folder alone, so that a checkout regenerates them. Per run:
 the score (mean of the last `--last` episodes), the score as CleanRL computed its envpool numbers (the mean of its
 last 20 games at each game's end, averaged over the last `--last` games), steps and share of the published budget,
@@ -52,6 +61,7 @@ from benchmark.scores import (
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("global_step", "return", "length", "seconds")
+PRIOR, PRIOR_CURVE = "prior.json", "prior.csv.gz"  # in a run folder `unstash` restored: the run up to its checkpoint
 FINISHED = 0.9  # of the published budget: a run short of it gets no verdict
 CLEANRL_WINDOW = 20  # the games CleanRL's envpool script averages in charts/avg_episodic_return
 EQUIVALENCE = 0.1  # of |published mean|: the margin inside which "matches" may be said
@@ -112,6 +122,7 @@ def export_run(run_dir: Path, seed: str, logs: Path) -> tuple[dict, list[tuple]]
     curve = [(step, value, length, wall - start) for (step, wall, value), (_, _, length) in zip(returns, lengths)]
     points = [point for tag_points in scalars.values() for point in tag_points]
     arguments = read_hyperparameters(run_dir)
+    prior = json.loads((run_dir / PRIOR).read_text()) if (run_dir / PRIOR).is_file() else None
     record = {
         "exp_name": exp_name,
         "env_id": env_id,
@@ -125,6 +136,15 @@ def export_run(run_dir: Path, seed: str, logs: Path) -> tuple[dict, list[tuple]]
         "exported": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "code": code_history(job_log(logs, run_dir), segments),
     }
+    if prior is not None:  # a run restored by `unstash`: the curve up to its checkpoint came with it
+        before = read_curve(run_dir / PRIOR_CURVE)
+        curve = [(int(s), r, n, t) for s, r, n, t in zip(*(before[column] for column in COLUMNS))] + [
+            (s, r, n, t + prior["seconds"]) for s, r, n, t in curve if s > prior["from_step"]
+        ]
+        record["seconds"] += prior["seconds"]
+        record["threads"] = list(dict.fromkeys(prior["threads"] + record["threads"]))
+        known = {(c["commit"], c["started"]) for c in prior["code"]}
+        record["code"] = prior["code"] + [c for c in record["code"] if (c["commit"], c["started"]) not in known]
     return record, curve
 
 
@@ -161,6 +181,79 @@ def export(root: Path, curves: Path, logs: Path | None = None) -> list[Path]:
                 record["exported"] = before.get("exported", record["exported"])
             path.write_text(json.dumps(record, indent=1) + "\n")
             written.append(path)
+    return written
+
+
+# Stash and unstash: the runs carried to another machine through the repository -------------------------------------
+
+
+def stash(root: Path, to: Path, logs: Path | None = None) -> list[Path]:
+    """Writes into `to`, for every job log under `logs` (root/logs by default), `<key>.json` (the log, where it lies
+    under `logs`, and for an unfinished job its run folder's name, the checkpoint's step, the training time and code up
+    to it), and for an unfinished job with a checkpoint `<key>.checkpoint.pt.gz` and `<key>.prior.csv.gz` (its curve
+    up to the checkpoint's step). Returns the paths of the records written or changed."""
+    import torch
+
+    logs = logs or root / "logs"
+    folders = {run_dir.name: (run_dir, seed) for runs in group_runs(root).values() for run_dir, seed in runs}
+    to.mkdir(parents=True, exist_ok=True)
+    written = []
+    for log in sorted(logs.rglob("*.log")) if logs.is_dir() else []:
+        text = log.read_text(errors="replace")
+        named = re.findall(r"^run folder: (.+)$", text, re.M)
+        if not named or Path(named[-1]).name not in folders:
+            continue
+        run_dir, seed = folders[Path(named[-1]).name]
+        env_id, exp_name = run_dir.name.split("__")[:2]
+        name = key(env_id, exp_name, seed)
+        entry = {"run": run_dir.name, "log": str(log.relative_to(logs)), "log_text": text}
+        path, checkpoint = to / f"{name}.json", run_dir / "checkpoint.pt"
+        before = json.loads(path.read_text()) if path.is_file() else {}
+        if not text.rstrip().endswith("# exit 0") and checkpoint.is_file():
+            step = int(torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"])
+            if before.get("run") == run_dir.name and before.get("from_step") == step:
+                continue  # the checkpoint has not moved on since the last stash
+            record, curve = export_run(run_dir, seed, logs)
+            prior = [row for row in curve if row[0] <= step]
+            entry |= {
+                "from_step": step,
+                "seconds": prior[-1][3] if prior else 0.0,
+                "threads": record["threads"],
+                "code": [c for c in record["code"] if c["from_step"] is None or c["from_step"] <= step],
+            }
+            write_curve(to / f"{name}.prior.csv.gz", prior)
+            with gzip.GzipFile(to / f"{name}.checkpoint.pt.gz", "wb", mtime=0) as f:
+                f.write(checkpoint.read_bytes())
+        else:  # finished (or no checkpoint to go on from): its log alone, so that the job is not run again
+            for stale in (to / f"{name}.prior.csv.gz", to / f"{name}.checkpoint.pt.gz"):
+                stale.unlink(missing_ok=True)
+        if entry != before:
+            path.write_text(json.dumps(entry, indent=1) + "\n")
+            written.append(path)
+    return written
+
+
+def unstash(stashed: Path, root: Path, logs: Path | None = None) -> list[Path]:
+    """Puts what `stash` wrote back under `root`: each job's log (where none is), and each unfinished run's folder
+    with its checkpoint and the curve up to it (where no folder of that name is: a live run is newer). Returns the
+    logs and folders written."""
+    logs = logs or root / "logs"
+    written = []
+    for path in sorted(stashed.glob("*.json")):
+        entry = json.loads(path.read_text())
+        name, run_dir, log = path.name[: -len(".json")], root / entry["run"], logs / entry["log"]
+        if "from_step" in entry and not run_dir.exists():
+            run_dir.mkdir(parents=True)
+            (run_dir / "checkpoint.pt").write_bytes(gzip.decompress((stashed / f"{name}.checkpoint.pt.gz").read_bytes()))
+            (run_dir / PRIOR_CURVE).write_bytes((stashed / f"{name}.prior.csv.gz").read_bytes())
+            prior = {field: entry[field] for field in ("from_step", "seconds", "threads", "code")}
+            (run_dir / PRIOR).write_text(json.dumps(prior, indent=1) + "\n")
+            written.append(run_dir)
+        if not log.exists():  # the log names the run folder where it now lies, as benchmark.run_seeds reads it
+            log.parent.mkdir(parents=True, exist_ok=True)
+            text = re.sub(r"^run folder: .+$", f"run folder: {run_dir}", entry["log_text"], flags=re.M)
+            log.write_text(text)
+            written.append(log)
     return written
 
 
@@ -391,6 +484,14 @@ def main(argv: list[str] | None = None):
     exporting.add_argument("root", type=Path, help="folder holding the run folders")
     exporting.add_argument("--curves", type=Path, required=True, help="write the curves and records into this folder")
     exporting.add_argument("--logs", type=Path, help="folder of the job logs (default: ROOT/logs)")
+    stashing = commands.add_parser("stash", help="run folders -> what carries them to another machine")
+    stashing.add_argument("root", type=Path, help="folder holding the run folders")
+    stashing.add_argument("--to", type=Path, required=True, help="write the stash into this folder")
+    stashing.add_argument("--logs", type=Path, help="folder of the job logs (default: ROOT/logs)")
+    unstashing = commands.add_parser("unstash", help="a stash -> job logs and run folders to resume")
+    unstashing.add_argument("stash", type=Path, help="folder that stash wrote")
+    unstashing.add_argument("root", type=Path, help="folder to put the run folders in")
+    unstashing.add_argument("--logs", type=Path, help="folder of the job logs (default: ROOT/logs)")
     tabling = commands.add_parser("table", help="curves -> the table and the plots")
     tabling.add_argument("curves", type=Path, help="folder of curves and records (what export wrote)")
     tabling.add_argument("--out", type=Path, help="write the markdown here (else print it)")
@@ -403,6 +504,14 @@ def main(argv: list[str] | None = None):
         if not args.root.is_dir():
             parser.error(f"no folder {args.root}")
         for path in export(args.root, args.curves, args.logs):
+            print(f"wrote {path}")
+        return
+    if args.command in ("stash", "unstash"):
+        source = args.root if args.command == "stash" else args.stash
+        if not source.is_dir():
+            parser.error(f"no folder {source}")
+        done = stash(args.root, args.to, args.logs) if args.command == "stash" else unstash(args.stash, args.root, args.logs)
+        for path in done:
             print(f"wrote {path}")
         return
     if not args.curves.is_dir():

@@ -34,7 +34,9 @@
 #             seeds); ppo_atari_lstm.py on Breakout, ppo_atari_envpool.py on Breakout-v5, then on Pong-v5 and
 #             BeamRider-v5 (more seeds); 10M steps for Atari. Each run's learning curve is exported as data into
 #             RESULTS_DIR/fullbudget/curves while it trains (benchmark.full_budget export); the table beside CleanRL's
-#             published scores, RESULTS_DIR/fullbudget.md, and its plots are made from those curves alone
+#             published scores, RESULTS_DIR/fullbudget.md, and its plots are made from those curves alone; the job
+#             logs and unfinished runs' checkpoints go into RESULTS_DIR/fullbudget/resume (benchmark.full_budget stash),
+#             which the block puts back (unstash) when it starts on a machine that lost RUNS_DIR
 #   parity    early learning on Breakout, 300k steps (PARITY_STEPS): CleanRL's ppo_atari.py,
 #             ppo_atari_lstm.py and ppo_atari_envpool.py (benchmark.studies.cleanrl, its own virtualenv, made once
 #             with `python -m benchmark.studies.cleanrl build`, which downloads CleanRL and its stack), then
@@ -233,10 +235,15 @@ for block in $BLOCKS; do
         # Every script at its published budget, one job at a time in each of two lanes side by side (a core each;
         # ppo_atari_multigpu.py's two ranks share them): the rows first (seed FULL_SEEDS), then more seeds
         # (MORE_SEEDS) of the Atari rows; every EXPORT_EVERY seconds a watcher exports every run's curve into
-        # RESULTS_DIR/fullbudget/curves and remakes the table from them, so that the evidence outlives RUNS_DIR
+        # RESULTS_DIR/fullbudget/curves, stashes the job logs and unfinished runs' checkpoints into
+        # RESULTS_DIR/fullbudget/resume and remakes the table from the curves, so that the rows outlive RUNS_DIR
         full=${FULL_SEEDS:-1} more=${MORE_SEEDS-2 3}  # MORE_SEEDS="": none
-        export_curves() {  # the curves as data, then the table and plots made from them alone
+        # a machine that lost RUNS_DIR: the job logs and the unfinished runs' checkpoints come back from the stash
+        stash=$RESULTS_DIR/fullbudget/resume
+        [[ -d $stash ]] && { run "$PYTHON" -m benchmark.full_budget unstash "$stash" "$RUNS_DIR/fullbudget" || status=1; }
+        export_curves() {  # the curves as data, the stash, then the table and plots made from the curves alone
             run "$PYTHON" -m benchmark.full_budget export "$RUNS_DIR/fullbudget" --curves "$RESULTS_DIR/fullbudget/curves" \
+                && run "$PYTHON" -m benchmark.full_budget stash "$RUNS_DIR/fullbudget" --to "$stash" \
                 && run "$PYTHON" -m benchmark.full_budget table "$RESULTS_DIR/fullbudget/curves" \
                     --out "$RESULTS_DIR/fullbudget.md" --plots "$RESULTS_DIR/fullbudget"
         }

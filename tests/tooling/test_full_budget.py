@@ -1,7 +1,8 @@
 """benchmark.full_budget: run folders exported as curves (data), the table and plots made from the curves alone (and
 the committed table regenerated from the committed curves), the readings RULE states (no verdict short of 90% of the
 published budget or for fewer than three seeds; Welch's test for three or more), CleanRL's envpool score, re-typed
-rows; and the fullbudget block of ppo.sh in quick mode."""
+rows, runs carried to a new machine (stash, unstash) and joined into one curve; and the fullbudget block of ppo.sh in
+quick mode."""
 
 import json
 import re
@@ -17,6 +18,8 @@ from benchmark.full_budget import (
     load_runs,
     main,
     read_curve,
+    stash,
+    unstash,
     verdict,
     welch,
 )
@@ -78,6 +81,48 @@ def test_export_writes_every_episode_as_data_and_the_code_of_each_start_from_the
     assert (curves / "Pong__ppo_atari__1.csv.gz").read_bytes() == first  # the same curve, the same bytes
     # a finished run's record is not rewritten by every export (its export time stays that of the last change)
     assert json.loads((curves / "Pong__ppo_atari__1.json").read_text()) == {**record, "exported": "earlier"}
+
+
+def test_a_stashed_run_resumes_on_a_new_machine_and_exports_one_curve_and_a_finished_job_keeps_only_its_log(tmp_path):
+    import torch
+
+    root, to = tmp_path / "runs", tmp_path / "stash"
+    folder = write_run(root, 1, [1.0, 2.0, 3.0, 4.0], last_step=400)  # episodes at steps 100..400, 10 s apart
+    torch.save({"global_step": 250, "model": torch.zeros(3)}, folder / "checkpoint.pt")
+    finished = write_run(root, 2, [5.0], last_step=1000)
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() - 5))
+    for seed, run_dir, end in ((1, folder, "interrupted\n"), (2, finished, "# exit 0\n")):
+        log = root / "logs" / "ppo_atari" / f"Pong__{seed}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ python ppo_atari.py\n# code: {'a' * 40} at {started}\nrun folder: {run_dir}\n{end}")
+    assert len(stash(root, to)) == 2
+    assert sorted(path.name for path in to.iterdir()) == [
+        "Pong__ppo_atari__1.checkpoint.pt.gz", "Pong__ppo_atari__1.json", "Pong__ppo_atari__1.prior.csv.gz",
+        "Pong__ppo_atari__2.json",
+    ]  # fmt: skip
+    assert stash(root, to) == []  # the checkpoint has not moved on: nothing is rewritten
+    # the machine is lost; on the new one the runs folder lies elsewhere
+    new_root = tmp_path / "elsewhere"
+    unstash(to, new_root)
+    restored = new_root / folder.name
+    assert torch.load(restored / "checkpoint.pt", weights_only=True)["global_step"] == 250
+    assert not (new_root / finished.name).exists()
+    assert (new_root / "logs" / "ppo_atari" / "Pong__2.log").read_text().endswith("# exit 0\n")
+    assert f"run folder: {restored}\n" in (new_root / "logs" / "ppo_atari" / "Pong__1.log").read_text()
+    # the resumed run: the episodes from the checkpoint on (the replayed 300 and later)
+    writer = tensorboard_writer(str(restored), {"seed": 1, "torch_threads": 1, "total_timesteps": 1000})
+    for step, value in ((300, 30.0), (500, 50.0), (600, 60.0)):
+        writer.add_scalar("charts/episodic_return", value, step, walltime=time.time() + step / 100)
+        writer.add_scalar("charts/episodic_length", step, step, walltime=time.time() + step / 100)
+    writer.close()
+    export(new_root, tmp_path / "curves")
+    curve = read_curve(tmp_path / "curves" / "Pong__ppo_atari__1.csv.gz")
+    assert list(curve["global_step"]) == [100, 200, 300, 500, 600]
+    assert list(curve["return"]) == [1.0, 2.0, 30.0, 50.0, 60.0]
+    assert list(np.diff(curve["seconds"])) == pytest.approx([10, 3, 2, 1], abs=0.1)  # training time goes on from 20 s
+    record = json.loads((tmp_path / "curves" / "Pong__ppo_atari__1.json").read_text())
+    assert record["threads"] == ["2", "1"] and record["code"] == [{"commit": "a" * 40, "started": started, "from_step": 100}]
+    assert record["seconds"] == pytest.approx(20 + 6, abs=0.1)
 
 
 def test_cleanrl_score_is_the_mean_of_the_last_values_of_the_20_game_running_mean():
@@ -176,5 +221,8 @@ def test_quick_fullbudget_block_runs_both_lanes_exports_curves_and_writes_its_ta
     assert reading(text, "ppo_shared_memory_lstm.py", "CartPole-v1") == "no published score"
     record = json.loads((curves / "BreakoutNoFrameskip-v4__ppo_atari_lstm__1.json").read_text())
     assert record["code"] and record["code"][0]["commit"] != "unknown" and record["steps"] >= 2048
+    # every job finished: the stash holds their logs alone (what a new machine needs to skip them)
+    stashed = tmp_path / "results" / "fullbudget" / "resume"
+    assert sorted(path.name for path in stashed.iterdir()) == [path.name for path in sorted(curves.glob("*.json"))]
     png = tmp_path / "results" / "fullbudget" / "Breakout-v5__ppo_atari_envpool.png"
     assert png.read_bytes().startswith(b"\x89PNG")
