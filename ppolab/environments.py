@@ -58,10 +58,43 @@ def env_spec(env_id: str, ids: str = IDS) -> gym.envs.registration.EnvSpec:
         spec = gym.spec(name)
     except gym.error.Error as e:
         fail(f"unknown environment id '{env_id}'{suggestion(e)} ({ids})")
+    if str(spec.entry_point).startswith("gymnasium.envs.mujoco"):
+        hold_mujoco_warnings()
     with making(env_id), warnings.catch_warnings():  # registered, yet not makeable here: Pusher-v4 needs mujoco<3
         warnings.simplefilter("ignore")  # (what making one says, the run's own says again)
         gym.make(name).close()
     return spec
+
+
+MUJOCO_WARNINGS = {"held": None, "seen": set()}  # held: MuJoCo's warnings waiting for the run's first lines, or None
+
+
+def hold_mujoco_warnings():
+    """MuJoCo prints its warnings itself, from C, not through Python's warnings: HalfCheetah's model, which sets a
+    deprecated compiler attribute (settotalmass), would print one before the run's first line each time it is made.
+    From here on MuJoCo's warnings go through `mujoco_warning`: each distinct one once, held until
+    `release_mujoco_warnings` (the run folder printed), then printed as they come."""
+    import mujoco
+
+    MUJOCO_WARNINGS["held"] = []
+    mujoco.set_mju_user_warning(mujoco_warning)
+
+
+def mujoco_warning(message: str):
+    if message in MUJOCO_WARNINGS["seen"]:
+        return
+    MUJOCO_WARNINGS["seen"].add(message)
+    if MUJOCO_WARNINGS["held"] is None:
+        print(f"MuJoCo warning: {message}", flush=True)
+    else:
+        MUJOCO_WARNINGS["held"].append(message)
+
+
+def release_mujoco_warnings():
+    """Prints the warnings MuJoCo gave before the run's first lines; later ones print as they come."""
+    held, MUJOCO_WARNINGS["held"] = MUJOCO_WARNINGS["held"] or [], None
+    for message in held:
+        print(f"MuJoCo warning: {message}", flush=True)
 
 
 def suggestion(error: gym.error.Error) -> str:
