@@ -19,13 +19,13 @@ folder was lost; it says so (`retyped`), holds its numbers, and stays until a ru
 it.
 
 `stash` carries the runs to another machine: for every job of the block (a job log of benchmark.run_seeds under
-ROOT/logs) it writes into a folder (`benchmark/results/fullbudget/resume`, committed) the log, and for a job not yet
-finished its run's latest checkpoint (gzip-compressed, about 15 MB for an Atari agent with its Adam moments) with
-the curve up to the checkpoint's step; `unstash` on a new machine puts the logs and the checkpoints back under the
-runs folder, so that the same `bash benchmark/ppo.sh fullbudget` skips the finished jobs and resumes the others from
-their checkpoints, and `export` joins the restored curve and the resumed run's episodes into one curve (training time
-continued from the checkpoint's, to the nearest episode). A stash changes only when its checkpoint moved on; the
-stash of a finished run is its log alone.
+ROOT/logs) it writes into a folder (`benchmark/results/fullbudget/resume`, committed) the log's own lines (the run
+folder, each start's commit, the exit), and for a job not yet finished its run's latest checkpoint (gzip-compressed:
+15-22 MB for an Atari agent with its Adam moments) with the curve up to the checkpoint's step; `unstash` on a new
+machine puts the logs and the checkpoints back under the runs folder, so that the same `bash benchmark/ppo.sh
+fullbudget` skips the finished jobs and resumes the others from their checkpoints, and `export` joins the restored
+curve and the resumed run's episodes into one curve (training time continued from the checkpoint's, to the nearest
+episode). A stash changes only when its checkpoint moved on; the stash of a finished run is its log alone.
 
 `table` makes the table and the curves from the curves folder alone, so that a checkout regenerates them. Per run:
 the score (mean of the last `--last` episodes), the score as CleanRL computed its envpool numbers (the mean of its
@@ -206,7 +206,7 @@ def stash(root: Path, to: Path, logs: Path | None = None) -> list[Path]:
         run_dir, seed = folders[Path(named[-1]).name]
         env_id, exp_name = run_dir.name.split("__")[:2]
         name = key(env_id, exp_name, seed)
-        entry = {"run": run_dir.name, "log": str(log.relative_to(logs)), "log_text": text}
+        entry = {"run": run_dir.name, "log": str(log.relative_to(logs)), "log_text": log_summary(text)}
         path, checkpoint = to / f"{name}.json", run_dir / "checkpoint.pt"
         before = json.loads(path.read_text()) if path.is_file() else {}
         if not text.rstrip().endswith("# exit 0") and checkpoint.is_file():
@@ -233,6 +233,14 @@ def stash(root: Path, to: Path, logs: Path | None = None) -> list[Path]:
     return written
 
 
+def log_summary(text: str) -> str:
+    """What a job log must carry to a new machine: the runner's own lines (`# code: ...` of each start and resume,
+    `# exit N`) and the run folder, as `run folder: {ROOT}/NAME`; not the script's output, nor the commands with this
+    machine's paths."""
+    lines = [line for line in text.splitlines() if line.startswith("# ") or line.startswith("run folder: ")]
+    return "".join(re.sub(r"^run folder: .*/", "run folder: {ROOT}/", line) + "\n" for line in lines)
+
+
 def unstash(stashed: Path, root: Path, logs: Path | None = None) -> list[Path]:
     """Puts what `stash` wrote back under `root`: each job's log (where none is), and each unfinished run's folder
     with its checkpoint and the curve up to it (where no folder of that name is: a live run is newer). Returns the
@@ -251,7 +259,7 @@ def unstash(stashed: Path, root: Path, logs: Path | None = None) -> list[Path]:
             written.append(run_dir)
         if not log.exists():  # the log names the run folder where it now lies, as benchmark.run_seeds reads it
             log.parent.mkdir(parents=True, exist_ok=True)
-            text = re.sub(r"^run folder: .+$", f"run folder: {run_dir}", entry["log_text"], flags=re.M)
+            text = entry["log_text"].replace("run folder: {ROOT}/", f"run folder: {root}/")
             log.write_text(text)
             written.append(log)
     return written

@@ -101,6 +101,7 @@ def test_a_stashed_run_resumes_on_a_new_machine_and_exports_one_curve_and_a_fini
         "Pong__ppo_atari__2.json",
     ]  # fmt: skip
     assert stash(root, to) == []  # the checkpoint has not moved on: nothing is rewritten
+    assert str(tmp_path) not in (to / "Pong__ppo_atari__1.json").read_text()  # no path of this machine is committed
     # the machine is lost; on the new one the runs folder lies elsewhere
     new_root = tmp_path / "elsewhere"
     unstash(to, new_root)
