@@ -252,7 +252,9 @@ def unstash(stashed: Path, root: Path, logs: Path | None = None) -> list[Path]:
         name, run_dir, log = path.name[: -len(".json")], root / entry["run"], logs / entry["log"]
         if "from_step" in entry and not run_dir.exists():
             run_dir.mkdir(parents=True)
-            (run_dir / "checkpoint.pt").write_bytes(gzip.decompress((stashed / f"{name}.checkpoint.pt.gz").read_bytes()))
+            (run_dir / "checkpoint.pt").write_bytes(
+                gzip.decompress((stashed / f"{name}.checkpoint.pt.gz").read_bytes())
+            )
             (run_dir / PRIOR_CURVE).write_bytes((stashed / f"{name}.prior.csv.gz").read_bytes())
             prior = {field: entry[field] for field in ("from_step", "seconds", "threads", "code")}
             (run_dir / PRIOR).write_text(json.dumps(prior, indent=1) + "\n")
@@ -518,7 +520,11 @@ def main(argv: list[str] | None = None):
         source = args.root if args.command == "stash" else args.stash
         if not source.is_dir():
             parser.error(f"no folder {source}")
-        done = stash(args.root, args.to, args.logs) if args.command == "stash" else unstash(args.stash, args.root, args.logs)
+        done = (
+            stash(args.root, args.to, args.logs)
+            if args.command == "stash"
+            else unstash(args.stash, args.root, args.logs)
+        )
         for path in done:
             print(f"wrote {path}")
         return

@@ -73,7 +73,7 @@ def hold_mujoco_warnings():
     """MuJoCo prints its warnings itself, from C, not through Python's warnings: HalfCheetah's model, which sets a
     deprecated compiler attribute (settotalmass), would print one before the run's first line each time it is made.
     From here on MuJoCo's warnings go through `mujoco_warning`: each distinct one once, held until
-    `release_mujoco_warnings` (the run folder printed), then printed as they come."""
+    `print_held_mujoco_warnings` (the run folder printed), then printed as they come."""
     import mujoco
 
     MUJOCO_WARNINGS["held"] = []
@@ -90,7 +90,7 @@ def mujoco_warning(message: str):
         MUJOCO_WARNINGS["held"].append(message)
 
 
-def release_mujoco_warnings():
+def print_held_mujoco_warnings():
     """Prints the warnings MuJoCo gave before the run's first lines; later ones print as they come."""
     held, MUJOCO_WARNINGS["held"] = MUJOCO_WARNINGS["held"] or [], None
     for message in held:

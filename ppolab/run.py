@@ -33,7 +33,7 @@ from ppolab.checkpoints import (
     write_checkpoint_file,
 )
 from ppolab.checks import fail, flag, program
-from ppolab.environments import environment_failure, newer_version, release_mujoco_warnings
+from ppolab.environments import environment_failure, newer_version, print_held_mujoco_warnings
 from ppolab.evaluation import evaluate_saved
 from ppolab.program import uncatch
 from ppolab.settings import script_of
@@ -338,7 +338,7 @@ class Run:
         print(f"run folder: {self.dir}\nwatch it with: tensorboard --logdir {Path(self.dir).parent}", flush=True)
         if newer := newer_version(args.env_id):
             print(f"note: Gymnasium has a newer version of {args.env_id}, {newer}; this run trains {args.env_id}")
-        release_mujoco_warnings()
+        print_held_mujoco_warnings()
         if args.track:
             start_tracking(args, self.dir)
         self.writer = tensorboard_writer(self.dir, self.hyperparameters())

@@ -55,8 +55,15 @@ def test_mujocos_own_warning_comes_once_after_the_run_folder(tmp_path):
     """MuJoCo prints its warnings from C: HalfCheetah's model (a deprecated compiler attribute) printed one before the
     run folder each time it was made; now each distinct warning is one line after the run's first lines."""
     result = subprocess.run(
-        script_command("ppo_continuous_action", "--env-id", "HalfCheetah-v4", "--total-timesteps", "2048",
-                       "--runs-dir", tmp_path / "runs"),  # fmt: skip
+        script_command(
+            "ppo_continuous_action",
+            "--env-id",
+            "HalfCheetah-v4",
+            "--total-timesteps",
+            "2048",
+            "--runs-dir",
+            tmp_path / "runs",
+        ),  # fmt: skip
         cwd=tmp_path,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
         stdout=subprocess.PIPE,

@@ -122,7 +122,9 @@ def test_a_stashed_run_resumes_on_a_new_machine_and_exports_one_curve_and_a_fini
     assert list(curve["return"]) == [1.0, 2.0, 30.0, 50.0, 60.0]
     assert list(np.diff(curve["seconds"])) == pytest.approx([10, 3, 2, 1], abs=0.1)  # training time goes on from 20 s
     record = json.loads((tmp_path / "curves" / "Pong__ppo_atari__1.json").read_text())
-    assert record["threads"] == ["2", "1"] and record["code"] == [{"commit": "a" * 40, "started": started, "from_step": 100}]
+    assert record["threads"] == ["2", "1"] and record["code"] == [
+        {"commit": "a" * 40, "started": started, "from_step": 100}
+    ]
     assert record["seconds"] == pytest.approx(20 + 6, abs=0.1)
 
 
