@@ -10,6 +10,7 @@ import torch
 
 from ppolab.checkpoints import load_checkpoint, non_finite
 from ppolab.checks import fail, program
+from ppolab.environments import print_held_mujoco_warnings
 from ppolab.settings import script_of
 from ppolab.stops import is_write_error
 
@@ -35,6 +36,7 @@ def evaluate_file(args, evaluate: Callable, env_name: Callable[[str], str] = str
     run's evaluation episodes (those of the evaluation reported right after training), and returns the returns.
     With --capture-video every episode is recorded into `videos/` beside the file."""
     path = args.evaluate
+    print_held_mujoco_warnings()  # an evaluation has no run folder to print first: MuJoCo's warnings print as they come
     checkpoint = load_checkpoint(path, script_of(args), type(args))
     # what the policy plays with: its weights and its statistics (observation normalisation, ...), not the optimizer
     played = {name: value for name, value in checkpoint.items() if name not in ("optimizer", "rng", "args")}

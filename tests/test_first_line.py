@@ -51,28 +51,28 @@ def test_the_first_line_of_a_default_run_is_its_run_folder_and_nothing_compiles(
         assert "note: Gymnasium has a newer version of Hopper-v4, Hopper-v5; this run trains Hopper-v4" in lines
 
 
-def test_mujocos_own_warning_comes_once_after_the_run_folder(tmp_path):
+def test_mujocos_own_warning_comes_once_after_the_run_folder_and_in_an_evaluation(tmp_path):
     """MuJoCo prints its warnings from C: HalfCheetah's model (a deprecated compiler attribute) printed one before the
-    run folder each time it was made; now each distinct warning is one line after the run's first lines."""
-    result = subprocess.run(
-        script_command(
-            "ppo_continuous_action",
-            "--env-id",
-            "HalfCheetah-v4",
-            "--total-timesteps",
-            "2048",
-            "--runs-dir",
-            tmp_path / "runs",
-        ),  # fmt: skip
-        cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
-    lines = result.stdout.splitlines()
+    run folder each time it was made; now each distinct warning is one line after the run's first lines. An
+    evaluation, which prints no run folder, holds none back."""
+
+    def run(*argv) -> list[str]:
+        result = subprocess.run(
+            script_command("ppo_continuous_action", "--env-id", "HalfCheetah-v4", *argv),
+            cwd=tmp_path,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stdout[-3000:]
+        lines = result.stdout.splitlines()
+        warned = [line for line in lines if "settotalmass" in line]
+        assert len(warned) == 1 and warned[0].startswith("MuJoCo warning: compiler attribute 'settotalmass'"), warned
+        return lines
+
+    lines = run("--total-timesteps", "2048", "--save-model", "--runs-dir", tmp_path / "runs")
     assert lines[0].startswith(f"run folder: {tmp_path / 'runs'}/HalfCheetah-v4__"), lines[:3]
-    warned = [line for line in lines if "settotalmass" in line]
-    assert len(warned) == 1 and warned[0].startswith("MuJoCo warning: compiler attribute 'settotalmass'"), warned
+    (model,) = (tmp_path / "runs").glob("*/model.pt")
+    run("--evaluate", model, "--eval-episodes", "1")
