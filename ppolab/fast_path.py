@@ -113,6 +113,16 @@ class NumpyPolicy:
         if self.kind == "gaussian":
             self.actor_logstd = agent.actor_logstd.detach().numpy()
         self.rows = RowIndex()  # the row of each action's log-prob
+        self.buffers = {}  # the noise tensor of each batch shape, with its NumPy view (noise)
+
+    def noise(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
+        """A tensor of this shape kept from call to call, and its NumPy view. Refilled in place (`exponential_`,
+        `normal_`) it holds the numbers a new tensor would, from the same generator, without making one at every
+        step (tests/test_fast_path.py checks the draws against `Agent.act`'s)."""
+        if shape not in self.buffers:
+            tensor = torch.empty(shape)
+            self.buffers[shape] = tensor, tensor.numpy()
+        return self.buffers[shape]
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """NumPy in, NumPy out (the rollout's arrays, no tensors on the way): action, log-prob. Each layer's
@@ -128,10 +138,12 @@ class NumpyPolicy:
             logprobs = out  # the logits, made their log-softmax in place: minus their max, minus the log-sum-exp
             logprobs -= np.maximum.reduce(logprobs, axis=-1, keepdims=True)
             logprobs -= np.log(np.add.reduce(np.exp(logprobs), axis=-1, keepdims=True))
-            noise = torch.empty(logprobs.shape).exponential_().numpy()
+            tensor, noise = self.noise(logprobs.shape)
+            tensor.exponential_()
             action = (logprobs - np.log(noise)).argmax(-1)
             return action, logprobs[self.rows(len(action)), action]
-        eps = torch.randn(out.shape).numpy()  # mean + std * eps, as Agent.act
+        tensor, eps = self.noise(out.shape)  # mean + std * eps, as Agent.act
+        tensor.normal_()  # what torch.randn(out.shape) draws
         action = np.exp(self.actor_logstd) * eps
         action += out
         logprob = np.add.reduce(-0.5 * np.square(eps) - self.actor_logstd - LOG_SQRT_2PI_F32, axis=-1)

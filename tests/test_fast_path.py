@@ -158,21 +158,24 @@ def test_the_scripts_with_the_numpy_steps_are_listed():
 
 @pytest.mark.parametrize("name", NUMPY_POLICY)
 def test_the_numpy_policy_step_is_agent_act(name):
-    """Same weights, same generator state: same actions, and log-probs to float precision,
-    also after an optimizer step (NumpyPolicy reads the parameters' memory, no copy)."""
+    """Same weights, same generator state: same actions, and log-probs to float precision, also after an optimizer
+    step (NumpyPolicy reads the parameters' memory, no copy) and when the batch size changes (its noise tensors are
+    kept per shape); the generator is left where `act` leaves it (the policy draws what act draws, no more)."""
     script = importlib.import_module(name)
     torch.manual_seed(0)
     agent = script.Agent(5, 3)
     policy = NumpyPolicy(agent)
     optimizer = torch.optim.Adam(agent.parameters(), lr=0.1, fused=True)
-    for _ in range(3):
-        obs = torch.randn(7, 5) * 3
+    for rows in (7, 7, 2, 7):
+        obs = torch.randn(rows, 5) * 3
         state = torch.get_rng_state()
         expected = agent.act(obs)
+        after_act = torch.get_rng_state()
         torch.set_rng_state(state)
         got = [torch.from_numpy(x) for x in policy(obs.numpy())]
         for a, b in zip(got, expected):  # integer actions: exactly equal
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert torch.equal(torch.get_rng_state(), after_act)
         optimizer.zero_grad()
         agent.get_action_and_value(obs)[1].sum().backward()  # the weights change in place
         optimizer.step()
