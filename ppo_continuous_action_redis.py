@@ -186,7 +186,7 @@ def make_envs(args: Args, run_dir: str, idx: int) -> gym.vector.SyncVectorEnv:
     step an episode ends (see `finished_episodes`), so every finished episode is logged. An unknown environment, one
     that cannot be made here, or one this file cannot train (not a one-dimensional Box of actions and observations)
     is refused in one line."""
-    ppolab.env_module(args.env_id)  # `module:Name-v0`: a module that cannot be imported, named in one line
+    ppolab.env_spec(args.env_id)  # an unknown id, `module:Name-v0` included, in one line; MuJoCo's own warnings held
     try:
         envs = gym.vector.SyncVectorEnv(
             [make_env(args.env_id, idx, args.capture_video, run_dir)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -971,6 +971,7 @@ def run_sampler(args: Args):
         beat()
         sampler, seq = Sampler(run_args, sampler_id, info["run_dir"]), 0
         print(f"sampler {sampler_id} joined run {run_id} ({run_args.env_id})", flush=True)
+        ppolab.environments.print_held_mujoco_warnings()  # what MuJoCo said when the environment was made, after this line
         while True:
             beat()
             ticket = client.blmove(key(run_id, "tickets"), pending, POP_TIMEOUT, "LEFT", "RIGHT")

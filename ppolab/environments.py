@@ -66,18 +66,21 @@ def env_spec(env_id: str, ids: str = IDS) -> gym.envs.registration.EnvSpec:
     return spec
 
 
-MUJOCO_WARNINGS = {"held": None, "seen": set()}  # held: MuJoCo's warnings waiting for the run's first lines, or None
+# held: MuJoCo's warnings waiting for the run's first lines, or None; routed: whether they go through mujoco_warning
+MUJOCO_WARNINGS = {"held": None, "seen": set(), "routed": False}
 
 
 def hold_mujoco_warnings():
     """MuJoCo prints its warnings itself, from C, not through Python's warnings: HalfCheetah's model, which sets a
     deprecated compiler attribute (settotalmass), would print one before the run's first line each time it is made.
-    From here on MuJoCo's warnings go through `mujoco_warning`: each distinct one once, held until
-    `print_held_mujoco_warnings` (the run folder printed), then printed as they come."""
+    From the first call on MuJoCo's warnings go through `mujoco_warning`: each distinct one once, held until
+    `print_held_mujoco_warnings` (the run folder printed), then printed as they come. A later call (the environment
+    checked, then made again) changes nothing: what is held stays held."""
     import mujoco
 
-    MUJOCO_WARNINGS["held"] = []
-    mujoco.set_mju_user_warning(mujoco_warning)
+    if not MUJOCO_WARNINGS["routed"]:
+        MUJOCO_WARNINGS.update(held=[], routed=True)
+        mujoco.set_mju_user_warning(mujoco_warning)
 
 
 def mujoco_warning(message: str):
