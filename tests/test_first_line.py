@@ -25,28 +25,33 @@ def flags(config: dict) -> list[str]:
     return argv
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_the_first_line_of_a_default_run_is_its_run_folder_and_nothing_compiles(name, tmp_path):
-    config = RUNS[name]
-    argv = [*flags(config), "--total-timesteps", batch_size(config), "--runs-dir", tmp_path / "runs"]
+def output_lines(name: str, folder, *argv, **environment) -> list[str]:
+    """The lines a successful run of script `name` writes (stdout and stderr together, in the order written), run in
+    `folder` on one thread, with `environment` added to the process's environment variables."""
     result = subprocess.run(
         script_command(name, *argv),
-        cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPROFILEIMPORTTIME="1"),
+        cwd=folder,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **environment),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:]
-    imports = [
-        line.rsplit("|", 1)[-1].strip() for line in result.stdout.splitlines() if line.startswith("import time:")
-    ]
+    return result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_first_line_of_a_default_run_is_its_run_folder_and_nothing_compiles(name, tmp_path):
+    config = RUNS[name]
+    argv = [*flags(config), "--total-timesteps", batch_size(config), "--runs-dir", tmp_path / "runs"]
+    output = output_lines(name, tmp_path, *argv, PYTHONPROFILEIMPORTTIME="1")
+    imports = [line.rsplit("|", 1)[-1].strip() for line in output if line.startswith("import time:")]
     assert "torch" in imports  # (the import timing is on)
     assert "torch._dynamo" not in imports, "PyTorch's compiler was imported"  # (by a process the script started too)
-    lines = [line for line in result.stdout.splitlines() if not line.startswith("import time:")]
+    lines = [line for line in output if not line.startswith("import time:")]
     assert re.fullmatch(rf"run folder: {re.escape(str(tmp_path / 'runs'))}/\S+", lines[0]), lines[:3]
-    assert "\x1b[" not in result.stdout  # no terminal colour codes from a library's warning
+    assert not any("\x1b[" in line for line in output)  # no terminal colour codes from a library's warning
     if "Hopper-v4" in lines[0]:
         assert "note: Gymnasium has a newer version of Hopper-v4, Hopper-v5; this run trains Hopper-v4" in lines
 
@@ -57,17 +62,7 @@ def test_mujocos_own_warning_comes_once_after_the_run_folder_and_in_an_evaluatio
     evaluation, which prints no run folder, holds none back."""
 
     def run(*argv) -> list[str]:
-        result = subprocess.run(
-            script_command("ppo_continuous_action", "--env-id", "HalfCheetah-v4", *argv),
-            cwd=tmp_path,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stdout[-3000:]
-        lines = result.stdout.splitlines()
+        lines = output_lines("ppo_continuous_action", tmp_path, "--env-id", "HalfCheetah-v4", *argv)
         warned = [line for line in lines if "settotalmass" in line]
         assert len(warned) == 1 and warned[0].startswith("MuJoCo warning: compiler attribute 'settotalmass'"), warned
         return lines
@@ -84,17 +79,7 @@ def test_the_redis_learner_and_each_sampler_print_mujocos_warning_once_after_the
     "joined" line, never MuJoCo's own print before them."""
     argv = ["--env-id", "HalfCheetah-v4", "--num-samplers", "2", "--num-chunks", "2", "--num-steps", "64"]
     argv += ["--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "128", "--runs-dir", tmp_path]
-    result = subprocess.run(
-        script_command("ppo_continuous_action_redis", *argv),
-        cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:]
-    lines = result.stdout.splitlines()
+    lines = output_lines("ppo_continuous_action_redis", tmp_path, *argv)
     assert lines[0].startswith(f"run folder: {tmp_path}/HalfCheetah-v4__"), lines[:3]
     warned = [i for i, line in enumerate(lines) if "settotalmass" in line]
     assert all(lines[i].startswith("MuJoCo warning: compiler attribute 'settotalmass'") for i in warned), lines
