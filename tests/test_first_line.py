@@ -73,16 +73,16 @@ def test_mujocos_own_warning_comes_once_after_the_run_folder_and_in_an_evaluatio
     run("--evaluate", model, "--eval-episodes", "1")
 
 
-def test_the_redis_learner_and_each_sampler_print_mujocos_warning_once_after_their_first_line(tmp_path):
-    """The Redis learner checks its environment before the run folder and makes it again to train; each sampler
-    makes its own: MuJoCo's warning is one plain line after the learner's first lines, and one after each sampler's
-    "joined" line, never MuJoCo's own print before them."""
-    argv = ["--env-id", "HalfCheetah-v4", "--num-samplers", "2", "--num-chunks", "2", "--num-steps", "64"]
+def test_the_redis_learner_and_its_sampler_print_mujocos_warning_once_after_their_first_line(tmp_path):
+    """The Redis learner checks its environment before the run folder and makes it again to train; a sampler makes its
+    own: MuJoCo's warning is one plain line after the learner's first lines, and one after the sampler's "joined"
+    line, never MuJoCo's own print before them."""
+    argv = ["--env-id", "HalfCheetah-v4", "--num-samplers", "1", "--num-chunks", "2", "--num-steps", "64"]
     argv += ["--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "128", "--runs-dir", tmp_path]
     lines = output_lines("ppo_continuous_action_redis", tmp_path, *argv)
     assert lines[0].startswith(f"run folder: {tmp_path}/HalfCheetah-v4__"), lines[:3]
     warned = [i for i, line in enumerate(lines) if "settotalmass" in line]
     assert all(lines[i].startswith("MuJoCo warning: compiler attribute 'settotalmass'") for i in warned), lines
     after = [lines[i - 1].split()[0] if lines[i - 1].startswith("sampler") else "learner" for i in warned]
-    assert sorted(after) == ["learner", "sampler", "sampler"], lines
+    assert after == ["learner", "sampler"], lines  # (the one sampler must join: the run needs its chunks)
     assert lines[warned[0] - 1].startswith("note: Gymnasium has a newer version of HalfCheetah-v4"), lines
