@@ -971,7 +971,7 @@ def run_sampler(args: Args):
         beat()
         sampler, seq = Sampler(run_args, sampler_id, info["run_dir"]), 0
         print(f"sampler {sampler_id} joined run {run_id} ({run_args.env_id})", flush=True)
-        ppolab.environments.print_held_mujoco_warnings()  # what MuJoCo said when the environment was made, after this line
+        ppolab.environments.print_held_mujoco_warnings()  # what MuJoCo said on making the environment, after this line
         while True:
             beat()
             ticket = client.blmove(key(run_id, "tickets"), pending, POP_TIMEOUT, "LEFT", "RIGHT")
