@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmark.scripts import code_changed, git
+
 
 @dataclass
 class Job:
@@ -82,18 +84,15 @@ def make_jobs(command: str, env_ids: list[str], seeds: list[int], logs: Path, re
 
 
 def code_version(folder: Path | None) -> str:
-    """The commit checked out in `folder` (the runner's working folder by default), with `+uncommitted` where tracked
-    files differ from it; `unknown` outside a git checkout."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(folder or Path.cwd()), *args], capture_output=True, text=True).stdout
-
+    """The commit checked out in `folder` (the runner's working folder by default), with `+uncommitted` where its code
+    differs from it (results, docs and Markdown aside: `code_changed`); `unknown` outside a git checkout."""
+    folder = folder or Path.cwd()
     try:
-        commit = git("rev-parse", "HEAD").strip()
-        changed = git("status", "--porcelain", "--untracked-files=no").strip()
+        commit = git(folder, "rev-parse", "HEAD")
+        changed = code_changed(folder)
     except OSError:  # no git on this machine
         return "unknown"
-    return (commit + "+uncommitted" * bool(changed)) if commit else "unknown"
+    return (commit + "+uncommitted" * changed) if commit else "unknown"
 
 
 def start(job: Job):

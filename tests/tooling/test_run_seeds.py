@@ -175,3 +175,30 @@ def test_resume_skips_finished_jobs_and_continues_the_others_from_their_checkpoi
     assert runs["C-v0__1"] == [["--env-id", "C-v0", "--seed", "1"]]  # no checkpoint: anew
     log = (tmp_path / "logs" / "Bad-v0__1.log").read_text()
     assert log.count("run folder:") == 2 and log.rstrip().endswith("# exit 0")  # appended to
+
+
+def test_a_job_is_marked_uncommitted_for_changed_code_only(tmp_path):
+    """The fullbudget block rewrites its curves and table in the checkout while its runs go: a run restarted then
+    trains on the commit's code, and its log says so. A changed script, or any other tracked code, is marked."""
+    from benchmark.run_seeds import code_version
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    files = ["ppo.py", "ppolab/run.py", "benchmark/results/table.md", "benchmark/results/curve.csv", "docs/ppo.md"]
+    for name in [*files, "README.md"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    commit = code_version(tmp_path)
+    assert re.fullmatch("[0-9a-f]{40}", commit)
+    for name in ["benchmark/results/table.md", "benchmark/results/curve.csv", "docs/ppo.md", "README.md"]:
+        (tmp_path / name).write_text("2\n")
+    (tmp_path / "untracked.py").write_text("2\n")
+    assert code_version(tmp_path) == commit  # results, docs, prose and untracked files are not the code
+    for name in ["ppolab/run.py", "ppo.py"]:
+        (tmp_path / name).write_text("2\n")
+        assert code_version(tmp_path) == commit + "+uncommitted", name
+        git("checkout", name)
