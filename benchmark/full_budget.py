@@ -473,8 +473,8 @@ def document(runs: list[dict], references: dict, curves: Path, last: int) -> str
         *runs_table(runs, references, last),
         "",
         "code: the commit checked out at each start and resume of the run, in order; `+`: the checkout's tracked "
-        "files differed from it then (its code only since 2026-12-02, 20:45 UTC; before, any tracked file, the "
-        "block's own curves and table included, so an older `+` may be results alone).",
+        "files differed from it then (its code only for starts from 2026-12-02 20:34 UTC on; before, any tracked "
+        "file, the block's own curves and table included, so an older `+` may be results alone).",
     ]
     retyped = [run for run in runs if "retyped" in run]
     if retyped:
