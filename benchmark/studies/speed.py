@@ -6,6 +6,7 @@
     OMP_NUM_THREADS=1 python -m benchmark.studies.speed vector-env step --rounds 5
     OMP_NUM_THREADS=1 python -m benchmark.studies.speed vector-env run --rounds 3 --baseline main
     python -m benchmark.studies.speed evaluation --episodes 3 --scripts ppo ppo_continuous_action
+    python -m benchmark.studies.speed ceiling --out benchmark/results/atari_ceiling.md   # a quiet machine
 
 `throughput`: per script, in fresh processes with OMP_NUM_THREADS=1, the env-only SPS (random actions through its own
 `make_envs`: the bound of any training loop here), the training SPS (its `charts/SPS` after `--steps` steps at its
@@ -24,6 +25,12 @@ time over alternating rounds.
 autoreset, `copy=False`, its `RecordEpisodeStatistics`), at their default environments: `step`, one vector step of
 random actions (CPU and wall time); `run`, whole training runs. `--baseline REV` adds the script at a git revision.
 Rounds alternate the order; medians, ranges and the ratio to gymnasium's (below 1: faster).
+
+`ceiling`: what two cores could do for ppo_atari_envpool.py at its defaults (Breakout-v5). One iteration's pieces
+(the environments' steps, the policy's, the update's minibatches through the script's own functions), each timed on
+one thread as CPU time and its products' FLOPs counted by PyTorch, give two bounds on the SPS of 2 cores kept busy:
+each piece at its one-thread time (the practical ceiling), and the products at one thread's matrix-multiply peak
+(the FLOP ceiling); then the script's own SPS (fresh processes, its defaults) beside them.
 
 `evaluation`: the seconds of one evaluation (`--episodes` episodes, as `--eval-every` runs it) per script with an
 untrained agent, in this process, one thread; it costs in proportion to the agent steps played.
@@ -579,6 +586,132 @@ def evaluation(args):
         )
 
 
+# ceiling: what two cores could do for ppo_atari_envpool.py ------------------------------------------------------------
+def cpu_seconds(fn, rounds: int) -> float:
+    """Median CPU seconds of this whole process (envpool's worker thread included) for one call of fn, over
+    `rounds` calls after one to warm up: CPU time, which other processes on a shared machine disturb less than
+    the wall time."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def matmul_peak(rounds: int, n: int = 1024) -> float:
+    """One thread's float32 matrix-multiply rate, FLOP/s: the median of `rounds` products of two n x n matrices."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / cpu_seconds(lambda: torch.mm(a, b), rounds)
+
+
+def counted_flops(fn) -> int:
+    """The floating-point operations of fn's matrix products and convolutions (forward and backward), as
+    PyTorch's FlopCounterMode counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def ceiling_bounds(steps: int, pieces: dict[str, tuple[float, int]], peak: float, cores: int) -> dict[str, float]:
+    """Two upper bounds on the SPS of an iteration of `steps` agent steps whose pieces (name -> one thread's CPU
+    seconds and FLOPs of the pieces' products) run on `cores` cores kept busy all the time, with nothing idle and
+    nothing lost to splitting work: `practical`, each piece at the CPU time it takes on one thread; `flops`, the
+    products at the matrix-multiply peak `peak` (FLOP/s per core) and whatever has no products (the environment)
+    at its measured time."""
+    cpu = sum(seconds for seconds, _ in pieces.values())
+    at_peak = sum(flops / peak if flops else seconds for seconds, flops in pieces.values())
+    return {"practical": steps * cores / cpu, "flops": steps * cores / at_peak}
+
+
+def ceiling(options):
+    """What two cores could do for ppo_atari_envpool.py at its defaults: the pieces of one iteration timed on one
+    thread, the bounds they imply (ceiling_bounds), and, unless --no-run, the script's own SPS beside them."""
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(1, user_api="blas")
+    torch.distributions.Distribution.set_default_validate_args(False)
+    script = import_script("ppo_atari_envpool")
+    args = script.Args(env_id=options.env_id, envpool_threads=1)
+    T, N, K = args.num_steps, args.num_envs, args.num_minibatches
+    envs = script.make_envs(args, N, seed=1)
+    agent = script.Agent(envs.action_space.n)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=torch.tensor(args.learning_rate), eps=1e-5, fused=True)
+    kl_beta = torch.tensor(args.kl_beta)
+    rng = np.random.default_rng(1)
+    envs.reset()
+
+    def env_steps():  # one rollout's environment steps, random actions
+        for _ in range(T):
+            envs.step(rng.integers(0, envs.action_space.n, N))
+
+    # the rollout's storage as the script keeps it: uint8, channels-last, viewed (T, N, 4, 84, 84)
+    obs_shape = envs.observation_space.shape
+    obs = torch.randint(0, 256, (T, N) + obs_shape[1:] + obs_shape[:1], dtype=torch.uint8).permute(0, 1, 4, 2, 3)
+    b_obs = obs.reshape((-1,) + obs_shape)
+    with torch.no_grad():
+        b_actions, b_logprobs, b_values = agent.act(b_obs)
+    b_valid = torch.ones(T * N, dtype=torch.bool)
+    batch = (b_actions, b_logprobs, torch.randn(T * N), b_values + 0.1, b_values, b_valid.float())
+
+    def policy_steps():  # one rollout's policy steps, on the stored frames
+        for step in range(T):
+            agent.act(obs[step])
+
+    def update():  # one iteration's update: every epoch's minibatches through the script's update_step
+        for _ in range(args.update_epochs):
+            for mb_inds in script.minibatch_indices(b_valid, K):
+                script.update_step(agent, optimizer, args, kl_beta, b_obs[mb_inds], *(x[mb_inds] for x in batch))
+
+    pieces = {}  # name -> (CPU seconds, FLOPs) per iteration
+    for name, fn, has_products in (
+        (f"environment: {T} steps of {N} games (envpool, 1 thread, random actions)", env_steps, False),
+        (f"policy: {T} calls of `Agent.act` on {N} frames", policy_steps, True),
+        (f"update: {args.update_epochs} epochs of {K} `update_step` calls on {T * N // K} frames", update, True),
+    ):
+        pieces[name] = (cpu_seconds(fn, options.rounds), counted_flops(fn) if has_products else 0)
+    envs.close()
+    peak = matmul_peak(options.rounds)
+    bounds = ceiling_bounds(T * N, pieces, peak, cores=2)
+
+    cpu, flops = sum(seconds for seconds, _ in pieces.values()), sum(f for _, f in pieces.values())
+    rows = [
+        (
+            f"ppo_atari_envpool.py on {args.env_id} at its defaults, one iteration ({T * N:,} agent steps); "
+            f"{machine()}; torch {torch.__version__}; one thread, medians of {options.rounds} rounds of CPU time\n"
+        ),
+        *table_head("piece of one iteration", "CPU seconds (1 thread)", "GFLOP", "GFLOP/s (of the peak)"),
+        *(
+            f"| {name} | {seconds:.3f} | {f / 1e9:.1f} | {f / seconds / 1e9:.1f} ({f / seconds / peak:.0%}) |"
+            if f
+            else f"| {name} | {seconds:.3f} | - | - |"
+            for name, (seconds, f) in pieces.items()
+        ),
+        f"| all | {cpu:.3f} | {flops / 1e9:.1f} | |",
+        "",
+        f"One thread's float32 matrix-multiply peak (1024 x 1024 products): {peak / 1e9:.1f} GFLOP/s.",
+        "",
+        f"- practical ceiling, 2 cores always busy, each piece at its one-thread time: {bounds['practical']:.0f} SPS",
+        f"- FLOP ceiling, 2 cores, the products at the peak, the environment as measured: {bounds['flops']:.0f} SPS",
+    ]
+    if options.run:
+        runs = [training_sps("ppo_atari_envpool", args.env_id, options.steps, "default") for _ in range(options.rounds)]
+        sps = float(np.median([r["sps"] for r in runs]))
+        rows.append(
+            f"- the script at its defaults ({options.steps:,} steps, fresh processes, median of {options.rounds}): "
+            f"{sps:.0f} SPS, {sps / bounds['practical']:.0%} of the practical ceiling, "
+            f"{sps / bounds['flops']:.0%} of the FLOP ceiling"
+        )
+    text = "\n".join(rows)
+    print(text)
+    if options.out:
+        Path(options.out).write_text(text + "\n")
+
+
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(prog="python -m benchmark.studies.speed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -605,6 +738,12 @@ def main(argv: list[str] | None = None):
     sub = commands.add_parser("evaluation", help="the seconds of one evaluation per script")
     sub.add_argument("--episodes", type=int, default=10, help="episodes of an evaluation (--eval-episodes)")
     sub.add_argument("--scripts", nargs="+", default=EVALUATED, choices=EVALUATED)
+    sub = commands.add_parser("ceiling", help="ppo_atari_envpool.py's pieces on one thread, the SPS two cores allow")
+    sub.add_argument("--env-id", default="Breakout-v5")
+    sub.add_argument("--rounds", type=int, default=3)
+    sub.add_argument("--steps", type=int, default=10_240, help="steps of each run of the script itself")
+    sub.add_argument("--no-run", dest="run", action="store_false", help="the bounds only, not the script's SPS")
+    sub.add_argument("--out", type=str, default=None, help="also write the table to this file")
     # what the measurements start in a fresh process
     sub = commands.add_parser("straightforward-run")
     sub.add_argument("child", nargs=5)
@@ -625,6 +764,7 @@ def main(argv: list[str] | None = None):
     if args.command == "vector-env-run":
         return child(args.path, args.variant, args.flags)
     commands = {"throughput": throughput, "fast-path": fast_path, "vector-env": vector_env, "evaluation": evaluation}
+    commands["ceiling"] = ceiling
     commands[args.command](args)
 
 
