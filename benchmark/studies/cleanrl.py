@@ -80,9 +80,11 @@ def built_versions(venv: Path) -> dict[str, str]:
 
 
 def find_python310() -> str:
+    """The first Python 3.10 that runs: a pyenv shim named python3.10 is on the PATH but fails where pyenv's chosen
+    version is another one."""
     for candidate in ["python3.10", str(Path.home() / ".pyenv" / "versions" / "3.10.13" / "bin" / "python")]:
         found = shutil.which(candidate)
-        if found:
+        if found and subprocess.run([found, "-c", "import venv"], capture_output=True).returncode == 0:
             return found
     fail("no Python 3.10 found (ale-py 0.7.4, CleanRL's, has no wheel for 3.11): give one with --python")
 
