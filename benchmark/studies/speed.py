@@ -755,7 +755,7 @@ def main(argv: list[str] | None = None):
     sub = commands.add_parser("evaluation", help="the seconds of one evaluation per script")
     sub.add_argument("--episodes", type=int, default=10, help="episodes of an evaluation (--eval-episodes)")
     sub.add_argument("--scripts", nargs="+", default=EVALUATED, choices=EVALUATED)
-    sub = commands.add_parser("ceiling", help="the envpool Atari script's pieces on one thread, the SPS two cores allow")
+    sub = commands.add_parser("ceiling", help="the SPS two cores allow the envpool Atari script")
     sub.add_argument("--env-id", default="Breakout-v5")
     sub.add_argument("--rounds", type=int, default=3)
     sub.add_argument("--steps", type=int, default=10_240, help="steps of each run of the script itself")
