@@ -281,7 +281,6 @@ def throughput(args):
 
 
 # fast-path: the policy and update steps of one script, per call -------------------------------------------------------
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 # (observation shape, actions: an int for a discrete count, a tuple for a Box shape)
