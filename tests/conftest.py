@@ -6,6 +6,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from fake_envs import MixedEndsEnvPool  # importing fake_envs registers the fake environments
+from helpers import alone_or_side_by_side
 from scripts import MODULES, SCRIPTS
 
 torch.set_num_threads(1)
@@ -37,6 +38,13 @@ def keep_the_ctrl_c_handler():
     handler = signal.getsignal(signal.SIGINT)
     yield
     signal.signal(signal.SIGINT, handler)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Setup, call and teardown of each test (its fixtures' runs included) inside alone_or_side_by_side."""
+    with alone_or_side_by_side(item.get_closest_marker("exclusive") is not None):
+        return (yield)
 
 
 @pytest.fixture(params=MODULES)

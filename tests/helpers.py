@@ -1,11 +1,14 @@
 """Shared test helpers: the contract's runs, fast Args, TensorBoard reading, running a script, the process table."""
 
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -334,3 +337,25 @@ def still_alive(pids, seconds: float = 5) -> list[int]:
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [pid for pid in pids if alive(pid)]
+
+
+@contextmanager
+def alone_or_side_by_side(exclusive: bool):
+    """Under pytest-xdist (the README's `-n 2`) two workers run tests side by side. A test marked `exclusive`
+    (many processes, timeouts, the machine's process table or /dev/shm) runs alone: it waits for the other
+    worker's test to end, and the other worker waits for it. Two locks shared by the workers of this run: the
+    room (shared by side-by-side tests, held alone by an exclusive one) and a gate that an exclusive test holds
+    while it waits, so that new tests queue behind it instead of keeping the room busy. Without xdist: no lock."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    folder = Path(tempfile.gettempdir())
+    with (
+        open(folder / f"ppo-lab-tests-{run}.gate", "a") as gate,
+        open(folder / f"ppo-lab-tests-{run}.room", "a") as room,
+    ):
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        yield

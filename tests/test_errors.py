@@ -568,6 +568,7 @@ def finish_all(processes: dict[str, subprocess.Popen]) -> dict[str, tuple[int, s
     return results
 
 
+@pytest.mark.exclusive  # every script at once, the multi-process ones included, each given a minute to end
 def test_ctrl_c_and_a_full_disk_end_every_script_in_one_line_with_the_resume_command(tmp_path):
     """All scripts at once, each in its own process group that gets SIGINT as a terminal's Ctrl-C sends
     it (to the script and its workers): exit code 130, and on stderr only the line that names the last

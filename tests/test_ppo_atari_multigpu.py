@@ -46,6 +46,8 @@ from helpers import (
     read_scalars,
 )
 
+pytestmark = pytest.mark.exclusive  # torchrun jobs under collective timeouts; ranks found in the process table
+
 ITERATIONS, NUM_ENVS, NUM_STEPS = 6, 4, 32
 BATCH = NUM_ENVS * NUM_STEPS
 TINY = [

@@ -44,6 +44,8 @@ from helpers import (
 from ppolab.checkpoints import write_checkpoint_file
 from ppolab.redis_server import check_redis_url, open_redis_host, start_redis_server, stop_processes
 
+pytestmark = pytest.mark.exclusive  # samplers killed and restarted under timeouts; the process table
+
 NAME = "ppo_continuous_action_redis"
 script = importlib.import_module(NAME)
 ENV = "tests.fake_envs:MixedEndsBox-v0"  # 2-d observations and actions, episodes of 5 steps

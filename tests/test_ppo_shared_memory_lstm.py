@@ -38,6 +38,8 @@ from helpers import (
     start_script,
 )
 
+pytestmark = pytest.mark.exclusive  # worker timeouts; checks that nothing is left in /dev/shm
+
 NAME = "ppo_shared_memory_lstm"
 WORKERS, ENVS_PER_WORKER, STEPS = 2, 2, 32
 BATCH, ITERATIONS = WORKERS * ENVS_PER_WORKER * STEPS, 3

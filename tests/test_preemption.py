@@ -18,6 +18,8 @@ import pytest
 from helpers import ended, load, only_run_dir, process_table, run_script, script_command, start_script
 from scripts import REPO
 
+pytestmark = pytest.mark.exclusive  # signals to torchrun ranks; the process table
+
 # long enough iterations (about a second) that a storm lands inside one
 ARGV = ["--num-envs", 4, "--num-steps", 512, "--num-minibatches", 2, "--update-epochs", 2, "--runs-dir", "runs"]
 

@@ -12,6 +12,8 @@ import pytest
 
 from helpers import REPO, alive, default_ctrl_c, still_alive
 
+pytestmark = pytest.mark.exclusive  # lanes of jobs side by side, stopped by signals; the process table
+
 CLASSIC = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"]
 
 

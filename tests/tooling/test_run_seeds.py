@@ -13,6 +13,8 @@ import pytest
 
 from helpers import REPO, alive, default_ctrl_c, still_alive
 
+pytestmark = pytest.mark.exclusive  # jobs side by side, their timing and Ctrl-C
+
 JOB = """
 import json, os, subprocess, sys, time
 out, seconds, spawn = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "spawn"

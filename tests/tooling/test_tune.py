@@ -35,6 +35,8 @@ from benchmark.tune_space import SPACES, SpaceError, as_flags, min_max, read_spa
 from helpers import alive, still_alive
 from scripts import REPO
 
+pytestmark = pytest.mark.exclusive  # trials side by side, heartbeats and SIGTERM
+
 STEPS = "2048"  # one iteration of ppo.py's largest batch in its space (4 environments x 512 steps)
 
 
