@@ -42,8 +42,10 @@ def keep_the_ctrl_c_handler():
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Setup, call and teardown of each test (its fixtures' runs included) inside alone_or_side_by_side."""
-    with alone_or_side_by_side(item.get_closest_marker("exclusive") is not None):
+    """Setup, call and teardown of each test (its fixtures' runs included) inside alone_or_side_by_side; an xdist
+    worker's config has `workerinput`, with the run's id."""
+    run = getattr(item.config, "workerinput", {}).get("testrunuid")
+    with alone_or_side_by_side(run, item.get_closest_marker("exclusive") is not None):
         return (yield)
 
 

@@ -340,13 +340,14 @@ def still_alive(pids, seconds: float = 5) -> list[int]:
 
 
 @contextmanager
-def alone_or_side_by_side(exclusive: bool):
+def alone_or_side_by_side(run: str | None, exclusive: bool):
     """Under pytest-xdist (the README's `-n 2`) two workers run tests side by side. A test marked `exclusive`
     (many processes, timeouts, the machine's process table or /dev/shm) runs alone: it waits for the other
-    worker's test to end, and the other worker waits for it. Two locks shared by the workers of this run: the
-    room (shared by side-by-side tests, held alone by an exclusive one) and a gate that an exclusive test holds
-    while it waits, so that new tests queue behind it instead of keeping the room busy. Without xdist: no lock."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    worker's test to end, and the other worker waits for it. Two locks shared by the workers of the run `run`
+    (xdist's id of it; None without xdist: no lock): the room (shared by side-by-side tests, held alone by an
+    exclusive one) and a gate that an exclusive test holds while it waits, so that new tests queue behind it
+    instead of keeping the room busy. Only the workers themselves lock: a pytest that a test starts (the GPU
+    benchmark's dry run does) is not a worker, so it cannot wait for a lock its own test holds."""
     if run is None:
         yield
         return

@@ -1,12 +1,12 @@
-"""The suite's own side-by-side rule (helpers.alone_or_side_by_side, used by conftest.py for every test): under
-pytest-xdist, tests run two at a time except those marked `exclusive`, which run alone, and a test that arrives
-while an exclusive one waits queues behind it."""
+"""The suite's own side-by-side rule (helpers.alone_or_side_by_side, around every test in conftest.py): under
+pytest-xdist, tests run two at a time except those marked `exclusive`, which run alone; a test that arrives while an
+exclusive one waits queues behind it; and a pytest that a test starts takes no lock."""
 
 import multiprocessing
-import os
 import tempfile
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,23 +14,28 @@ from helpers import alone_or_side_by_side
 
 
 def hold(name: str, exclusive: bool, seconds: float, run: str, folder: str, log) -> None:
-    """A test of `seconds` in one xdist worker: logs (name, "in" / "out") as it enters and leaves."""
-    os.environ["PYTEST_XDIST_TESTRUNUID"] = run
+    """A test of `seconds` in an xdist worker of the run `run`: logs (name, "in" / "out") as it enters and leaves."""
     tempfile.tempdir = folder
-    with alone_or_side_by_side(exclusive):
+    with alone_or_side_by_side(run, exclusive):
         log.put((name, "in"))
         time.sleep(seconds)
         log.put((name, "out"))
 
 
-def order(tmp_path, *tests) -> list[tuple[str, str]]:
-    """Starts each (name, exclusive, seconds, delay) `delay` seconds after the previous one; the log in order."""
+def start(tmp_path, run: str, *tests) -> tuple[list, multiprocessing.Queue]:
+    """Starts each (name, exclusive, seconds, delay) `delay` seconds after the previous one."""
     context = multiprocessing.get_context("fork")  # the children start at once, with the imports made
-    log, run, processes = context.Queue(), uuid.uuid4().hex, []
+    log, processes = context.Queue(), []
     for name, exclusive, seconds, delay in tests:
         time.sleep(delay)
         processes.append(context.Process(target=hold, args=(name, exclusive, seconds, run, str(tmp_path), log)))
         processes[-1].start()
+    return processes, log
+
+
+def order(tmp_path, *tests) -> list[tuple[str, str]]:
+    """The log of `tests` (as `start` takes them) in the order of the events."""
+    processes, log = start(tmp_path, uuid.uuid4().hex, *tests)
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0
@@ -54,9 +59,31 @@ def test_an_exclusive_test_runs_alone_and_the_next_one_waits_behind_it(tmp_path,
         assert order(tmp_path, *tests) == expected
 
 
-def test_without_xdist_nothing_waits(tmp_path, monkeypatch):
-    monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)
+def test_only_the_workers_themselves_lock(tmp_path, monkeypatch):
+    """conftest.py's hook locks for a worker (its config has xdist's `workerinput`) and not for a pytest that a test
+    starts, which inherits the worker's environment (PYTEST_XDIST_TESTRUNUID too) but not its config: were it to
+    lock, it would wait behind an exclusive test that waits for the test that started it."""
+    from conftest import pytest_runtest_protocol
+
+    run = uuid.uuid4().hex
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    with alone_or_side_by_side(True), alone_or_side_by_side(True):  # with a lock, the second would wait forever
+    (holder,), log = start(tmp_path, run, ("x", True, 3, 0))
+    assert log.get(timeout=30) == ("x", "in")
+    waited = {}
+    configs = {"started by a test": SimpleNamespace(), "worker": SimpleNamespace(workerinput={"testrunuid": run})}
+    for kind, config in configs.items():
+        protocol = pytest_runtest_protocol(SimpleNamespace(config=config, get_closest_marker=lambda name: None), None)
+        began = time.monotonic()
+        next(protocol)  # into the test: past the lock, if any
+        waited[kind] = time.monotonic() - began
+        protocol.close()
+    holder.join(timeout=30)
+    assert waited["started by a test"] < 1 and waited["worker"] > 1, waited
+
+
+def test_without_xdist_nothing_waits(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with alone_or_side_by_side(None, True), alone_or_side_by_side(None, True):  # with a lock, the second would wait
         pass
     assert list(tmp_path.iterdir()) == []
