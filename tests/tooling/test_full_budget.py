@@ -27,8 +27,6 @@ from helpers import REPO
 from ppolab.tracking import tensorboard_writer
 from test_ppo_sh import ppo_sh
 
-pytestmark = pytest.mark.exclusive  # both lanes of the block side by side
-
 REFERENCES = {
     ("ppo_atari.py", "Pong"): {"mean": 20.0, "std": 0.1, "steps": 1000, "seeds": 3, "source": "page P"},
     ("ppo_atari_envpool.py", "Pong-v5"): {
