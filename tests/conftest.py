@@ -6,7 +6,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from fake_envs import MixedEndsEnvPool  # importing fake_envs registers the fake environments
-from helpers import alone_or_side_by_side
+from helpers import alone_or_side_by_side, suite_locks
 from scripts import MODULES, SCRIPTS
 
 torch.set_num_threads(1)
@@ -47,6 +47,22 @@ def pytest_runtest_protocol(item, nextitem):
     run = getattr(item.config, "workerinput", {}).get("testrunuid")
     with alone_or_side_by_side(run, item.get_closest_marker("exclusive") is not None):
         return (yield)
+
+
+XDIST_RUNS = pytest.StashKey[set]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist's hook, in its controller as it starts a worker: the run's id, for pytest_unconfigure."""
+    node.config.stash.setdefault(XDIST_RUNS, set()).add(node.workerinput["testrunuid"])
+
+
+def pytest_unconfigure(config):
+    """The controller's end of the run: the lock files its workers shared (alone_or_side_by_side) are removed."""
+    for run in config.stash.get(XDIST_RUNS, ()):
+        for path in suite_locks(run):
+            path.unlink(missing_ok=True)
 
 
 @pytest.fixture(params=MODULES)

@@ -339,6 +339,12 @@ def still_alive(pids, seconds: float = 5) -> list[int]:
     return [pid for pid in pids if alive(pid)]
 
 
+def suite_locks(run: str) -> tuple[Path, Path]:
+    """The gate and the room of alone_or_side_by_side for the xdist run `run`, in the temp folder."""
+    folder = Path(tempfile.gettempdir())
+    return folder / f"ppo-lab-tests-{run}.gate", folder / f"ppo-lab-tests-{run}.room"
+
+
 @contextmanager
 def alone_or_side_by_side(run: str | None, exclusive: bool):
     """Under pytest-xdist (the README's `-n 2`) two workers run tests side by side. A test marked `exclusive`
@@ -347,15 +353,13 @@ def alone_or_side_by_side(run: str | None, exclusive: bool):
     (xdist's id of it; None without xdist: no lock): the room (shared by side-by-side tests, held alone by an
     exclusive one) and a gate that an exclusive test holds while it waits, so that new tests queue behind it
     instead of keeping the room busy. Only the workers themselves lock: a pytest that a test starts (the GPU
-    benchmark's dry run does) is not a worker, so it cannot wait for a lock its own test holds."""
+    benchmark's dry run does) is not a worker, so it cannot wait for a lock its own test holds. xdist's controller
+    removes the two files at the end of the run (conftest.py)."""
     if run is None:
         yield
         return
-    folder = Path(tempfile.gettempdir())
-    with (
-        open(folder / f"ppo-lab-tests-{run}.gate", "a") as gate,
-        open(folder / f"ppo-lab-tests-{run}.room", "a") as room,
-    ):
+    gate_file, room_file = suite_locks(run)
+    with open(gate_file, "a") as gate, open(room_file, "a") as room:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(room, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         fcntl.flock(gate, fcntl.LOCK_UN)

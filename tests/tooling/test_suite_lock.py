@@ -1,7 +1,8 @@
 """The suite's own side-by-side rule (helpers.alone_or_side_by_side, around every test in conftest.py): under
 pytest-xdist, tests run two at a time except those marked `exclusive`, which run alone; a test that arrives while an
-exclusive one waits queues behind it; and a pytest that a test starts takes no lock."""
+exclusive one waits queues behind it; a pytest that a test starts takes no lock; and the run's lock files go with it."""
 
+import inspect
 import multiprocessing
 import tempfile
 import time
@@ -10,7 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import alone_or_side_by_side
+from xdist import newhooks
+
+from helpers import alone_or_side_by_side, suite_locks
 
 
 def hold(name: str, exclusive: bool, seconds: float, run: str, folder: str, log) -> None:
@@ -86,3 +89,24 @@ def test_without_xdist_nothing_locks(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with alone_or_side_by_side(None, True):
         assert list(tmp_path.iterdir()) == []  # no lock file, so nothing to wait on
+
+
+def test_the_controller_removes_the_runs_lock_files(tmp_path, monkeypatch):
+    """xdist's controller learns the run's id as it starts each worker (conftest.py's pytest_configure_node, a hook
+    xdist has under that name) and removes the lock files when the run ends; another run's files stay."""
+    from conftest import pytest_configure_node, pytest_unconfigure
+
+    assert list(inspect.signature(newhooks.pytest_configure_node).parameters) == ["node"]
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    run, other = uuid.uuid4().hex, uuid.uuid4().hex
+    for each in (run, other):
+        with alone_or_side_by_side(each, False):
+            pass
+    assert {path.name for path in tmp_path.iterdir()} == {
+        path.name for each in (run, other) for path in suite_locks(each)
+    }
+    controller = SimpleNamespace(stash=pytest.Stash())
+    for worker in ("gw0", "gw1"):
+        pytest_configure_node(SimpleNamespace(config=controller, workerinput={"workerid": worker, "testrunuid": run}))
+    pytest_unconfigure(controller)
+    assert {path.name for path in tmp_path.iterdir()} == {path.name for path in suite_locks(other)}
