@@ -132,6 +132,22 @@ def tiny_args(script, runs_dir, **overrides):
     return script.Args(**fields)
 
 
+def fake_atari_args(script, runs_dir, **overrides):
+    """Args of an Atari script (ppo_atari, ppo_atari_lstm, ppo_atari_multigpu) for a run of a second or two on the
+    fake game FakeAtari-v0 (atari_fakes): 2 envs x 32 steps, 2 iterations, one thread."""
+    fields = dict(
+        env_id="FakeAtari-v0",
+        runs_dir=str(runs_dir),
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=2,
+        total_timesteps=2 * 32 * 2,
+        torch_threads=1,
+    )
+    return script.Args(**{**fields, **overrides})
+
+
 def script_command(name: str, *argv) -> list[str]:
     """`python <repo>/<name>.py argv... --no-cuda`: the suite runs on the CPU wherever it runs, so it
     gives the same verdict on a machine with a GPU (the GPU tests in test_gpu.py ask for CUDA)."""

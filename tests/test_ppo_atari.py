@@ -16,6 +16,7 @@ from helpers import (
     assert_evaluate_flag_matches_training,
     assert_evaluation_videos,
     assert_progress_lines,
+    fake_atari_args,
     load,
     run_script,
 )
@@ -128,22 +129,6 @@ def test_bad_env_id_gets_one_line_and_exit_code_2(env_id, words, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def fake_args(runs_dir, **overrides):
-    """A run of a second or two on the fake game: 2 envs x 32 steps (each env ends a game within 64)."""
-    fields = dict(
-        env_id="FakeAtari-v0",
-        runs_dir=str(runs_dir),
-        num_envs=2,
-        num_steps=32,
-        num_minibatches=2,
-        update_epochs=2,
-        total_timesteps=2 * 32 * 2,
-        torch_threads=1,
-    )
-    fields.update(overrides)
-    return script.Args(**fields)
-
-
 @pytest.mark.parametrize("bootstrap", [True, False])
 def test_truncated_games_bootstrap_the_value_of_their_final_observation(bootstrap, tmp_path, monkeypatch):
     rollouts, real_gae = [], script.compute_gae
@@ -154,7 +139,9 @@ def test_truncated_games_bootstrap_the_value_of_their_final_observation(bootstra
 
     monkeypatch.setattr(script, "compute_gae", spy)
     # ALE's frame limit (4 x 12 frames) cuts every fake game long before its first lost life
-    script.main(fake_args(tmp_path, max_episode_steps=12, bootstrap_truncation=bootstrap, total_timesteps=64))
+    script.main(
+        fake_atari_args(script, tmp_path, max_episode_steps=12, bootstrap_truncation=bootstrap, total_timesteps=64)
+    )
     dones, final_values = rollouts[0]
     assert dones.sum() >= 4
     assert (final_values[~dones.bool()] == 0).all()

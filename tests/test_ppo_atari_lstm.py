@@ -15,6 +15,7 @@ from helpers import (
     assert_evaluate_flag_matches_training,
     assert_evaluation_videos,
     assert_progress_lines,
+    fake_atari_args,
     load,
     run_script,
 )
@@ -87,23 +88,6 @@ def test_lstm_is_orthogonal_with_zero_biases_and_starts_from_zeros():
     assert h.shape == c.shape == (1, 5, 128) and not h.any() and not c.any()
 
 
-def fake_args(runs_dir, **overrides):
-    """A run of a second or two on the fake game: 2 envs x 32 steps, 2 iterations."""
-    fields = dict(
-        env_id="FakeAtari-v0",
-        runs_dir=str(runs_dir),
-        cuda=False,
-        num_envs=2,
-        num_steps=32,
-        num_minibatches=2,
-        update_epochs=1,
-        total_timesteps=2 * 32 * 2,
-        torch_threads=1,
-    )
-    fields.update(overrides)
-    return script.Args(**fields)
-
-
 def spy_on_gae(monkeypatch) -> list[dict]:
     """Records the keyword arguments of every compute_gae call of the training loop."""
     calls, real_gae = [], script.compute_gae
@@ -127,7 +111,7 @@ def test_only_truncated_and_not_terminated_episodes_bootstrap(
     env_id, max_episode_steps, bootstraps, tmp_path, monkeypatch
 ):
     calls = spy_on_gae(monkeypatch)
-    script.main(fake_args(tmp_path, env_id=env_id, max_episode_steps=max_episode_steps))
+    script.main(fake_atari_args(script, tmp_path, env_id=env_id, max_episode_steps=max_episode_steps))
     dones = torch.cat([call["dones"] for call in calls]).bool()
     final_values = torch.cat([call["final_values"] for call in calls])
     assert dones.sum() >= 4
@@ -156,7 +140,7 @@ def test_a_rollout_starts_with_the_episode_starts_the_previous_one_ended_with(tm
     monkeypatch.setattr(script, "compute_gae", gae_then_overwrite_the_last_row)
     monkeypatch.setattr(script.Agent, "act", act)
     # a 5-step limit: episodes end at the last step of a rollout too
-    script.main(fake_args(tmp_path, num_steps=5, total_timesteps=2 * 5 * 6, max_episode_steps=5))
+    script.main(fake_atari_args(script, tmp_path, num_steps=5, total_timesteps=2 * 5 * 6, max_episode_steps=5))
     assert len(calls) == 6 and len(starts_seen) == 6 * 5
     assert torch.cat(calls).any()  # some rollout ended an episode at its last step
     for iteration in range(1, 6):

@@ -40,6 +40,7 @@ from helpers import (
     assert_evaluation_videos,
     alive,
     assert_progress_lines,
+    fake_atari_args,
     load,
     only_run_dir,
     process_table,
@@ -481,24 +482,12 @@ def test_two_ranks_average_to_the_gradient_of_the_whole_minibatch(split, tmp_pat
 # A world of one (no torchrun), in-process ----------------------------------------------------------
 
 
-def fake_args(module, runs_dir, **overrides):
-    fields = dict(
-        env_id="FakeAtari-v0",
-        runs_dir=str(runs_dir),
-        num_envs=2,
-        num_steps=32,
-        num_minibatches=2,
-        update_epochs=2,
-        total_timesteps=2 * 32 * 2,
-        torch_threads=1,
-    )
-    return module.Args(**{**fields, **overrides})
-
-
 def test_a_world_of_one_trains_like_ppo_atari(tmp_path):
     """Same seed, same games, same minibatches: the losses of ppo_atari.py, up to the float rounding of
     the global advantage statistics and the count-weighted gradient."""
-    runs = [read_scalars(module.main(fake_args(module, tmp_path / module.__name__))) for module in (ppo_atari, script)]
+    runs = [
+        read_scalars(module.main(fake_atari_args(module, tmp_path / module.__name__))) for module in (ppo_atari, script)
+    ]
     assert runs[0]["charts/episodic_return"] == runs[1]["charts/episodic_return"]
     for tag in ("losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/approx_kl"):
         assert [step for step, _ in runs[0][tag]] == [step for step, _ in runs[1][tag]]
@@ -518,7 +507,7 @@ def test_clipfrac_is_the_mean_over_the_updates_minibatches(tmp_path, monkeypatch
         return loss, {**stats, "clipfrac": number, "old_approx_kl": number}
 
     monkeypatch.setattr(script, "ppo_loss", numbered_loss)
-    scalars = read_scalars(script.main(fake_args(script, tmp_path, update_epochs=2)))
+    scalars = read_scalars(script.main(fake_atari_args(script, tmp_path, update_epochs=2)))
     assert len(calls) == 8  # 2 iterations x 2 epochs x 2 minibatches
     assert [value for _, value in scalars["losses/clipfrac"]] == pytest.approx([1.5, 5.5])
     assert [value for _, value in scalars["losses/old_approx_kl"]] == pytest.approx([3, 7])
@@ -579,7 +568,7 @@ def test_comm_timer_synchronizes_only_when_asked_on_cuda(monkeypatch):
 def test_bad_input_fails_before_joining(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(SystemExit) as exit_info:
-        script.main(fake_args(script, tmp_path, num_envs=6))
+        script.main(fake_atari_args(script, tmp_path, num_envs=6))
     assert exit_info.value.code == 2
     assert "the world size 4 does not divide --num-envs 6" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "1")
@@ -588,7 +577,7 @@ def test_bad_input_fails_before_joining(tmp_path, monkeypatch, capsys):
         (dict(backend="nccl"), "--backend nccl needs CUDA"),
     ):
         with pytest.raises(SystemExit) as exit_info:
-            script.main(fake_args(script, tmp_path, **overrides))
+            script.main(fake_atari_args(script, tmp_path, **overrides))
         assert exit_info.value.code == 2 and words in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     # another backend is refused by the script's command line itself (tyro reads the choices from Args), before main
