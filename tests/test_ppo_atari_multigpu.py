@@ -89,30 +89,14 @@ def torchrun(
         "--no-cuda",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    output = dict(cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if popen:
-        return subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        return subprocess.Popen(command, **output, start_new_session=True)
 
     def limit_file_size():
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
-    return subprocess.run(
-        command,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-        preexec_fn=limit_file_size if file_size_limit else None,
-    )
+    return subprocess.run(command, **output, timeout=timeout, preexec_fn=limit_file_size if file_size_limit else None)
 
 
 def weight_hashes(output: str) -> list[str]:

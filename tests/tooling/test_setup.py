@@ -600,30 +600,21 @@ def requirement_set(lines):
     return found
 
 
+def pip_would_install(report: Path, *targets) -> list[dict]:
+    """What `pip install --dry-run --no-deps --ignore-installed targets...` would install, read from its JSON report
+    (written to `report`)."""
+    command = ["--dry-run", "--no-deps", "--ignore-installed", "--quiet", "--report", str(report), *targets]
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", *command], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(report.read_text())["install"]
+
+
 def test_pip_install_e_reads_the_pins_of_requirements_txt(tmp_path):
     """`pip install -e .` (pip's own reading of pyproject.toml, through its build backend): the same requirements,
     one for one, as requirements.txt."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--dry-run",
-            "--no-deps",
-            "--ignore-installed",
-            "--quiet",
-            "--report",
-            str(tmp_path / "report.json"),
-            "-e",
-            str(REPO),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    (project,) = json.loads((tmp_path / "report.json").read_text())["install"]
+    (project,) = pip_would_install(tmp_path / "report.json", "-e", str(REPO))
     assert project["metadata"]["name"] == "ppo-lab"
     pinned = requirement_set((REPO / "requirements.txt").read_text().splitlines())
     assert len(pinned) > 10 and all(spec.startswith("==") for _, _, spec in pinned)
@@ -637,26 +628,7 @@ def torch_index(tmp_path):
     uv unpacks that wheel into its cache once, not once per run."""
     import torch
 
-    report = tmp_path / "torch.json"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--dry-run",
-            "--no-deps",
-            "--ignore-installed",
-            "--quiet",
-            "--report",
-            str(report),
-            f"torch=={torch.__version__}",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = json.loads(report.read_text())["install"]
+    (wheel,) = pip_would_install(tmp_path / "torch.json", f"torch=={torch.__version__}")
     url = wheel["download_info"]["url"]
     index = Path(tempfile.gettempdir()) / "ppo-lab-torch-index" / torch.__version__
     page, text = index / "torch" / "index.html", f'<a href="{url}">{url.rsplit("/", 1)[1]}</a>\n'
