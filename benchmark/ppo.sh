@@ -32,7 +32,8 @@
 #             (MORE_SEEDS) of the Atari rows, on two lanes of one job each: ppo_shared_memory_lstm.py on CartPole-v1
 #             (500k), ppo_atari_multigpu.py on Breakout (torchrun, 2 ranks), then ppo_atari.py on Breakout (more
 #             seeds); ppo_atari_lstm.py on Breakout, ppo_atari_envpool.py on Breakout-v5, then on Pong-v5 and
-#             BeamRider-v5 (more seeds); 10M steps for Atari. Each run's learning curve is exported as data into
+#             BeamRider-v5 (more seeds); 10M steps for Atari; and where a CUDA GPU is (FULL_PROCGEN), a third lane:
+#             ppo_procgen.py on starpilot (25M steps). Each run's learning curve is exported as data into
 #             RESULTS_DIR/fullbudget/curves while it trains (benchmark.full_budget export); the table beside CleanRL's
 #             published scores, RESULTS_DIR/fullbudget.md, and its plots are made from those curves alone; the job
 #             logs and unfinished runs' checkpoints go into RESULTS_DIR/fullbudget/resume (benchmark.full_budget stash),
@@ -58,6 +59,7 @@
 #                (the repository's benchmark/results; with QUICK=1 RUNS_DIR/results)
 #   Relative paths are taken from the folder ppo.sh is started from; every path it prints is absolute.
 #   QUICK        1: tiny step budgets, for checking that the recipe runs, not for numbers (0)
+#   FULL_PROCGEN the fullbudget block's ppo_procgen.py lane: auto (where a CUDA GPU is), 1 (always) or 0 (never)
 #   PYTHON       the Python interpreter (the repository's .venv/bin/python that setup.sh makes, else python3);
 #   TORCHRUN     the multigpu launcher (torchrun beside that Python)
 #
@@ -96,15 +98,17 @@ fi
 for block in $BLOCKS; do
     [[ " $ALL_BLOCKS $STUDIES " == *" $block "* ]] || { echo "unknown block '$block' (blocks: $ALL_BLOCKS $STUDIES)" >&2; exit 2; }
 done
+FULL_PROCGEN=${FULL_PROCGEN:-auto}
+[[ $FULL_PROCGEN =~ ^(auto|0|1)$ ]] || { echo "FULL_PROCGEN must be auto, 0 or 1, not '$FULL_PROCGEN'" >&2; exit 2; }
 echo "== runs and logs go to $RUNS_DIR/<block>/, tables and plots to $RESULTS_DIR/"
 status=0
-child= lane= watcher=  # the command this shell waits for; the fullbudget block's second lane and curve watcher
+child= lane= gpu_lane= watcher=  # the command this shell waits for; the fullbudget block's other lanes and watcher
 
 # interrupted: stops what runs (SIGTERM: a job runner ends its jobs, a lane its runner), waits for it, exits 130
 interrupted() {
     trap '' INT TERM
     [[ $BASHPID == "$$" ]] && echo "ppo.sh: interrupted" >&2
-    [[ -n $child$lane$watcher ]] && kill -TERM $child $lane $watcher 2>/dev/null
+    [[ -n $child$lane$gpu_lane$watcher ]] && kill -TERM $child $lane $gpu_lane $watcher 2>/dev/null
     wait
     exit 130
 }
@@ -264,11 +268,32 @@ for block in $BLOCKS; do
             exit $status
         ) &
         lane=$!
+        # ppo_procgen.py on starpilot, 25M steps: about 122 h on a 2-core CPU at its 57 SPS, about an hour on one GPU;
+        # a third lane where a CUDA GPU is (FULL_PROCGEN=auto), or always (1), or never (0)
+        procgen=$FULL_PROCGEN
+        if [[ $procgen == auto ]]; then
+            "$PYTHON" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2> /dev/null && procgen=1 || procgen=0
+            (( procgen )) || echo "== fullbudget: ppo_procgen.py on starpilot runs where a CUDA GPU is" \
+                "(about 122 h on a 2-core CPU); FULL_PROCGEN=1 runs it here"
+        fi
+        if (( procgen )); then
+            (
+                trap interrupted INT TERM
+                SEEDS=$full WORKERS=1 bench fullbudget ppo_procgen.py 25000000 \
+                    "--total-timesteps 1024 --num-envs 8 --num-steps 64" starpilot
+                exit $status
+            ) &
+            gpu_lane=$!
+        fi
         SEEDS=$full WORKERS=1 bench fullbudget ppo_atari_lstm.py 10000000 "--total-timesteps 2048" Breakout
         SEEDS=$full WORKERS=1 bench fullbudget ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Breakout-v5
         SEEDS=$more WORKERS=1 bench fullbudget ppo_atari_envpool.py 10000000 "--total-timesteps 2048" Pong-v5 BeamRider-v5
         wait_for $lane || status=1
         lane=
+        if [[ -n $gpu_lane ]]; then
+            wait_for $gpu_lane || status=1
+            gpu_lane=
+        fi
         kill -TERM $watcher 2> /dev/null
         wait $watcher
         watcher=

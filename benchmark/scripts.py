@@ -5,6 +5,7 @@ CleanRL is installed, and the small pieces of a results file (a table's head, th
 tests/test_copies.py fails when a ppo*.py at the repository root is missing from SCRIPTS."""
 
 import contextlib
+import functools
 import importlib
 import inspect
 import os
@@ -53,14 +54,27 @@ def child_env() -> dict[str, str]:
 
 
 def machine() -> str:
-    """CPU model, cores and OS, for a results file's header."""
+    """CPU model, cores, GPUs (those nvidia-smi lists) and OS, for a results file's header."""
     model = platform.processor() or platform.machine()
     try:
         names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
         model = names[0] if names else model
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} logical cores, {platform.platform()}"
+    return ", ".join([model, f"{os.cpu_count()} logical cores", *nvidia_gpus(), platform.platform()])
+
+
+@functools.cache
+def nvidia_gpus() -> list[str]:
+    """The NVIDIA GPUs as `N x NAME` per model, from nvidia-smi; none where it is missing or fails."""
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    names = [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
+    return [f"{names.count(name)} x {name}" for name in dict.fromkeys(names)]
 
 
 # Tracked files that are data or prose, not code: a change to them is not "uncommitted code". The fullbudget block

@@ -10,6 +10,8 @@ import time
 
 import numpy as np
 import pytest
+from helpers import REPO
+from test_ppo_sh import ppo_sh
 
 from benchmark.full_budget import (
     cleanrl_score,
@@ -23,9 +25,8 @@ from benchmark.full_budget import (
     verdict,
     welch,
 )
-from helpers import REPO
+from benchmark.scripts import machine, nvidia_gpus
 from ppolab.tracking import tensorboard_writer
-from test_ppo_sh import ppo_sh
 
 REFERENCES = {
     ("ppo_atari.py", "Pong"): {"mean": 20.0, "std": 0.1, "steps": 1000, "seeds": 3, "source": "page P"},
@@ -209,8 +210,10 @@ def test_the_committed_table_and_curves_regenerate_from_the_committed_curve_data
     assert committed and committed == {path.name for path in (tmp_path / "plots").glob("*.png")}
 
 
-def test_quick_fullbudget_block_runs_both_lanes_exports_curves_and_writes_its_table(tmp_path):
-    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, QUICK="1", BLOCKS="fullbudget", MORE_SEEDS="")
+def test_quick_fullbudget_block_runs_its_three_lanes_exports_curves_and_writes_its_table(tmp_path):
+    result = ppo_sh(
+        REPO / "benchmark" / "ppo.sh", tmp_path, QUICK="1", BLOCKS="fullbudget", MORE_SEEDS="", FULL_PROCGEN="1"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     curves = tmp_path / "results" / "fullbudget" / "curves"
     assert sorted(path.name for path in curves.glob("*.json")) == [
@@ -218,6 +221,7 @@ def test_quick_fullbudget_block_runs_both_lanes_exports_curves_and_writes_its_ta
         "BreakoutNoFrameskip-v4__ppo_atari_lstm__1.json",
         "BreakoutNoFrameskip-v4__ppo_atari_multigpu__1.json",
         "CartPole-v1__ppo_shared_memory_lstm__1.json",
+        "StarpilotEasy-v0__ppo_procgen__1.json",
     ]
     text = (tmp_path / "results" / "fullbudget.md").read_text()
     assert reading(text, "ppo_atari_envpool.py", "Breakout-v5") == "unfinished (0% of the budget)"
@@ -229,3 +233,35 @@ def test_quick_fullbudget_block_runs_both_lanes_exports_curves_and_writes_its_ta
     assert sorted(path.name for path in stashed.iterdir()) == [path.name for path in sorted(curves.glob("*.json"))]
     png = tmp_path / "results" / "fullbudget" / "Breakout-v5__ppo_atari_envpool.png"
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_procgen_lane_runs_only_where_cuda_is_unless_asked_and_a_bad_setting_is_one_line(tmp_path):
+    # no seeds: the block only decides its lanes, then makes its table (of one re-typed row) from an empty runs folder
+    (tmp_path / "runs" / "fullbudget").mkdir(parents=True)
+    retyped = "BreakoutNoFrameskip-v4__ppo_atari__1.json"
+    (tmp_path / "results" / "fullbudget" / "curves").mkdir(parents=True)
+    (tmp_path / "results" / "fullbudget" / "curves" / retyped).write_text((CURVES / retyped).read_text())
+    quiet = dict(QUICK="1", BLOCKS="fullbudget", FULL_SEEDS=" ", MORE_SEEDS="", CUDA_VISIBLE_DEVICES="")
+    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, **quiet)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ppo_procgen.py on starpilot runs where a CUDA GPU is" in result.stdout
+    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, **quiet, FULL_PROCGEN="0")
+    assert result.returncode == 0 and "ppo_procgen.py" not in result.stdout, result.stdout + result.stderr
+    result = ppo_sh(REPO / "benchmark" / "ppo.sh", tmp_path, **quiet, FULL_PROCGEN="yes")
+    assert result.returncode == 2 and result.stderr == "FULL_PROCGEN must be auto, 0 or 1, not 'yes'\n"
+
+
+def test_a_record_names_the_machines_gpus_where_nvidia_smi_lists_them(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nprintf 'NVIDIA H200\\nNVIDIA H200\\nNVIDIA A100\\n'\n")
+    fake.chmod(0o755)
+    try:
+        nvidia_gpus.cache_clear()
+        monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+        assert ", 2 x NVIDIA H200, 1 x NVIDIA A100, " in machine()
+        nvidia_gpus.cache_clear()
+        monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+        assert " x " not in machine() and "logical cores" in machine()
+    finally:
+        nvidia_gpus.cache_clear()
