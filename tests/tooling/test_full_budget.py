@@ -10,8 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from helpers import REPO
-from test_ppo_sh import ppo_sh
 
 from benchmark.full_budget import (
     cleanrl_score,
@@ -26,7 +24,9 @@ from benchmark.full_budget import (
     welch,
 )
 from benchmark.scripts import machine, nvidia_gpus
+from helpers import REPO
 from ppolab.tracking import tensorboard_writer
+from test_ppo_sh import ppo_sh
 
 REFERENCES = {
     ("ppo_atari.py", "Pong"): {"mean": 20.0, "std": 0.1, "steps": 1000, "seeds": 3, "source": "page P"},
