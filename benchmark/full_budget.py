@@ -414,8 +414,9 @@ def scores_table(runs: list[dict], references: dict) -> tuple[list[str], list[st
 
 
 def plot_curves(runs: list[dict], out_dir: Path, references: dict, window: int) -> list[Path]:
-    """Per script and game, the mean curve over its seeds (smoothed over `window` episodes, on the range every seed
-    covers) against steps and against training time, the published mean dashed; returns the PNGs' paths."""
+    """Per script and game, the mean curve over its finished seeds, or over its seeds while none has finished
+    (smoothed over `window` episodes, on the range every seed drawn covers), against steps and against training time,
+    the published mean dashed; returns the PNGs' paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -428,6 +429,9 @@ def plot_curves(runs: list[dict], out_dir: Path, references: dict, window: int) 
             groups.setdefault((run["env_id"], run["exp_name"]), []).append(run)
     for (env_id, exp_name), group in groups.items():
         reference = references.get((f"{exp_name}.py", env_id))
+        budget = budget_of(group[0], references)
+        finished = [run for run in group if budget and run["steps"] >= FINISHED * budget]
+        group = finished or group  # an unfinished seed joins the plot once it finishes
         for axis, suffix, xlabel in (("global_step", "", "global step"), ("seconds", "-time", "training time (h)")):
             xs = [run["curve"][axis] / (3600 if axis == "seconds" else 1) for run in group]
             ys = [smooth(run["curve"]["return"], window) for run in group]

@@ -17,6 +17,7 @@ from benchmark.full_budget import (
     export,
     load_runs,
     main,
+    plot_curves,
     read_curve,
     stash,
     unstash,
@@ -168,6 +169,24 @@ def test_no_verdict_short_of_90_percent_of_the_published_budget_even_where_the_r
     text = document(load_runs(curves, 100), REFERENCES, curves, 100)
     assert reading(text, "ppo_atari.py", "Pong") == "unfinished (8% of the budget)"
     assert not re.search(r"matches|above|below|inside", text.split("## The runs")[0].split("| reading |")[1])
+
+
+def test_the_plot_draws_the_finished_seeds_whole_and_an_unfinished_one_only_while_none_has_finished(
+    tmp_path, monkeypatch
+):
+    """A seed just started must not cut the finished seeds' curve down to its own few steps."""
+    import benchmark.full_budget as full_budget
+
+    drawn = []
+    monkeypatch.setattr(full_budget, "save_figure", lambda fig, path: drawn.append(fig.axes[0].lines[0]) or path)
+    root, curves = tmp_path / "runs", tmp_path / "curves"
+    write_run(root, 1, [20.0] * 100, last_step=1000)  # finished: the whole published budget
+    write_run(root, 2, [5.0] * 10, last_step=100)  # 10% of it
+    write_run(root, 3, [5.0] * 10, last_step=100, env_id="Pong-v5", script="ppo_atari_envpool")  # nothing finished
+    export(root, curves)
+    plot_curves(load_runs(curves, 100), tmp_path / "plots", REFERENCES, 10)
+    by_label = {line.get_label(): max(line.get_xdata()) for line in drawn[::2]}  # the step axis of each group
+    assert by_label == {"ppo_atari.py, seed 1": 1000, "ppo_atari_envpool.py, seed 3": 100}
 
 
 def test_envpool_rows_are_read_on_cleanrls_score_and_other_rows_on_the_plain_mean(tmp_path):
