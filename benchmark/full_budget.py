@@ -445,6 +445,9 @@ def plot_curves(runs: list[dict], out_dir: Path, references: dict, window: int) 
                 ax.fill_between(grid, values.min(0), values.max(0), alpha=0.25, label="min-max over seeds")
             if reference:
                 ax.axhline(reference["mean"], color="grey", linestyle="--", label="CleanRL's published mean")
+                low, high = ax.get_ylim()  # fitted to the curve alone: room for the dashed line off the frame
+                low, high = min(low, reference["mean"]), max(high, reference["mean"])
+                ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
             ax.set(title=f"{label(exp_name)} on {env_id}", xlabel=xlabel, ylabel=f"episodic return ({window} games)")
             ax.legend(loc="best", fontsize="small")
             written.append(save_figure(fig, out_dir / f"{env_id.replace('/', '_')}__{exp_name}{suffix}.png"))

@@ -189,6 +189,21 @@ def test_the_plot_draws_the_finished_seeds_whole_and_an_unfinished_one_only_whil
     assert by_label == {"ppo_atari.py, seed 1": 1000, "ppo_atari_envpool.py, seed 3": 100}
 
 
+def test_the_published_mean_is_drawn_inside_the_frame_with_room_around_it(tmp_path, monkeypatch):
+    """The axes fit the curve; a published mean above all of it must still show, off the top frame."""
+    import benchmark.full_budget as full_budget
+
+    limits = []
+    monkeypatch.setattr(full_budget, "save_figure", lambda fig, path: limits.append(fig.axes[0].get_ylim()) or path)
+    root, curves = tmp_path / "runs", tmp_path / "curves"
+    write_run(
+        root, 1, [0.0] * 10 + [19.5] * 90, last_step=1000
+    )  # the mean of 20 inside the curve's margin, at its edge
+    export(root, curves)
+    plot_curves(load_runs(curves, 100), tmp_path / "plots", REFERENCES, 10)
+    assert limits and all(high - 20.0 >= 0.04 * (high - low) for low, high in limits)
+
+
 def test_envpool_rows_are_read_on_cleanrls_score_and_other_rows_on_the_plain_mean(tmp_path):
     root, curves = tmp_path / "runs", tmp_path / "curves"
     rising = list(np.linspace(0, 40, 200))
