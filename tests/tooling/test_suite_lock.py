@@ -17,12 +17,14 @@ from helpers import alone_or_side_by_side, suite_locks
 
 
 def hold(name: str, exclusive: bool, seconds: float, run: str, folder: str, log) -> None:
-    """A test of `seconds` in an xdist worker of the run `run`: logs (name, "in" / "out") as it enters and leaves."""
+    """A test of `seconds` in an xdist worker of the run `run`: logs (name, "in" / "out", when) as it enters and
+    leaves, `when` on the clock all processes share (a queue's items from several processes may arrive out of order:
+    its writes go through a thread of each process, which a loaded machine can hold back)."""
     tempfile.tempdir = folder
     with alone_or_side_by_side(run, exclusive):
-        log.put((name, "in"))
+        log.put((name, "in", time.monotonic()))
         time.sleep(seconds)
-        log.put((name, "out"))
+        log.put((name, "out", time.monotonic()))
 
 
 def start(tmp_path, run: str, *tests) -> tuple[list, multiprocessing.Queue]:
@@ -37,12 +39,13 @@ def start(tmp_path, run: str, *tests) -> tuple[list, multiprocessing.Queue]:
 
 
 def order(tmp_path, *tests) -> list[tuple[str, str]]:
-    """The log of `tests` (as `start` takes them) in the order of the events."""
+    """The log of `tests` (as `start` takes them) in the order of the events, as (name, "in" / "out")."""
     processes, log = start(tmp_path, uuid.uuid4().hex, *tests)
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0
-    return [log.get(timeout=5) for _ in range(2 * len(tests))]
+    events = sorted((log.get(timeout=5) for _ in range(2 * len(tests))), key=lambda event: event[2])
+    return [(name, event) for name, event, _ in events]
 
 
 def test_side_by_side_tests_overlap(tmp_path):
@@ -72,7 +75,7 @@ def test_only_the_workers_themselves_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", run)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     (holder,), log = start(tmp_path, run, ("x", True, 3, 0))
-    assert log.get(timeout=30) == ("x", "in")
+    assert log.get(timeout=30)[:2] == ("x", "in")
     waited = {}
     configs = {"started by a test": SimpleNamespace(), "worker": SimpleNamespace(workerinput={"testrunuid": run})}
     for kind, config in configs.items():
