@@ -171,36 +171,36 @@ def test_no_verdict_short_of_90_percent_of_the_published_budget_even_where_the_r
     assert not re.search(r"matches|above|below|inside", text.split("## The runs")[0].split("| reading |")[1])
 
 
+def plotted_axes(tmp_path, monkeypatch) -> list:
+    """Exports the runs under tmp_path/runs and returns the axes of every figure plot_curves draws of them, in
+    order (steps, then time, per script and game); none is written."""
+    import benchmark.full_budget as full_budget
+
+    axes = []
+    monkeypatch.setattr(full_budget, "save_figure", lambda fig, path: axes.append(fig.axes[0]) or path)
+    export(tmp_path / "runs", tmp_path / "curves")
+    plot_curves(load_runs(tmp_path / "curves", 100), tmp_path / "plots", REFERENCES, 10)
+    return axes
+
+
 def test_the_plot_draws_the_finished_seeds_whole_and_an_unfinished_one_only_while_none_has_finished(
     tmp_path, monkeypatch
 ):
     """A seed just started must not cut the finished seeds' curve down to its own few steps."""
-    import benchmark.full_budget as full_budget
-
-    drawn = []
-    monkeypatch.setattr(full_budget, "save_figure", lambda fig, path: drawn.append(fig.axes[0].lines[0]) or path)
-    root, curves = tmp_path / "runs", tmp_path / "curves"
+    root = tmp_path / "runs"
     write_run(root, 1, [20.0] * 100, last_step=1000)  # finished: the whole published budget
     write_run(root, 2, [5.0] * 10, last_step=100)  # 10% of it
     write_run(root, 3, [5.0] * 10, last_step=100, env_id="Pong-v5", script="ppo_atari_envpool")  # nothing finished
-    export(root, curves)
-    plot_curves(load_runs(curves, 100), tmp_path / "plots", REFERENCES, 10)
-    by_label = {line.get_label(): max(line.get_xdata()) for line in drawn[::2]}  # the step axis of each group
+    steps_axes = plotted_axes(tmp_path, monkeypatch)[::2]
+    by_label = {ax.lines[0].get_label(): max(ax.lines[0].get_xdata()) for ax in steps_axes}
     assert by_label == {"ppo_atari.py, seed 1": 1000, "ppo_atari_envpool.py, seed 3": 100}
 
 
 def test_the_published_mean_is_drawn_inside_the_frame_with_room_around_it(tmp_path, monkeypatch):
     """The axes fit the curve; a published mean above all of it must still show, off the top frame."""
-    import benchmark.full_budget as full_budget
-
-    limits = []
-    monkeypatch.setattr(full_budget, "save_figure", lambda fig, path: limits.append(fig.axes[0].get_ylim()) or path)
-    root, curves = tmp_path / "runs", tmp_path / "curves"
-    write_run(
-        root, 1, [0.0] * 10 + [19.5] * 90, last_step=1000
-    )  # the mean of 20 inside the curve's margin, at its edge
-    export(root, curves)
-    plot_curves(load_runs(curves, 100), tmp_path / "plots", REFERENCES, 10)
+    # the mean of 20 lies inside the curve's own margin, at its edge
+    write_run(tmp_path / "runs", 1, [0.0] * 10 + [19.5] * 90, last_step=1000)
+    limits = [ax.get_ylim() for ax in plotted_axes(tmp_path, monkeypatch)]
     assert limits and all(high - 20.0 >= 0.04 * (high - low) for low, high in limits)
 
 
