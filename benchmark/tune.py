@@ -93,14 +93,6 @@ def script_name(given: str) -> str:
     return name
 
 
-def tyro_message(text: str) -> str:
-    """tyro's error box as one line: the text between its first two rules (`Unrecognized options: --foo`)."""
-    lines = [line.strip(" │╭╮╰╯") for line in text.splitlines()]
-    rules = [i for i, line in enumerate(lines) if re.fullmatch(r"[-─]{5,}", line.strip())]
-    body = lines[rules[0] + 1 : rules[1]] if len(rules) >= 2 else lines
-    return " ".join(" ".join(body).split()) or "refused by the script's parser"
-
-
 def script_check(module, args) -> str | None:
     """The script's own input checks (its `check_args`: numbers, counts, the batch, the environment id, ...) on `args`,
     in this process: None, or the line they refuse `args` with."""
@@ -129,15 +121,16 @@ def check_setting(module, argv: list[str], env_ids: list[str]):
 
 
 def parse_flags(Args, argv: list[str]):
-    """(args, None) as the script reads `argv` (tyro, the script's parser), or (None, its error in one line)."""
-    import tyro
+    """(args, None) as the script reads `argv` (its parser, ppolab.command_line), or (None, its error in one line)."""
+    from ppolab.command_line import UnreadableCommandLine, read_command_line
 
-    captured = io.StringIO()
     try:
-        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-            return tyro.cli(Args, args=argv), None
-    except SystemExit:
-        return None, tyro_message(captured.getvalue())
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            return read_command_line(Args, args=argv), None
+    except UnreadableCommandLine as problem:
+        return None, str(problem)
+    except SystemExit:  # (a kind of error the package does not put in words, or --help)
+        return None, "refused by the script's parser (its --help lists the flags)"
 
 
 # THE STORAGE ------------------------------------------------------------------------------------------------------

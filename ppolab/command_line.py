@@ -1,18 +1,23 @@
-"""The command line: `parse` (with --resume, the checkpoint's saved arguments are the defaults), `run_program` (a
+"""The command line: `parse` (with --resume, the checkpoint's saved arguments are the defaults; a command line tyro
+cannot read ends in one line, `read_command_line`), `run_program` (a
 script's entry point: its main, run as the program, ppolab.program) and `use_threads` (--torch-threads, the thread
 limits of PyTorch and NumPy)."""
 
+import dataclasses
+import difflib
 import glob
 import sys
+import typing
 import warnings
 from pathlib import Path
 
 import torch
 import tyro
+import tyro._errors  # tyro's parse-error events: not its public API, so requirements.txt pins tyro's version
 
 from ppolab import compiler, program
 from ppolab.checkpoints import missing_arguments, read_checkpoint
-from ppolab.checks import flag
+from ppolab.checks import fail, flag
 from ppolab.settings import script_of
 
 
@@ -23,8 +28,16 @@ def parse(Args, *, from_command_line: tuple = ()):
     `from_command_line` are the exception: their defaults stay the script's, whatever the checkpoint saved (where
     this process finds the machines it works with, e.g. the Redis script's server, whose saved URL has its
     password redacted). A file that is not a readable checkpoint is left to the run's checks, which say what is
-    wrong with it in one line."""
-    args = tyro.cli(Args)
+    wrong with it in one line. A command line that cannot be read ends in one line naming the flag."""
+    try:
+        return parse_resumed(Args, from_command_line)
+    except UnreadableCommandLine as problem:
+        fail(f"{problem}; {program.program()} --help lists the flags")
+
+
+def parse_resumed(Args, from_command_line: tuple):
+    """`parse`: the command line, then with --resume the command line again over the checkpoint's arguments."""
+    args = read_command_line(Args)
     auto = args.resume == "auto"
     if auto:
         args.resume = latest_checkpoint(args)
@@ -41,10 +54,63 @@ def parse(Args, *, from_command_line: tuple = ()):
             flush=True,
         )
     given = {name: getattr(args, name) for name in from_command_line}  # or the script's default
-    resumed = tyro.cli(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
+    resumed = read_command_line(Args, default=Args(**{**checkpoint["args"], **given, "resume": args.resume}))
     if auto:  # (the command line says auto again)
         resumed.resume = args.resume
     return resumed
+
+
+class UnreadableCommandLine(Exception):
+    """A command line tyro cannot read: what is wrong with it, in words (`parse_error`)."""
+
+
+def read_command_line(Args, **options):
+    """`tyro.cli(Args, **options)`, where a command line it cannot read raises UnreadableCommandLine naming the flag
+    instead of printing tyro's box of many lines (a kind of error not named in `parse_error` still gets the box)."""
+
+    def in_words(event):
+        problem = parse_error(event, Args)
+        if problem is not None:
+            raise UnreadableCommandLine(problem)
+
+    with tyro._errors.on_parse_error(in_words):
+        return tyro.cli(Args, **options)
+
+
+def parse_error(event, Args) -> str | None:
+    """What is wrong with the command line, for tyro's parse-error `event`: a flag mistyped, given no value or one
+    it cannot read. None for another kind of event."""
+    events = tyro._errors
+    if isinstance(event, events.UnrecognizedArgs):
+        return unrecognized(event.tokens, Args)
+    argument = getattr(event, "argument", None)
+    name = "/".join(argument.lowered.name_or_flags) if argument is not None else "a flag"
+    if isinstance(event, events.InstantiationFailure):
+        return f"{name}: {event.message}"
+    if isinstance(event, events.BadValue):
+        value = event.offending_value
+        return f"{name} needs a value" if value is None else f"{name} takes no value, got {value!r}"
+    if isinstance(event, events.InvalidChoice):
+        return f"{name}: {event.value!r} is not one of {', '.join(event.choices)}"
+    return None
+
+
+def unrecognized(tokens: list[str], Args) -> str:
+    """`--learnign-rate 3e-4` -> "unknown flag --learnign-rate (did you mean --learning-rate?)", the value after
+    it not named again; a value where no flag takes one (`--cuda false`) -> "unexpected value 'false'", with how
+    a true/false flag is set."""
+    fields, hints = dataclasses.fields(Args), typing.get_type_hints(Args)
+    known = [flag(field.name) for field in fields]
+    known += [f"--no-{field.name.replace('_', '-')}" for field in fields if hints[field.name] is bool]
+    said, after_unknown_flag = [], False
+    for token in tokens:
+        if token.startswith("-"):
+            guess = difflib.get_close_matches(token.split("=")[0], known, n=1, cutoff=0.8)
+            said.append(f"unknown flag {token}" + (f" (did you mean {guess[0]}?)" if guess else ""))
+        elif not after_unknown_flag:
+            said.append(f"unexpected value {token!r} (a true/false flag takes none: --name or --no-name)")
+        after_unknown_flag = token.startswith("-")
+    return "; ".join(said)
 
 
 def latest_checkpoint(args) -> str | None:

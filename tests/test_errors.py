@@ -363,6 +363,31 @@ def test_a_checkpoint_of_format_2_is_read_as_data_and_resumes(name, tmp_path, mo
     )
 
 
+# THE COMMAND LINE --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--seed", "abc"], "--seed: invalid literal for int() with base 10: 'abc'"),
+        (["--learnign-rate", "3e-4"], "unknown flag --learnign-rate (did you mean --learning-rate?)"),
+        (["--no-cud"], "unknown flag --no-cud (did you mean --no-cuda?)"),
+        (["--seed"], "--seed needs a value"),
+        (["--cuda", "maybe"], "unexpected value 'maybe' (a true/false flag takes none: --name or --no-name)"),
+    ],
+)
+def test_a_command_line_that_cannot_be_read_is_one_line_naming_the_flag(every_script, argv, words, monkeypatch, capsys):
+    """A mistyped flag (the known one closest to it suggested), a value that is not a number, a flag without its
+    value, a value after a true/false flag: one line naming it and where the flags are listed, exit 2, not tyro's
+    box of many lines."""
+    name = every_script.__name__
+    monkeypatch.setattr("sys.argv", [f"{name}.py", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        parse(every_script.Args)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"{name}.py: error: {words}; {name}.py --help lists the flags"]
+
+
 # THE PROCESS'S ENVIRONMENT AND LIMITS ------------------------------------------------------------
 
 
