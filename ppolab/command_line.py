@@ -1,7 +1,6 @@
 """The command line: `parse` (with --resume, the checkpoint's saved arguments are the defaults; a command line tyro
-cannot read ends in one line, `read_command_line`), `run_program` (a
-script's entry point: its main, run as the program, ppolab.program) and `use_threads` (--torch-threads, the thread
-limits of PyTorch and NumPy)."""
+cannot read ends in one line, `read_command_line`), `run_program` (a script's entry point: its main, run as the
+program, ppolab.program) and `use_threads` (--torch-threads, the thread limits of PyTorch and NumPy)."""
 
 import dataclasses
 import difflib
